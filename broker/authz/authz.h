@@ -1,0 +1,64 @@
+/*
+ * broker/authz: the capability manifest and the per-call check.
+ *
+ * A manifest is parsed once, strictly, when a token is minted (or when a
+ * stored token record is loaded) and is immutable afterwards, so it may be
+ * shared between threads. sb_authz_check runs on every call: deny by default,
+ * own-key lookups only, an omitted axis grants nothing.
+ */
+#ifndef SB_AUTHZ_H
+#define SB_AUTHZ_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <jansson.h>
+#include <msgpack.h>
+#include "sb/status.h"
+#include "sb/method.h"
+
+typedef struct st_sb_manifest_t sb_manifest_t;
+
+/**
+ * Parses and validates a capability manifest (proto/PROTOCOL.md, "Manifest").
+ * Unknown keys, wrong types, bad verbs, unsafe globs, malformed net entries and
+ * oversized lists are errors.
+ * @param caps the JSON object (NULL or JSON null means the empty manifest)
+ * @param out receives a new manifest owned by the caller (free with sb_manifest_free)
+ * @param err receives a message naming the offending path, e.g.
+ *        "capabilities.data.collections.posts[1]: unknown verb \"drop\""
+ * @return SB_OK, SB_E_BAD_ARGS (err filled) or SB_E_NOMEM
+ */
+SB_WARN_UNUSED sb_status_t sb_manifest_parse(const json_t *caps, sb_manifest_t **out, char *err, size_t errsz);
+void sb_manifest_free(sb_manifest_t *m);
+/** capabilities.timeoutMs, or -1 when absent */
+int64_t sb_manifest_timeout_ms(const sb_manifest_t *m);
+
+/**
+ * The per-call check (PROTOCOL.md, "Capability check").
+ * @param m the run's manifest
+ * @param meth the parsed method
+ * @param args the call's args (may be NULL when absent)
+ * @param reason receives a human-readable reason on denial (NUL-terminated, truncated to reasonsz)
+ * @return SB_OK when granted; SB_E_FORBIDDEN when denied; SB_E_BAD_ARGS when the
+ *         arguments needed for the decision are malformed (http.fetch url)
+ */
+SB_WARN_UNUSED sb_status_t sb_authz_check(const sb_manifest_t *m, const sb_method_t *meth, const msgpack_object *args,
+                                          char *reason, size_t reasonsz);
+
+/**
+ * Normalises a files path (PROTOCOL.md, "Paths"): non-empty, no NUL, no
+ * backslash, not absolute, runs of '/' collapsed, one leading "./" stripped,
+ * no ".." segment.
+ * @return SB_OK (out holds the NUL-terminated result) or SB_E_FORBIDDEN (unsafe) or SB_E_TOO_LARGE
+ */
+SB_WARN_UNUSED sb_status_t sb_path_normalize(const char *in, size_t len, char *out, size_t outsz);
+
+/**
+ * Anchored glob match: "**" any run of characters including '/', "*" any run
+ * without '/', "?" one character other than '/', everything else literal.
+ * Runs in O(len(glob) * len(s)) time without recursion.
+ * @return 1 on match, 0 otherwise
+ */
+int sb_glob_match(const char *glob, size_t glen, const char *s, size_t slen);
+
+#endif

@@ -1,0 +1,332 @@
+#include <arpa/inet.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "conf/config.h"
+#include "obs/log.h"
+#include "util/util.h"
+
+enum kind { K_STR, K_UINT, K_INT, K_BOOL, K_OBJ };
+
+static const struct key {
+    const char *name;
+    enum kind kind;
+    size_t off;
+    int64_t min, max;
+} keys[] = {
+    {"listen", K_STR, offsetof(sb_config_t, listen), 0, 0},
+    {"admin_listen", K_STR, offsetof(sb_config_t, admin_listen), 0, 0},
+    {"admin_secret_file", K_STR, offsetof(sb_config_t, admin_secret_file), 0, 0},
+    {"rpc_path", K_STR, offsetof(sb_config_t, rpc_path), 0, 0},
+    {"token_store", K_STR, offsetof(sb_config_t, token_store), 0, 0},
+    {"redis_prefix", K_STR, offsetof(sb_config_t, redis_prefix), 0, 0},
+    {"threads", K_UINT, offsetof(sb_config_t, threads), 1, 64},
+    {"max_ttl_ms", K_INT, offsetof(sb_config_t, max_ttl_ms), 1000, 7 * 86400000LL},
+    {"default_ttl_ms", K_INT, offsetof(sb_config_t, default_ttl_ms), 1000, 7 * 86400000LL},
+    {"max_tokens", K_UINT, offsetof(sb_config_t, max_tokens), 1, 10000000},
+    {"store_timeout_ms", K_UINT, offsetof(sb_config_t, store_timeout_ms), 10, 60000},
+    {"drain_timeout_ms", K_UINT, offsetof(sb_config_t, drain_timeout_ms), 0, 600000},
+    {"log_level", K_STR, offsetof(sb_config_t, log_level), 0, 0},
+    {"log_calls", K_BOOL, offsetof(sb_config_t, log_calls), 0, 0},
+    {"targets", K_OBJ, offsetof(sb_config_t, targets), 0, 0},
+    {"database_url", K_STR, offsetof(sb_config_t, database_url), 0, 0},
+    {"egress", K_OBJ, offsetof(sb_config_t, egress), 0, 0},
+};
+#define NKEYS (sizeof(keys) / sizeof(keys[0]))
+
+typedef struct st_errs_t {
+    char *buf;
+    size_t sz, len;
+    int count;
+} errs_t;
+
+__attribute__((format(printf, 2, 3))) static void fail(errs_t *e, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+    ++e->count;
+    if (e->len + 1 >= e->sz)
+        return;
+    va_start(ap, fmt);
+    n = vsnprintf(e->buf + e->len, e->sz - e->len, fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        e->len = e->len + (size_t)n < e->sz ? e->len + (size_t)n : e->sz - 1;
+    if (e->len + 1 < e->sz) {
+        e->buf[e->len++] = '\n';
+        e->buf[e->len] = '\0';
+    }
+}
+
+static void set_from_json(sb_config_t *c, const struct key *k, json_t *v, const char *origin, errs_t *e)
+{
+    char *base = (char *)c + k->off;
+    switch (k->kind) {
+    case K_STR:
+        if (!json_is_string(v) || json_string_length(v) == 0 || strlen(json_string_value(v)) != json_string_length(v)) {
+            fail(e, "%s: %s: expected a non-empty string", origin, k->name);
+            return;
+        }
+        free(*(char **)base);
+        *(char **)base = sb_mem_strdup(json_string_value(v));
+        return;
+    case K_UINT:
+    case K_INT: {
+        json_int_t n;
+        if (!json_is_integer(v) || (n = json_integer_value(v)) < k->min || n > k->max) {
+            fail(e, "%s: %s: expected an integer from %lld to %lld", origin, k->name, (long long)k->min, (long long)k->max);
+            return;
+        }
+        if (k->kind == K_INT)
+            *(int64_t *)base = (int64_t)n;
+        else if (strcmp(k->name, "threads") == 0)
+            *(unsigned *)base = (unsigned)n;
+        else if (strcmp(k->name, "max_tokens") == 0)
+            *(size_t *)base = (size_t)n;
+        else
+            *(uint64_t *)base = (uint64_t)n;
+        return;
+    }
+    case K_BOOL:
+        if (!json_is_boolean(v)) {
+            fail(e, "%s: %s: expected true or false", origin, k->name);
+            return;
+        }
+        *(int *)base = json_is_true(v);
+        return;
+    case K_OBJ:
+        if (!json_is_object(v)) {
+            fail(e, "%s: %s: expected an object", origin, k->name);
+            return;
+        }
+        json_decref(*(json_t **)base);
+        *(json_t **)base = json_incref(v);
+        return;
+    }
+}
+
+/* SANDBOX_BROKER_<KEY>: strings are taken as they are, everything else as JSON text */
+static void apply_env(sb_config_t *c, errs_t *e)
+{
+    for (size_t i = 0; i < NKEYS; ++i) {
+        char name[64], origin[80];
+        const char *val;
+        json_t *v;
+        size_t n = (size_t)snprintf(name, sizeof(name), "SANDBOX_BROKER_%s", keys[i].name);
+        for (size_t j = 15; j < n; ++j)
+            if (name[j] >= 'a' && name[j] <= 'z')
+                name[j] = (char)(name[j] - 'a' + 'A');
+        if ((val = getenv(name)) == NULL)
+            continue;
+        snprintf(origin, sizeof(origin), "env %s", name);
+        if (keys[i].kind == K_STR) {
+            v = json_string(val);
+        } else {
+            v = json_loads(val, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, NULL);
+            if (v == NULL) {
+                fail(e, "%s: not valid JSON", origin);
+                continue;
+            }
+        }
+        if (v == NULL) {
+            fail(e, "%s: not valid UTF-8", origin);
+            continue;
+        }
+        set_from_json(c, &keys[i], v, origin, e);
+        json_decref(v);
+    }
+}
+
+int sb_config_parse_addr(const char *s, struct sockaddr_storage *ss, socklen_t *len)
+{
+    char host[64];
+    const char *colon, *h = s;
+    size_t hlen;
+    long port;
+    char *end;
+
+    memset(ss, 0, sizeof(*ss));
+    if (*s == '[') {
+        const char *rb = strchr(s, ']');
+        if (rb == NULL || rb[1] != ':')
+            return -1;
+        h = s + 1;
+        hlen = (size_t)(rb - h);
+        colon = rb + 1;
+    } else {
+        if ((colon = strrchr(s, ':')) == NULL)
+            return -1;
+        hlen = (size_t)(colon - s);
+    }
+    if (hlen == 0 || hlen >= sizeof(host))
+        return -1;
+    memcpy(host, h, hlen);
+    host[hlen] = '\0';
+    errno = 0;
+    port = strtol(colon + 1, &end, 10);
+    if (errno != 0 || end == colon + 1 || *end != '\0' || port < 0 || port > 65535)
+        return -1;
+    if (strcmp(host, "localhost") == 0)
+        strcpy(host, "127.0.0.1");
+    {
+        struct sockaddr_in *sin = (struct sockaddr_in *)ss;
+        struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)ss;
+        if (inet_pton(AF_INET, host, &sin->sin_addr) == 1) {
+            sin->sin_family = AF_INET;
+            sin->sin_port = htons((uint16_t)port);
+            *len = sizeof(*sin);
+            return 0;
+        }
+        if (inet_pton(AF_INET6, host, &sin6->sin6_addr) == 1) {
+            sin6->sin6_family = AF_INET6;
+            sin6->sin6_port = htons((uint16_t)port);
+            *len = sizeof(*sin6);
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static char *read_secret_file(const char *path, errs_t *e)
+{
+    FILE *fp = fopen(path, "r");
+    char buf[1024];
+    size_t n;
+
+    if (fp == NULL) {
+        fail(e, "admin_secret_file: cannot open %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    n = fread(buf, 1, sizeof(buf) - 1, fp);
+    if (!feof(fp)) {
+        fail(e, "admin_secret_file: %s is larger than %zu bytes", path, sizeof(buf) - 1);
+        fclose(fp);
+        return NULL;
+    }
+    fclose(fp);
+    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
+        --n;
+    buf[n] = '\0';
+    return sb_mem_strdup(buf);
+}
+
+static void validate_targets(const json_t *targets, errs_t *e)
+{
+    const char *name;
+    json_t *t;
+    json_object_foreach((json_t *)targets, name, t) {
+        size_t n = strlen(name);
+        int okname = n > 0 && n <= 128;
+        for (size_t i = 0; okname && i < n; ++i)
+            okname = (name[i] >= 'a' && name[i] <= 'z') || (name[i] >= 'A' && name[i] <= 'Z') ||
+                     (name[i] >= '0' && name[i] <= '9') || name[i] == '_' || name[i] == '-';
+        if (!okname)
+            fail(e, "targets.%s: target names are [A-Za-z0-9_-]{1,128}", name);
+        if (!json_is_object(t))
+            fail(e, "targets.%s: expected an object", name);
+    }
+}
+
+sb_status_t sb_config_load(const char *path, int require_secret, sb_config_t **out, char *err, size_t errsz)
+{
+    sb_config_t *c = sb_mem_calloc(1, sizeof(*c));
+    errs_t e = {err, errsz, 0, 0};
+    const char *env_secret;
+
+    err[0] = '\0';
+    c->listen = sb_mem_strdup("127.0.0.1:8080");
+    c->admin_listen = sb_mem_strdup("127.0.0.1:8081");
+    c->rpc_path = sb_mem_strdup("/api/sandbox/rpc");
+    c->token_store = sb_mem_strdup("memory");
+    c->redis_prefix = sb_mem_strdup("sb:");
+    c->threads = 2;
+    c->max_ttl_ms = 3600000;
+    c->default_ttl_ms = 300000;
+    c->max_tokens = 100000;
+    c->store_timeout_ms = 1000;
+    c->drain_timeout_ms = 10000;
+    c->log_level = sb_mem_strdup("info");
+    c->log_calls = 1;
+    c->targets = json_object();
+    c->egress = json_object();
+
+    if (path != NULL) {
+        json_error_t jerr;
+        json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+        if (root == NULL) {
+            fail(&e, "%s:%d:%d: %s", path, jerr.line, jerr.column, jerr.text);
+        } else if (!json_is_object(root)) {
+            fail(&e, "%s: expected a JSON object", path);
+            json_decref(root);
+        } else {
+            const char *k;
+            json_t *v;
+            json_object_foreach(root, k, v) {
+                size_t i = 0;
+                while (i < NKEYS && strcmp(keys[i].name, k) != 0)
+                    ++i;
+                if (i == NKEYS) {
+                    fail(&e, "%s: %s: unknown key", path, k);
+                    continue;
+                }
+                set_from_json(c, &keys[i], v, path, &e);
+            }
+            json_decref(root);
+        }
+    }
+    apply_env(c, &e);
+
+    if (sb_config_parse_addr(c->listen, &c->listen_addr, &c->listen_addrlen) != 0)
+        fail(&e, "listen: expected host:port with a numeric host, got \"%s\"", c->listen);
+    if (sb_config_parse_addr(c->admin_listen, &c->admin_addr, &c->admin_addrlen) != 0)
+        fail(&e, "admin_listen: expected host:port with a numeric host, got \"%s\"", c->admin_listen);
+    if (c->rpc_path[0] != '/' || strlen(c->rpc_path) > 256 || strncmp(c->rpc_path, "/admin", 6) == 0 ||
+        strcmp(c->rpc_path, "/healthz") == 0 || strcmp(c->rpc_path, "/readyz") == 0)
+        fail(&e, "rpc_path: expected an absolute path outside /admin, /healthz and /readyz");
+    if (sb_log_parse_level(c->log_level) < 0)
+        fail(&e, "log_level: expected debug, info, warn or error");
+    if (c->default_ttl_ms > c->max_ttl_ms)
+        fail(&e, "default_ttl_ms: larger than max_ttl_ms");
+    validate_targets(c->targets, &e);
+
+    if ((env_secret = getenv("SANDBOX_BROKER_ADMIN_SECRET")) != NULL && env_secret[0] != '\0')
+        c->admin_secret = sb_mem_strdup(env_secret);
+    else if (c->admin_secret_file != NULL)
+        c->admin_secret = read_secret_file(c->admin_secret_file, &e);
+    if (c->admin_secret != NULL && strlen(c->admin_secret) < 16)
+        fail(&e, "admin secret: shorter than 16 bytes");
+    if (require_secret && c->admin_secret == NULL)
+        fail(&e, "admin secret: none given; set SANDBOX_BROKER_ADMIN_SECRET or admin_secret_file");
+
+    if (e.count != 0) {
+        sb_config_free(c);
+        return SB_E_BAD_ARGS;
+    }
+    *out = c;
+    return SB_OK;
+}
+
+void sb_config_free(sb_config_t *c)
+{
+    if (c == NULL)
+        return;
+    free(c->listen);
+    free(c->admin_listen);
+    free(c->admin_secret_file);
+    if (c->admin_secret != NULL) {
+        explicit_bzero(c->admin_secret, strlen(c->admin_secret));
+        free(c->admin_secret);
+    }
+    free(c->rpc_path);
+    free(c->token_store);
+    free(c->redis_prefix);
+    free(c->log_level);
+    free(c->database_url);
+    json_decref(c->targets);
+    json_decref(c->egress);
+    free(c);
+}

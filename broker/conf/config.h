@@ -1,0 +1,54 @@
+/*
+ * broker/conf: the configuration (docs/config.md lists every key).
+ *
+ * Sources, later ones winning: embedded defaults, the JSON file given with
+ * --config, then one environment variable per key, SANDBOX_BROKER_<KEY> in
+ * upper case (objects such as targets take JSON text). Unknown keys and wrong
+ * types are errors naming the key; nothing is silently ignored.
+ */
+#ifndef SB_CONFIG_H
+#define SB_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <jansson.h>
+#include "sb/status.h"
+
+typedef struct st_sb_config_t {
+    char *listen;             /* public RPC listener, "host:port" */
+    char *admin_listen;       /* admin listener, "host:port" (default loopback) */
+    char *admin_secret_file;  /* file holding the admin bearer secret */
+    char *admin_secret;       /* resolved secret (env SANDBOX_BROKER_ADMIN_SECRET or the file) */
+    char *rpc_path;           /* "/api/sandbox/rpc" */
+    char *token_store;        /* "memory" or a redis URL */
+    char *redis_prefix;       /* key prefix in Redis */
+    unsigned threads;         /* worker threads */
+    int64_t max_ttl_ms;       /* upper bound of any token's lifetime */
+    int64_t default_ttl_ms;   /* lifetime when neither ttlMs nor timeoutMs is given */
+    size_t max_tokens;        /* memory store capacity */
+    uint64_t store_timeout_ms;/* redis connect and command timeout */
+    uint64_t drain_timeout_ms;/* how long SIGTERM waits for in-flight calls */
+    char *log_level;          /* debug | info | warn | error */
+    int log_calls;            /* one log line per RPC */
+    json_t *targets;          /* targets.<name> (owned) */
+    char *database_url;       /* PostgreSQL, for targets that use it */
+    json_t *egress;           /* egress policy (owned) */
+    /* resolved listener addresses */
+    struct sockaddr_storage listen_addr, admin_addr;
+    socklen_t listen_addrlen, admin_addrlen;
+} sb_config_t;
+
+/**
+ * Loads and validates the configuration.
+ * @param path the JSON file, or NULL for embedded defaults plus environment
+ * @param require_secret refuse a configuration without an admin secret
+ * @param err receives every problem found, one per line
+ * @return SB_OK or SB_E_BAD_ARGS
+ */
+SB_WARN_UNUSED sb_status_t sb_config_load(const char *path, int require_secret, sb_config_t **out, char *err, size_t errsz);
+void sb_config_free(sb_config_t *c);
+/** parses "host:port" / "[v6]:port" with a numeric host; 0 on success */
+int sb_config_parse_addr(const char *s, struct sockaddr_storage *ss, socklen_t *len);
+
+#endif

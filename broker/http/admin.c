@@ -1,0 +1,371 @@
+/*
+ * The admin listener (PROTOCOL.md, "Admin API"): token minting, token and run
+ * revocation, health, readiness and metrics. It is served only on its own
+ * address; the public listener never routes here.
+ *
+ * Every /admin/ request needs "Authorization: Bearer <secret>". The secret is
+ * compared as SHA-256 digests with CRYPTO_memcmp, so neither its content nor
+ * its length leaks through timing.
+ */
+#include <stdio.h>
+#include <string.h>
+#include "http/server.h"
+#include "obs/log.h"
+#include "obs/metrics.h"
+#include "sb/limits.h"
+#include "util/util.h"
+
+typedef struct st_admin_op_t {
+    sb_async_t super;
+    const char *op;
+    char token_hex[65]; /* minted token, answered once stored */
+    int64_t expires_at;
+    char tokref[13];
+    char run_id[SB_MAX_RUN_ID + 1];
+    json_t *caps;
+    sb_token_t *tok;
+} admin_op_t;
+
+static void op_dispose(sb_async_t *a)
+{
+    admin_op_t *op = (admin_op_t *)a;
+    explicit_bzero(op->token_hex, sizeof(op->token_hex));
+    json_decref(op->caps);
+    sb_token_release(op->tok);
+}
+
+static void send_json(h2o_req_t *req, const char *op, int status, const char *reason, json_t *body)
+{
+    char *text = json_dumps(body, JSON_COMPACT);
+    json_decref(body);
+    if (text == NULL)
+        sb_fatal(__FILE__, __LINE__, "out of memory");
+    sb_metrics_admin(op, status);
+    sb_send_bytes(req, status, reason, "application/json", text, strlen(text));
+    free(text);
+}
+
+static void send_error(h2o_req_t *req, const char *op, int status, const char *reason, const char *code, const char *message)
+{
+    send_json(req, op, status, reason,
+              json_pack("{s:b, s:{s:s, s:s}}", "ok", 0, "error", "code", code, "message", message));
+}
+
+static void send_store_error(h2o_req_t *req, const char *op, sb_status_t st)
+{
+    if (st == SB_E_RATE_LIMITED)
+        send_error(req, op, 429, "Too Many Requests", "rate_limited", "the token store is full");
+    else
+        send_error(req, op, 503, "Service Unavailable", "unavailable", "the token store is unavailable");
+}
+
+static int authorized(h2o_req_t *req)
+{
+    ssize_t i = h2o_find_header(&req->headers, H2O_TOKEN_AUTHORIZATION, -1);
+    uint8_t got[32];
+    h2o_iovec_t v;
+
+    if (i < 0)
+        return 0;
+    v = req->headers.entries[i].value;
+    if (v.len < 7 || !h2o_lcstris(v.base, 7, H2O_STRLIT("bearer ")))
+        return 0;
+    sb_sha256(v.base + 7, v.len - 7, got);
+    return sb_ct_equal(got, sb_current_worker->server->admin_secret_hash, 32);
+}
+
+static int hexval(char h)
+{
+    if (h >= '0' && h <= '9')
+        return h - '0';
+    if (h >= 'a' && h <= 'f')
+        return h - 'a' + 10;
+    if (h >= 'A' && h <= 'F')
+        return h - 'A' + 10;
+    return -1;
+}
+
+/* strict percent-decoding of one path segment; refuses '/', NUL, control bytes and malformed escapes */
+static int decode_segment(const char *s, size_t len, char *out, size_t outsz)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < len; ++i) {
+        int c = (unsigned char)s[i];
+        if (c == '%') {
+            int v1, v2;
+            if (len - i < 3 || (v1 = hexval(s[i + 1])) < 0 || (v2 = hexval(s[i + 2])) < 0)
+                return -1;
+            c = v1 << 4 | v2;
+            i += 2;
+        }
+        if (c < 0x20 || c == 0x7f || c == '/' || o + 1 >= outsz)
+            return -1;
+        out[o++] = (char)c;
+    }
+    out[o] = '\0';
+    return o == 0 ? -1 : 0;
+}
+
+static void on_stored(void *arg, sb_status_t st)
+{
+    admin_op_t *op = arg;
+    h2o_req_t *req = op->super.req;
+    sb_logline_t l;
+
+    if (req != NULL) {
+        if (st == SB_OK) {
+            sb_log_begin(&l, SB_LOG_INFO, "token.minted");
+            sb_log_cstr(&l, "runId", op->run_id);
+            sb_log_cstr(&l, "token", op->tokref);
+            sb_log_int(&l, "expiresAt", op->expires_at);
+            sb_log_end(&l);
+            send_json(req, "mint", 201, "Created", json_pack("{s:s, s:I}", "token", op->token_hex, "expiresAt", (json_int_t)op->expires_at));
+        } else if (st == SB_E_BAD_ARGS) {
+            send_error(req, "mint", 409, "Conflict", "conflict", "that token is already registered");
+        } else {
+            send_store_error(req, "mint", st);
+        }
+    }
+    sb_async_release(&op->super);
+}
+
+static void on_revoked(void *arg, sb_status_t st)
+{
+    admin_op_t *op = arg;
+    h2o_req_t *req = op->super.req;
+    sb_logline_t l;
+
+    if (st == SB_OK) {
+        sb_log_begin(&l, SB_LOG_INFO, strcmp(op->op, "revoke_run") == 0 ? "run.revoked" : "token.revoked");
+        if (op->run_id[0] != '\0')
+            sb_log_cstr(&l, "runId", op->run_id);
+        if (op->tokref[0] != '\0')
+            sb_log_cstr(&l, "token", op->tokref);
+        sb_log_end(&l);
+    }
+    if (req != NULL) {
+        if (st == SB_OK) {
+            sb_metrics_admin(op->op, 204);
+            req->res.status = 204;
+            req->res.reason = "No Content";
+            req->res.content_length = 0;
+            h2o_send_inline(req, NULL, 0);
+        } else {
+            send_store_error(req, op->op, st);
+        }
+    }
+    sb_async_release(&op->super);
+}
+
+static int64_t clamp_ttl(int64_t ttl, int64_t max)
+{
+    return ttl > max ? max : ttl;
+}
+
+static void mint(h2o_req_t *req)
+{
+    sb_config_t *conf = sb_current_worker->server->conf;
+    json_error_t jerr;
+    json_t *body, *run, *caps, *target, *scope, *ttl, *given;
+    const char *k;
+    json_t *v;
+    char err[512];
+    uint8_t raw[32], hash[32];
+    int64_t ttl_ms, now = sb_now_ms();
+    admin_op_t *op;
+    sb_token_t *tok;
+
+    if (req->entity.base == NULL || req->entity.len == 0) {
+        send_error(req, "mint", 400, "Bad Request", "bad_args", "invalid JSON body");
+        return;
+    }
+    if (req->entity.len > SB_MAX_ADMIN_BODY) {
+        send_error(req, "mint", 413, "Payload Too Large", "bad_args", "request body is too large");
+        return;
+    }
+    if ((body = json_loadb(req->entity.base, req->entity.len, JSON_REJECT_DUPLICATES, &jerr)) == NULL || !json_is_object(body)) {
+        json_decref(body);
+        send_error(req, "mint", 400, "Bad Request", "bad_args", "invalid JSON body");
+        return;
+    }
+    json_object_foreach(body, k, v) {
+        if (strcmp(k, "runId") != 0 && strcmp(k, "capabilities") != 0 && strcmp(k, "target") != 0 && strcmp(k, "scope") != 0 &&
+            strcmp(k, "ttlMs") != 0 && strcmp(k, "token") != 0) {
+            snprintf(err, sizeof(err), "%s: unknown key", k);
+            goto BadArgs;
+        }
+    }
+    run = json_object_get(body, "runId");
+    caps = json_object_get(body, "capabilities");
+    target = json_object_get(body, "target");
+    scope = json_object_get(body, "scope");
+    ttl = json_object_get(body, "ttlMs");
+    given = json_object_get(body, "token");
+    if (!json_is_string(run)) {
+        snprintf(err, sizeof(err), "runId: expected a string");
+        goto BadArgs;
+    }
+    if (strlen(json_string_value(run)) != json_string_length(run)) {
+        snprintf(err, sizeof(err), "runId: must not contain NUL");
+        goto BadArgs;
+    }
+    if (caps != NULL && !json_is_object(caps)) {
+        snprintf(err, sizeof(err), "capabilities: expected an object");
+        goto BadArgs;
+    }
+    if (target != NULL && !json_is_null(target)) {
+        if (!json_is_string(target)) {
+            snprintf(err, sizeof(err), "target: expected a string");
+            goto BadArgs;
+        }
+        if (json_object_get(conf->targets, json_string_value(target)) == NULL) {
+            snprintf(err, sizeof(err), "target: no target named \"%.128s\" is configured", json_string_value(target));
+            goto BadArgs;
+        }
+    } else {
+        target = NULL;
+    }
+    if (ttl != NULL && (!json_is_integer(ttl) || json_integer_value(ttl) < 1)) {
+        snprintf(err, sizeof(err), "ttlMs: expected a positive integer");
+        goto BadArgs;
+    }
+    if (given != NULL && (!json_is_string(given) || !sb_is_token_format(json_string_value(given), json_string_length(given)))) {
+        snprintf(err, sizeof(err), "token: expected 64 lowercase hex characters");
+        goto BadArgs;
+    }
+    if (given == NULL) {
+        if (sb_random(raw, sizeof(raw)) != SB_OK) {
+            json_decref(body);
+            send_error(req, "mint", 503, "Service Unavailable", "unavailable", "no randomness available");
+            return;
+        }
+    }
+
+    op = (admin_op_t *)sb_async_attach(req, sizeof(*op), op_dispose);
+    op->op = "mint";
+    if (given != NULL) {
+        memcpy(op->token_hex, json_string_value(given), 65);
+    } else {
+        sb_hex(raw, sizeof(raw), op->token_hex);
+        sb_sha256(op->token_hex, 64, hash);
+    }
+    explicit_bzero(raw, sizeof(raw));
+    {
+        char h[13];
+        sb_hex(hash, 6, h);
+        memcpy(op->tokref, h, 13);
+    }
+    if (sb_token_build(hash, json_string_value(run), caps, target != NULL ? json_string_value(target) : NULL, scope, 0, &tok, err,
+                       sizeof(err)) != SB_OK) {
+        char msg[600];
+        snprintf(msg, sizeof(msg), "%s%s", strncmp(err, "runId", 5) == 0 || strncmp(err, "target", 6) == 0 ||
+                                                   strncmp(err, "scope", 5) == 0
+                                               ? ""
+                                               : "capabilities.",
+                 err);
+        json_decref(body);
+        send_error(req, "mint", 400, "Bad Request", "bad_args", msg);
+        return;
+    }
+    /* TTL: explicit, else timeoutMs + 30 s, else the default; never above max_ttl_ms */
+    if (ttl != NULL)
+        ttl_ms = (int64_t)json_integer_value(ttl);
+    else if (sb_manifest_timeout_ms(tok->manifest) > 0)
+        ttl_ms = sb_manifest_timeout_ms(tok->manifest) + 30000;
+    else
+        ttl_ms = conf->default_ttl_ms;
+    ttl_ms = clamp_ttl(ttl_ms, conf->max_ttl_ms);
+    tok->expires_at_ms = op->expires_at = now + ttl_ms;
+    memcpy(op->run_id, tok->run_id, sizeof(op->run_id));
+    op->tok = tok;
+    op->caps = caps != NULL ? json_incref(caps) : json_object();
+    json_decref(body);
+    sb_async_retain(&op->super);
+    sb_store_put(sb_current_worker->store, tok, op->caps, on_stored, op);
+    return;
+
+BadArgs:
+    json_decref(body);
+    send_error(req, "mint", 400, "Bad Request", "bad_args", err);
+}
+
+static void revoke_id(h2o_req_t *req, int by_run, const char *seg, size_t seglen)
+{
+    char id[SB_MAX_RUN_ID + 1];
+    admin_op_t *op;
+    const char *opname = by_run ? "revoke_run" : "revoke_token";
+
+    if (decode_segment(seg, seglen, id, sizeof(id)) != 0) {
+        send_error(req, opname, 400, "Bad Request", "bad_args", by_run ? "runId: malformed" : "token: malformed");
+        return;
+    }
+    if (!by_run && !sb_is_token_format(id, strlen(id))) {
+        send_error(req, opname, 400, "Bad Request", "bad_args", "token: expected 64 lowercase hex characters");
+        return;
+    }
+    op = (admin_op_t *)sb_async_attach(req, sizeof(*op), op_dispose);
+    op->op = opname;
+    sb_async_retain(&op->super);
+    if (by_run) {
+        memcpy(op->run_id, id, strlen(id) + 1);
+        sb_store_revoke_run(sb_current_worker->store, op->run_id, on_revoked, op);
+    } else {
+        uint8_t hash[32];
+        char h[13];
+        sb_sha256(id, 64, hash);
+        sb_hex(hash, 6, h);
+        memcpy(op->tokref, h, 13);
+        sb_store_revoke_token(sb_current_worker->store, hash, on_revoked, op);
+    }
+}
+
+int sb_admin_on_req(h2o_handler_t *self, h2o_req_t *req)
+{
+    h2o_iovec_t path = req->path;
+    size_t q;
+
+    /* the raw path (query dropped): ids are decoded here, strictly, once */
+    for (q = 0; q < path.len && path.base[q] != '?'; ++q)
+        ;
+    path.len = q;
+    if (path.len >= 7 && memcmp(path.base, "/admin/", 7) == 0) {
+        if (!authorized(req)) {
+            send_error(req, "other", 401, "Unauthorized", "unauthorized", "missing or wrong admin secret");
+            return 0;
+        }
+        if (h2o_memis(path.base, path.len, H2O_STRLIT("/admin/v1/tokens"))) {
+            if (!h2o_memis(req->method.base, req->method.len, H2O_STRLIT("POST"))) {
+                send_error(req, "other", 405, "Method Not Allowed", "bad_method", "use POST");
+                return 0;
+            }
+            mint(req);
+            return 0;
+        }
+        if (path.len > 17 && memcmp(path.base, "/admin/v1/tokens/", 17) == 0) {
+            if (!h2o_memis(req->method.base, req->method.len, H2O_STRLIT("DELETE"))) {
+                send_error(req, "other", 405, "Method Not Allowed", "bad_method", "use DELETE");
+                return 0;
+            }
+            revoke_id(req, 0, path.base + 17, path.len - 17);
+            return 0;
+        }
+        if (path.len > 15 && memcmp(path.base, "/admin/v1/runs/", 15) == 0) {
+            if (!h2o_memis(req->method.base, req->method.len, H2O_STRLIT("DELETE"))) {
+                send_error(req, "other", 405, "Method Not Allowed", "bad_method", "use DELETE");
+                return 0;
+            }
+            revoke_id(req, 1, path.base + 15, path.len - 15);
+            return 0;
+        }
+        send_error(req, "other", 404, "Not Found", "not_found", "no such admin endpoint");
+        return 0;
+    }
+    if (h2o_memis(path.base, path.len, H2O_STRLIT("/metrics")) && h2o_memis(req->method.base, req->method.len, H2O_STRLIT("GET"))) {
+        char *text;
+        size_t len = sb_metrics_render(&text);
+        sb_send_bytes(req, 200, "OK", "text/plain; version=0.0.4", text, len);
+        free(text);
+        return 0;
+    }
+    return sb_health_on_req(self, req);
+}

@@ -1,0 +1,365 @@
+/*
+ * POST <rpc_path>: the RPC route (PROTOCOL.md, "HTTP RPC").
+ *
+ * Validation follows the upstream route step by step, so an upstream
+ * supervisor sees the same codes and statuses: size, body, shape, method,
+ * per-method size, then the token, the method grammar, the capability check
+ * (on every call), and dispatch. The body is JSON unless Content-Type is
+ * application/msgpack, and the reply uses the request's encoding.
+ */
+#include <stdio.h>
+#include <string.h>
+#include "http/server.h"
+#include "obs/log.h"
+#include "obs/metrics.h"
+#include "sb/limits.h"
+#include "sb/method.h"
+#include "sb/value.h"
+#include "svc/dispatch.h"
+#include "util/util.h"
+
+typedef struct st_rpc_call_t {
+    sb_async_t super;
+    int binary; /* msgpack in and out */
+    msgpack_zone zone;
+    msgpack_sbuffer packed; /* the JSON body converted to msgpack */
+    msgpack_object root;
+    const msgpack_object *args;
+    const char *method;
+    size_t method_len;
+    int kind; /* sb_method_kind_t, or SB_MK_COUNT_ while unknown */
+    sb_method_t m;
+    uint8_t hash[32];
+    char tokref[13];
+    char run_id[SB_MAX_RUN_ID + 1];
+    char cid[37];
+    uint64_t started_us;
+} rpc_call_t;
+
+static void call_dispose(sb_async_t *a)
+{
+    rpc_call_t *c = (rpc_call_t *)a;
+    msgpack_zone_destroy(&c->zone);
+    msgpack_sbuffer_destroy(&c->packed);
+}
+
+static void log_call(rpc_call_t *c, sb_status_t st, const char *message)
+{
+    sb_logline_t l;
+    if (!sb_current_worker->server->conf->log_calls)
+        return;
+    sb_log_begin(&l, st == SB_OK ? SB_LOG_INFO : SB_LOG_WARN, "rpc");
+    sb_log_cstr(&l, "cid", c->cid);
+    if (c->run_id[0] != '\0')
+        sb_log_cstr(&l, "runId", c->run_id);
+    if (c->tokref[0] != '\0')
+        sb_log_cstr(&l, "token", c->tokref);
+    if (c->method != NULL)
+        sb_log_str(&l, "method", c->method, c->method_len);
+    sb_log_cstr(&l, "code", sb_status_code(st));
+    sb_log_int(&l, "status", sb_status_http(st));
+    if (message != NULL && st != SB_OK)
+        sb_log_cstr(&l, "reason", message);
+    sb_log_int(&l, "us", (long long)(sb_mono_us() - c->started_us));
+    sb_log_end(&l);
+}
+
+static const char *reason_phrase(int status)
+{
+    switch (status) {
+    case 200:
+        return "OK";
+    case 400:
+        return "Bad Request";
+    case 401:
+        return "Unauthorized";
+    case 403:
+        return "Forbidden";
+    case 413:
+        return "Payload Too Large";
+    case 429:
+        return "Too Many Requests";
+    case 501:
+        return "Not Implemented";
+    case 503:
+        return "Service Unavailable";
+    default:
+        return "Internal Server Error";
+    }
+}
+
+static void send_body(rpc_call_t *c, sb_status_t st, const char *body, size_t len)
+{
+    int status = sb_status_http(st);
+    sb_send_bytes(c->super.req, status, reason_phrase(status), c->binary ? "application/msgpack" : "application/json", body,
+                  len);
+}
+
+/*
+ * Answers an error. execution_error never carries its detail to the guest:
+ * the message is the stable upstream string plus a correlation id that finds
+ * the detail in the log.
+ */
+static void reply_error(rpc_call_t *c, sb_status_t st, const char *message)
+{
+    const char *code = sb_status_code(st);
+    int redact = st == SB_E_EXECUTION || st == SB_E_NOMEM || st == SB_E_AGAIN;
+    const char *wire_msg = redact || message == NULL ? sb_status_message(st) : message;
+
+    if (redact)
+        st = SB_E_EXECUTION;
+    log_call(c, st, message);
+    sb_metrics_call(c->kind, st, sb_mono_us() - c->started_us);
+    if (st == SB_E_UNAUTHORIZED)
+        sb_metrics_deny(c->tokref[0] == '\0' ? SB_DENY_TOKEN_MISSING : SB_DENY_TOKEN_INVALID);
+    else if (st == SB_E_FORBIDDEN && c->kind < SB_MK_COUNT_)
+        sb_metrics_deny(SB_DENY_AXIS + c->kind);
+
+    if (c->binary) {
+        msgpack_sbuffer sb;
+        msgpack_packer pk;
+        msgpack_sbuffer_init(&sb);
+        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+        msgpack_pack_map(&pk, 2);
+        msgpack_pack_str_with_body(&pk, "ok", 2);
+        msgpack_pack_false(&pk);
+        msgpack_pack_str_with_body(&pk, "error", 5);
+        msgpack_pack_map(&pk, redact ? 3 : 2);
+        msgpack_pack_str_with_body(&pk, "code", 4);
+        msgpack_pack_str_with_body(&pk, code, strlen(code));
+        msgpack_pack_str_with_body(&pk, "message", 7);
+        msgpack_pack_str_with_body(&pk, wire_msg, strlen(wire_msg));
+        if (redact) {
+            msgpack_pack_str_with_body(&pk, "correlationId", 13);
+            msgpack_pack_str_with_body(&pk, c->cid, strlen(c->cid));
+        }
+        send_body(c, st, sb.data, sb.size);
+        msgpack_sbuffer_destroy(&sb);
+    } else {
+        json_t *err = json_pack("{s:s, s:s}", "code", code, "message", wire_msg), *o;
+        char *text;
+        if (redact)
+            json_object_set_new(err, "correlationId", json_string(c->cid));
+        o = json_pack("{s:b, s:o}", "ok", 0, "error", err);
+        text = json_dumps(o, JSON_COMPACT);
+        if (text == NULL)
+            sb_fatal(__FILE__, __LINE__, "out of memory");
+        send_body(c, st, text, strlen(text));
+        free(text);
+        json_decref(o);
+    }
+}
+
+/* answers {ok:true, value} from a packed msgpack value, enforcing the method's response cap */
+static void reply_value(rpc_call_t *c, const char *packed, size_t len)
+{
+    size_t cap = sb_method_response_cap(&c->m);
+    msgpack_zone zone;
+    msgpack_object value;
+    const char *why = NULL;
+
+    if (c->binary) {
+        msgpack_sbuffer sb;
+        msgpack_packer pk;
+        msgpack_sbuffer_init(&sb);
+        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+        msgpack_pack_map(&pk, 2);
+        msgpack_pack_str_with_body(&pk, "ok", 2);
+        msgpack_pack_true(&pk);
+        msgpack_pack_str_with_body(&pk, "value", 5);
+        msgpack_sbuffer_write(&sb, packed, len);
+        if (sb.size > cap) {
+            msgpack_sbuffer_destroy(&sb);
+            reply_error(c, SB_E_EXECUTION, "result exceeds the method's response cap");
+            return;
+        }
+        log_call(c, SB_OK, NULL);
+        sb_metrics_call(c->kind, SB_OK, sb_mono_us() - c->started_us);
+        send_body(c, SB_OK, sb.data, sb.size);
+        msgpack_sbuffer_destroy(&sb);
+        return;
+    }
+    msgpack_zone_init(&zone, 4096);
+    if (sb_mp_decode((const uint8_t *)packed, len, &zone, &value, &why) != SB_OK) {
+        msgpack_zone_destroy(&zone);
+        reply_error(c, SB_E_EXECUTION, "handler produced an invalid value");
+        return;
+    }
+    {
+        json_t *v, *o;
+        char *text;
+        if (sb_json_from_mp(&value, &v) != SB_OK) {
+            msgpack_zone_destroy(&zone);
+            reply_error(c, SB_E_EXECUTION, "handler produced a value JSON cannot carry");
+            return;
+        }
+        o = json_pack("{s:b, s:o}", "ok", 1, "value", v);
+        text = json_dumps(o, JSON_COMPACT | JSON_ENCODE_ANY);
+        json_decref(o);
+        msgpack_zone_destroy(&zone);
+        if (text == NULL)
+            sb_fatal(__FILE__, __LINE__, "out of memory");
+        if (strlen(text) > cap) {
+            free(text);
+            reply_error(c, SB_E_EXECUTION, "result exceeds the method's response cap");
+            return;
+        }
+        log_call(c, SB_OK, NULL);
+        sb_metrics_call(c->kind, SB_OK, sb_mono_us() - c->started_us);
+        send_body(c, SB_OK, text, strlen(text));
+        free(text);
+    }
+}
+
+static void on_dispatched(void *arg, sb_result_t *res)
+{
+    rpc_call_t *c = arg;
+    if (c->super.req == NULL)
+        return;
+    if (res->status == SB_OK)
+        reply_value(c, res->value.data, res->value.size);
+    else
+        reply_error(c, res->status, res->message);
+}
+
+static void on_token(void *arg, sb_status_t st, sb_token_t *tok)
+{
+    rpc_call_t *c = arg;
+    char reason[512];
+
+    if (c->super.req == NULL)
+        goto Exit;
+    if (st != SB_OK) {
+        reply_error(c, st == SB_E_UNAUTHORIZED ? SB_E_UNAUTHORIZED : SB_E_UNAVAILABLE,
+                    st == SB_E_UNAUTHORIZED ? NULL : "sandbox token store is unavailable");
+        goto Exit;
+    }
+    memcpy(c->run_id, tok->run_id, sizeof(c->run_id));
+    if (sb_method_parse(c->method, c->method_len, &c->m) != SB_OK) {
+        char msg[300];
+        snprintf(msg, sizeof(msg), "unrecognized method \"%.*s\"", (int)c->method_len, c->method);
+        reply_error(c, SB_E_BAD_METHOD, msg);
+        goto Exit;
+    }
+    c->kind = c->m.kind;
+    /* the manifest is checked on every call: nothing about a grant is cached */
+    reason[0] = '\0';
+    if ((st = sb_authz_check(tok->manifest, &c->m, c->args, reason, sizeof(reason))) != SB_OK) {
+        reply_error(c, st, reason[0] != '\0' ? reason : NULL);
+        goto Exit;
+    }
+    sb_dispatch(tok, &c->m, c->method, c->method_len, c->args, c->binary, on_dispatched, c);
+Exit:
+    sb_token_release(tok);
+    sb_async_release(&c->super);
+}
+
+static int is_msgpack(h2o_req_t *req)
+{
+    ssize_t i = h2o_find_header(&req->headers, H2O_TOKEN_CONTENT_TYPE, -1);
+    h2o_iovec_t v;
+    if (i < 0)
+        return 0;
+    v = req->headers.entries[i].value;
+    return v.len >= 19 && h2o_lcstris(v.base, 19, H2O_STRLIT("application/msgpack")) && (v.len == 19 || v.base[19] == ';');
+}
+
+int sb_rpc_on_req(h2o_handler_t *self, h2o_req_t *req)
+{
+    sb_worker_t *w = sb_current_worker;
+    rpc_call_t *c;
+    const char *why = NULL;
+    sb_status_t st;
+    ssize_t hi;
+
+    if (!h2o_memis(req->method.base, req->method.len, H2O_STRLIT("POST"))) {
+        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_ALLOW, NULL, H2O_STRLIT("POST"));
+        sb_send_bytes(req, 405, "Method Not Allowed", "text/plain", H2O_STRLIT("method not allowed\n"));
+        return 0;
+    }
+    c = (rpc_call_t *)sb_async_attach(req, sizeof(*c), call_dispose);
+    c->started_us = sb_mono_us();
+    c->kind = SB_MK_COUNT_;
+    c->binary = is_msgpack(req);
+    msgpack_zone_init(&c->zone, 2048);
+    msgpack_sbuffer_init(&c->packed);
+    if (sb_uuid4(c->cid) != SB_OK) {
+        /* no randomness: fail closed, without an id */
+        memcpy(c->cid, "00000000-0000-0000-0000-000000000000", 37);
+        reply_error(c, SB_E_UNAVAILABLE, "no randomness available");
+        return 0;
+    }
+
+    /* 1. size (Content-Length above SB_MAX_HTTP_ENTITY never reaches us: h2o answers 413 itself) */
+    if (req->entity.len > SB_MAX_RPC_WIRE) {
+        reply_error(c, SB_E_TOO_LARGE, NULL);
+        return 0;
+    }
+    /* 2. a body that decodes */
+    if (req->entity.base == NULL || req->entity.len == 0) {
+        reply_error(c, SB_E_BAD_ARGS, c->binary ? "invalid msgpack body" : "invalid JSON body");
+        return 0;
+    }
+    if (c->binary) {
+        st = sb_mp_decode((const uint8_t *)req->entity.base, req->entity.len, &c->zone, &c->root, &why);
+    } else if ((st = sb_json_decode(req->entity.base, req->entity.len, &c->packed, &why)) == SB_OK) {
+        st = sb_mp_decode((const uint8_t *)c->packed.data, c->packed.size, &c->zone, &c->root, &why);
+    }
+    if (st != SB_OK) {
+        if (st == SB_E_NOMEM)
+            reply_error(c, SB_E_EXECUTION, "out of memory decoding the body");
+        else if (st == SB_E_TOO_LARGE)
+            reply_error(c, SB_E_BAD_ARGS, "request value exceeds the nesting or node limits");
+        else
+            reply_error(c, SB_E_BAD_ARGS, c->binary ? "invalid msgpack body" : "invalid JSON body");
+        return 0;
+    }
+    /* 3. exactly {method, args?} */
+    if (c->root.type != MSGPACK_OBJECT_MAP) {
+        reply_error(c, SB_E_BAD_ARGS, "invalid request body");
+        return 0;
+    }
+    for (uint32_t i = 0; i < c->root.via.map.size; ++i) {
+        const msgpack_object *k = &c->root.via.map.ptr[i].key;
+        if (!sb_mp_str_is(k, "method") && !sb_mp_str_is(k, "args")) {
+            reply_error(c, SB_E_BAD_ARGS, "invalid request body");
+            return 0;
+        }
+    }
+    c->args = sb_mp_get(&c->root, "args");
+    {
+        const msgpack_object *m = sb_mp_get(&c->root, "method");
+        /* 4. method: a non-empty string of at most 256 bytes */
+        if (m == NULL || m->type != MSGPACK_OBJECT_STR || m->via.str.size == 0 || m->via.str.size > SB_MAX_METHOD_LEN) {
+            reply_error(c, SB_E_BAD_METHOD, "invalid method");
+            return 0;
+        }
+        c->method = m->via.str.ptr;
+        c->method_len = m->via.str.size;
+    }
+    /* 5. the method's own request cap */
+    if (req->entity.len > sb_method_request_cap_str(c->method, c->method_len)) {
+        reply_error(c, SB_E_TOO_LARGE, NULL);
+        return 0;
+    }
+    /* 6. the token: only well-formed ones are looked up, and only by hash */
+    hi = h2o_find_header_by_str(&req->headers, H2O_STRLIT("x-questpie-sandbox-token"), -1);
+    if (hi < 0 || req->headers.entries[hi].value.len == 0) {
+        reply_error(c, SB_E_UNAUTHORIZED, NULL);
+        return 0;
+    }
+    {
+        h2o_iovec_t tv = req->headers.entries[hi].value;
+        char hex[65];
+        sb_sha256(tv.base, tv.len, c->hash);
+        sb_hex(c->hash, 6, hex);
+        memcpy(c->tokref, hex, 13);
+        if (!sb_is_token_format(tv.base, tv.len)) {
+            reply_error(c, SB_E_UNAUTHORIZED, NULL);
+            return 0;
+        }
+    }
+    sb_async_retain(&c->super);
+    sb_store_get(w->store, c->hash, on_token, c);
+    return 0;
+}

@@ -1,0 +1,318 @@
+/*
+ * Listeners, workers and their life cycle.
+ *
+ * Both listening sockets are bound in the main thread so a bad address fails
+ * start-up before anything runs. Each worker owns an h2o evloop and accepts on
+ * its own dup() of the public listener; worker 0 also serves the admin
+ * listener. SIGTERM (handled by main) sends every worker a shutdown message:
+ * it stops accepting, asks h2o to close connections after their current
+ * response, and keeps its loop running until every request it accepted has
+ * been answered and released, or drain_timeout_ms has passed.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "http/server.h"
+#include "obs/log.h"
+#include "obs/metrics.h"
+#include "util/util.h"
+
+__thread sb_worker_t *sb_current_worker;
+
+static int bind_listener(const struct sockaddr_storage *ss, socklen_t len, const char *what)
+{
+    int fd, on = 1;
+    struct sockaddr_storage bound;
+    socklen_t blen = sizeof(bound);
+    char host[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+    sb_logline_t l;
+
+    if ((fd = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0 ||
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on)) != 0 || bind(fd, (const struct sockaddr *)ss, len) != 0 ||
+        listen(fd, 1024) != 0 || fcntl(fd, F_SETFL, O_NONBLOCK) != 0) {
+        sb_log_begin(&l, SB_LOG_ERROR, "listen.failed");
+        sb_log_cstr(&l, "listener", what);
+        sb_log_cstr(&l, "error", strerror(errno));
+        sb_log_end(&l);
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    if (getsockname(fd, (struct sockaddr *)&bound, &blen) == 0) {
+        if (bound.ss_family == AF_INET) {
+            struct sockaddr_in *sin = (struct sockaddr_in *)&bound;
+            inet_ntop(AF_INET, &sin->sin_addr, host, sizeof(host));
+            port = ntohs(sin->sin_port);
+        } else {
+            struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)&bound;
+            inet_ntop(AF_INET6, &sin6->sin6_addr, host, sizeof(host));
+            port = ntohs(sin6->sin6_port);
+        }
+    }
+    /* tests start the broker on port 0 and read the real port from this line */
+    sb_log_begin(&l, SB_LOG_INFO, "listening");
+    sb_log_cstr(&l, "listener", what);
+    sb_log_cstr(&l, "host", host);
+    sb_log_int(&l, "port", port);
+    sb_log_end(&l);
+    return fd;
+}
+
+static int on_public_req(h2o_handler_t *self, h2o_req_t *req)
+{
+    sb_server_t *s = sb_current_worker->server;
+    size_t plen = strlen(s->conf->rpc_path);
+
+    if (req->path_normalized.len == plen && memcmp(req->path_normalized.base, s->conf->rpc_path, plen) == 0)
+        return sb_rpc_on_req(self, req);
+    return sb_health_on_req(self, req);
+}
+
+static void setup_globalconf(h2o_globalconf_t *gc, size_t max_entity, int (*on_req)(h2o_handler_t *, h2o_req_t *))
+{
+    h2o_hostconf_t *host;
+    h2o_pathconf_t *path;
+    h2o_handler_t *handler;
+
+    h2o_config_init(gc);
+    gc->max_request_entity_size = max_entity;
+    gc->http1.upgrade_to_http2 = 0; /* HTTP/1.1 only */
+    gc->server_name = h2o_iovec_init(H2O_STRLIT("sandbox-broker"));
+    host = h2o_config_register_host(gc, h2o_iovec_init(H2O_STRLIT("default")), 65535);
+    path = h2o_config_register_path(host, "/", 0);
+    handler = h2o_create_handler(path, sizeof(*handler));
+    handler->on_req = on_req;
+}
+
+sb_status_t sb_server_init(sb_server_t *s, sb_config_t *conf, sb_store_t *store)
+{
+    memset(s, 0, sizeof(*s));
+    s->conf = conf;
+    s->store = store;
+    s->listen_fd = s->admin_fd = -1;
+    sb_sha256(conf->admin_secret, strlen(conf->admin_secret), s->admin_secret_hash);
+    setup_globalconf(&s->pub_conf, SB_MAX_HTTP_ENTITY, on_public_req);
+    setup_globalconf(&s->admin_conf, SB_MAX_ADMIN_BODY, sb_admin_on_req);
+    if ((s->listen_fd = bind_listener(&conf->listen_addr, conf->listen_addrlen, "public")) < 0)
+        return SB_E_UNAVAILABLE;
+    if ((s->admin_fd = bind_listener(&conf->admin_addr, conf->admin_addrlen, "admin")) < 0)
+        return SB_E_UNAVAILABLE;
+    s->nworkers = conf->threads;
+    s->workers = sb_mem_calloc(s->nworkers, sizeof(*s->workers));
+    return SB_OK;
+}
+
+static void on_accept(h2o_socket_t *listener, const char *err)
+{
+    sb_worker_t *w = sb_current_worker;
+    h2o_accept_ctx_t *actx = listener == w->admin_listener ? &w->admin_accept_ctx : &w->accept_ctx;
+    h2o_socket_t *sock;
+
+    if (err != NULL)
+        return;
+    /* accept a bounded batch, so one busy listener cannot starve the loop */
+    for (int i = 0; i < 16 && (sock = h2o_evloop_socket_accept(listener)) != NULL; ++i)
+        h2o_accept(actx, sock);
+}
+
+static void close_listeners(sb_worker_t *w)
+{
+    if (w->listener != NULL) {
+        h2o_socket_read_stop(w->listener);
+        h2o_socket_close(w->listener);
+        w->listener = NULL;
+    }
+    if (w->admin_listener != NULL) {
+        h2o_socket_read_stop(w->admin_listener);
+        h2o_socket_close(w->admin_listener);
+        w->admin_listener = NULL;
+    }
+}
+
+static void on_shutdown_msg(h2o_multithread_receiver_t *receiver, h2o_linklist_t *messages)
+{
+    sb_worker_t *w = H2O_STRUCT_FROM_MEMBER(sb_worker_t, shutdown_receiver, receiver);
+    while (!h2o_linklist_is_empty(messages)) {
+        h2o_multithread_message_t *m = H2O_STRUCT_FROM_MEMBER(h2o_multithread_message_t, link, messages->next);
+        h2o_linklist_unlink(&m->link);
+        free(m);
+    }
+    if (w->stopping)
+        return;
+    w->stopping = 1;
+    close_listeners(w);
+    h2o_context_request_shutdown(&w->ctx);
+    if (w->index == 0)
+        h2o_context_request_shutdown(&w->admin_ctx);
+}
+
+static void *worker_main(void *arg)
+{
+    sb_worker_t *w = arg;
+    sb_server_t *s = w->server;
+    uint64_t deadline;
+
+    sb_current_worker = w;
+    w->loop = h2o_evloop_create();
+    h2o_context_init(&w->ctx, w->loop, &s->pub_conf);
+    w->accept_ctx.ctx = &w->ctx;
+    w->accept_ctx.hosts = s->pub_conf.hosts;
+    w->listener = h2o_evloop_socket_create(w->loop, dup(s->listen_fd), H2O_SOCKET_FLAG_DONT_READ);
+    h2o_socket_read_start(w->listener, on_accept);
+    if (w->index == 0) {
+        h2o_context_init(&w->admin_ctx, w->loop, &s->admin_conf);
+        w->admin_accept_ctx.ctx = &w->admin_ctx;
+        w->admin_accept_ctx.hosts = s->admin_conf.hosts;
+        w->admin_listener = h2o_evloop_socket_create(w->loop, dup(s->admin_fd), H2O_SOCKET_FLAG_DONT_READ);
+        h2o_socket_read_start(w->admin_listener, on_accept);
+    }
+    w->store = sb_store_conn_create(s->store, w->loop);
+    {
+        h2o_multithread_queue_t *q = h2o_multithread_create_queue(w->loop);
+        h2o_multithread_register_receiver(q, &w->shutdown_receiver, on_shutdown_msg);
+        /* published last: sb_server_stop may message the worker from now on */
+        __atomic_store_n(&w->queue, q, __ATOMIC_RELEASE);
+    }
+
+    while (!w->stopping)
+        h2o_evloop_run(w->loop, INT32_MAX);
+
+    /* drain: answer everything already accepted */
+    deadline = sb_mono_us() + s->conf->drain_timeout_ms * 1000u;
+    while (w->inflight != 0 && sb_mono_us() < deadline)
+        h2o_evloop_run(w->loop, 10);
+    if (w->inflight != 0) {
+        sb_logline_t l;
+        sb_log_begin(&l, SB_LOG_WARN, "drain.timeout");
+        sb_log_int(&l, "worker", w->index);
+        sb_log_int(&l, "inflight", (long long)w->inflight);
+        sb_log_end(&l);
+    }
+    /* let the last responses leave the socket buffers */
+    deadline = sb_mono_us() + 50000;
+    while (sb_mono_us() < deadline)
+        h2o_evloop_run(w->loop, 10);
+
+    h2o_multithread_unregister_receiver(w->queue, &w->shutdown_receiver);
+    sb_store_conn_destroy(w->store);
+    w->store = NULL;
+    return NULL;
+}
+
+void sb_server_run(sb_server_t *s)
+{
+    for (unsigned i = 0; i < s->nworkers; ++i) {
+        s->workers[i].server = s;
+        s->workers[i].index = i;
+        h2o_multithread_create_thread(&s->workers[i].tid, NULL, worker_main, &s->workers[i]);
+    }
+    for (unsigned i = 0; i < s->nworkers; ++i)
+        pthread_join(s->workers[i].tid, NULL);
+}
+
+void sb_server_stop(sb_server_t *s)
+{
+    atomic_store(&s->stopping, 1);
+    for (unsigned i = 0; i < s->nworkers; ++i) {
+        sb_worker_t *w = &s->workers[i];
+        h2o_multithread_message_t *m;
+        /* the worker may still be starting; wait until its queue exists */
+        while (__atomic_load_n(&w->queue, __ATOMIC_ACQUIRE) == NULL)
+            usleep(1000);
+        m = sb_mem_calloc(1, sizeof(*m));
+        h2o_multithread_send_message(&w->shutdown_receiver, m);
+    }
+}
+
+void sb_server_dispose(sb_server_t *s)
+{
+    if (s->listen_fd >= 0)
+        close(s->listen_fd);
+    if (s->admin_fd >= 0)
+        close(s->admin_fd);
+    free(s->workers);
+}
+
+/* --- helpers for the handlers --- */
+
+static void on_guard_dispose(void *p)
+{
+    sb_async_t *a = *(sb_async_t **)p;
+    a->req = NULL;
+    --a->worker->inflight;
+    sb_async_release(a);
+}
+
+sb_async_t *sb_async_attach(h2o_req_t *req, size_t size, void (*dispose)(sb_async_t *))
+{
+    sb_async_t *a = sb_mem_calloc(1, size), **slot;
+    a->_refcnt = 1;
+    a->req = req;
+    a->worker = sb_current_worker;
+    a->_dispose = dispose;
+    slot = h2o_mem_alloc_shared(&req->pool, sizeof(*slot), on_guard_dispose);
+    *slot = a;
+    ++a->worker->inflight;
+    return a;
+}
+
+void sb_async_retain(sb_async_t *a)
+{
+    ++a->_refcnt;
+}
+
+void sb_async_release(sb_async_t *a)
+{
+    if (--a->_refcnt != 0)
+        return;
+    if (a->_dispose != NULL)
+        a->_dispose(a);
+    free(a);
+}
+
+void sb_send_bytes(h2o_req_t *req, int status, const char *reason, const char *ctype, const char *body, size_t len)
+{
+    static h2o_generator_t generator = {NULL, NULL};
+    h2o_iovec_t buf = h2o_strdup(&req->pool, body, len);
+
+    req->res.status = status;
+    req->res.reason = reason;
+    req->res.content_length = len;
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL, ctype, strlen(ctype));
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CACHE_CONTROL, NULL, H2O_STRLIT("no-store"));
+    if (atomic_load_explicit(&sb_current_worker->server->stopping, memory_order_relaxed))
+        req->http1_is_persistent = 0;
+    h2o_start_response(req, &generator);
+    h2o_send(req, &buf, 1, H2O_SEND_STATE_FINAL);
+}
+
+int sb_health_on_req(h2o_handler_t *self, h2o_req_t *req)
+{
+    sb_worker_t *w = sb_current_worker;
+
+    if (!h2o_memis(req->method.base, req->method.len, H2O_STRLIT("GET")) &&
+        !h2o_memis(req->method.base, req->method.len, H2O_STRLIT("HEAD")))
+        return -1;
+    if (h2o_memis(req->path_normalized.base, req->path_normalized.len, H2O_STRLIT("/healthz"))) {
+        sb_send_bytes(req, 200, "OK", "application/json", H2O_STRLIT("{\"ok\":true}"));
+        return 0;
+    }
+    if (h2o_memis(req->path_normalized.base, req->path_normalized.len, H2O_STRLIT("/readyz"))) {
+        if (w->stopping)
+            sb_send_bytes(req, 503, "Service Unavailable", "application/json",
+                          H2O_STRLIT("{\"ok\":false,\"tokenStore\":\"up\",\"draining\":true}"));
+        else if (sb_store_conn_healthy(w->store))
+            sb_send_bytes(req, 200, "OK", "application/json", H2O_STRLIT("{\"ok\":true,\"tokenStore\":\"up\"}"));
+        else
+            sb_send_bytes(req, 503, "Service Unavailable", "application/json",
+                          H2O_STRLIT("{\"ok\":false,\"tokenStore\":\"down\"}"));
+        return 0;
+    }
+    return -1;
+}

@@ -1,0 +1,146 @@
+/*
+ * sandbox-broker: the security boundary between sandboxed guest code and the
+ * host's database, files, tools and network.
+ *
+ *   sandbox-broker [--config FILE]          run
+ *   sandbox-broker --check-config [--config FILE]
+ *   sandbox-broker --version
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <openssl/ssl.h>
+#include "conf/config.h"
+#include "http/server.h"
+#include "obs/log.h"
+#include "obs/metrics.h"
+#include "store/store.h"
+
+static sb_store_t *the_store;
+
+static long long live_tokens(void)
+{
+    return sb_store_live_tokens(the_store);
+}
+
+static sb_server_t server;
+
+static int store_up(void)
+{
+    if (server.workers == NULL || server.workers[0].store == NULL)
+        return 0;
+    return sb_store_conn_healthy(server.workers[0].store);
+}
+
+static void usage(FILE *fp)
+{
+    fprintf(fp, "usage: sandbox-broker [--config FILE] [--check-config] [--version]\n"
+                "  --config FILE    JSON configuration (docs/config.md); every key can be\n"
+                "                   overridden by SANDBOX_BROKER_<KEY> in the environment\n"
+                "  --check-config   validate the configuration and exit (0 valid, 1 not)\n"
+                "The admin secret comes from SANDBOX_BROKER_ADMIN_SECRET or admin_secret_file.\n");
+}
+
+static void *signal_thread(void *arg)
+{
+    sigset_t *set = arg;
+    int sig = 0;
+    sigwait(set, &sig);
+    {
+        sb_logline_t l;
+        sb_log_begin(&l, SB_LOG_INFO, "shutdown");
+        sb_log_cstr(&l, "signal", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+        sb_log_end(&l);
+    }
+    sb_server_stop(&server);
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    const char *config_path = NULL, *err = NULL;
+    int check_only = 0;
+    sb_config_t *conf;
+    char errbuf[8192];
+    sigset_t set;
+    pthread_t sigtid;
+
+    for (int i = 1; i < argc; ++i) {
+        if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) {
+            config_path = argv[++i];
+        } else if (strcmp(argv[i], "--check-config") == 0) {
+            check_only = 1;
+        } else if (strcmp(argv[i], "--version") == 0) {
+            printf("sandbox-broker 0.1.0\n");
+            return 0;
+        } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage(stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "sandbox-broker: unknown argument \"%s\"\n", argv[i]);
+            usage(stderr);
+            return 2;
+        }
+    }
+
+    if (sb_config_load(config_path, 1, &conf, errbuf, sizeof(errbuf)) != SB_OK) {
+        fprintf(stderr, "sandbox-broker: invalid configuration:\n%s", errbuf);
+        return 1;
+    }
+    if (check_only) {
+        sb_store_t *probe;
+        sb_store_config_t sc = {conf->token_store, conf->redis_prefix, conf->max_tokens, conf->store_timeout_ms};
+        if (sb_store_create(&sc, &probe, &err) != SB_OK) {
+            fprintf(stderr, "sandbox-broker: invalid configuration:\n%s\n", err);
+            sb_config_free(conf);
+            return 1;
+        }
+        sb_store_destroy(probe);
+        printf("configuration OK\n");
+        sb_config_free(conf);
+        return 0;
+    }
+    sb_log_set_level((sb_log_level_t)sb_log_parse_level(conf->log_level));
+
+    {
+        sb_store_config_t sc = {conf->token_store, conf->redis_prefix, conf->max_tokens, conf->store_timeout_ms};
+        if (sb_store_create(&sc, &the_store, &err) != SB_OK) {
+            fprintf(stderr, "sandbox-broker: invalid configuration:\n%s\n", err);
+            sb_config_free(conf);
+            return 1;
+        }
+    }
+    sb_metrics_set_live_tokens_fn(live_tokens);
+    sb_metrics_set_store_up_fn(store_up);
+
+    /* every thread inherits this mask; only the signal thread takes SIGTERM and SIGINT */
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    if (sb_server_init(&server, conf, the_store) != SB_OK) {
+        sb_store_destroy(the_store);
+        sb_config_free(conf);
+        return 1;
+    }
+    {
+        sb_logline_t l;
+        sb_log_begin(&l, SB_LOG_INFO, "started");
+        sb_log_cstr(&l, "tokenStore", sb_store_kind(the_store));
+        sb_log_int(&l, "threads", conf->threads);
+        sb_log_cstr(&l, "rpcPath", conf->rpc_path);
+        sb_log_end(&l);
+    }
+    pthread_create(&sigtid, NULL, signal_thread, &set);
+    sb_server_run(&server);
+    pthread_cancel(sigtid);
+    pthread_join(sigtid, NULL);
+    sb_log_msg(SB_LOG_INFO, "stopped", "drained and stopped");
+    sb_server_dispose(&server);
+    sb_store_destroy(the_store);
+    sb_config_free(conf);
+    return 0;
+}

@@ -1,0 +1,128 @@
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "obs/log.h"
+
+static _Atomic int min_level = SB_LOG_INFO;
+static const char *names[] = {"debug", "info", "warn", "error"};
+
+void sb_log_set_level(sb_log_level_t level)
+{
+    atomic_store(&min_level, (int)level);
+}
+
+int sb_log_parse_level(const char *s)
+{
+    for (int i = 0; i < 4; ++i)
+        if (strcmp(s, names[i]) == 0)
+            return i;
+    return -1;
+}
+
+static void raw(sb_logline_t *l, const char *s, size_t n)
+{
+    /* keep room for the closing "}\n" and a truncation marker */
+    size_t room = sizeof(l->buf) - 32 - l->len;
+    if (n > room) {
+        n = room;
+        l->truncated = 1;
+    }
+    memcpy(l->buf + l->len, s, n);
+    l->len += n;
+}
+
+static void escaped(sb_logline_t *l, const char *s, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    for (size_t i = 0; i < n && !l->truncated; ++i) {
+        unsigned char c = (unsigned char)s[i];
+        char e[6];
+        if (c == '"' || c == '\\') {
+            e[0] = '\\', e[1] = (char)c;
+            raw(l, e, 2);
+        } else if (c < 0x20 || c == 0x7f) {
+            e[0] = '\\', e[1] = 'u', e[2] = '0', e[3] = '0', e[4] = hex[c >> 4], e[5] = hex[c & 15];
+            raw(l, e, 6);
+        } else {
+            raw(l, (const char *)&c, 1);
+        }
+    }
+}
+
+void sb_log_begin(sb_logline_t *l, sb_log_level_t level, const char *event)
+{
+    struct timespec ts;
+    struct tm tm;
+    char head[96];
+    int n;
+
+    l->len = 0;
+    l->truncated = 0;
+    l->enabled = (int)level >= atomic_load(&min_level);
+    if (!l->enabled)
+        return;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    n = snprintf(head, sizeof(head), "{\"ts\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"level\":\"%s\",\"event\":\"",
+                 tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000,
+                 names[level]);
+    raw(l, head, (size_t)n);
+    escaped(l, event, strlen(event));
+    raw(l, "\"", 1);
+}
+
+void sb_log_str(sb_logline_t *l, const char *key, const char *val, size_t len)
+{
+    if (!l->enabled)
+        return;
+    raw(l, ",\"", 2);
+    escaped(l, key, strlen(key));
+    raw(l, "\":\"", 3);
+    escaped(l, val, len);
+    raw(l, "\"", 1);
+}
+
+void sb_log_cstr(sb_logline_t *l, const char *key, const char *val)
+{
+    sb_log_str(l, key, val, strlen(val));
+}
+
+void sb_log_int(sb_logline_t *l, const char *key, long long v)
+{
+    char num[32];
+    int n;
+    if (!l->enabled)
+        return;
+    raw(l, ",\"", 2);
+    escaped(l, key, strlen(key));
+    raw(l, "\":", 2);
+    n = snprintf(num, sizeof(num), "%lld", v);
+    raw(l, num, (size_t)n);
+}
+
+void sb_log_end(sb_logline_t *l)
+{
+    ssize_t r;
+    if (!l->enabled)
+        return;
+    if (l->truncated) {
+        static const char mark[] = ",\"truncated\":true";
+        memcpy(l->buf + l->len, mark, sizeof(mark) - 1);
+        l->len += sizeof(mark) - 1;
+    }
+    l->buf[l->len++] = '}';
+    l->buf[l->len++] = '\n';
+    /* one write per line: lines from several threads never interleave */
+    r = write(2, l->buf, l->len);
+    (void)r;
+}
+
+void sb_log_msg(sb_log_level_t level, const char *event, const char *msg)
+{
+    sb_logline_t l;
+    sb_log_begin(&l, level, event);
+    sb_log_cstr(&l, "msg", msg);
+    sb_log_end(&l);
+}

@@ -1,0 +1,144 @@
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "obs/metrics.h"
+#include "util/util.h"
+
+static const uint64_t bucket_us[] = {100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 1000000};
+#define NBUCKETS (sizeof(bucket_us) / sizeof(bucket_us[0]))
+
+static _Atomic uint64_t calls[SB_MK_COUNT_ + 1][SB_STATUS_COUNT_];
+static _Atomic uint64_t hist[NBUCKETS + 1];
+static _Atomic uint64_t hist_sum_us, hist_count;
+static _Atomic uint64_t denials[SB_DENY_COUNT_];
+static _Atomic uint64_t admin_ops[4][6]; /* op x status class (1xx..5xx) */
+static long long (*live_tokens_fn)(void);
+static int (*store_up_fn)(void);
+
+static const char *admin_names[] = {"mint", "revoke_token", "revoke_run", "other"};
+
+void sb_metrics_call(int kind, sb_status_t st, uint64_t latency_us)
+{
+    size_t b = 0;
+    if (kind < 0 || kind > SB_MK_COUNT_)
+        kind = SB_MK_COUNT_;
+    if ((unsigned)st >= SB_STATUS_COUNT_)
+        st = SB_E_EXECUTION;
+    atomic_fetch_add_explicit(&calls[kind][st], 1, memory_order_relaxed);
+    while (b < NBUCKETS && latency_us > bucket_us[b])
+        ++b;
+    atomic_fetch_add_explicit(&hist[b], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&hist_sum_us, latency_us, memory_order_relaxed);
+    atomic_fetch_add_explicit(&hist_count, 1, memory_order_relaxed);
+}
+
+void sb_metrics_deny(int reason)
+{
+    if (reason >= 0 && reason < SB_DENY_COUNT_)
+        atomic_fetch_add_explicit(&denials[reason], 1, memory_order_relaxed);
+}
+
+void sb_metrics_admin(const char *op, int http_status)
+{
+    int i = 0, cls = http_status / 100;
+    while (i < 3 && strcmp(admin_names[i], op) != 0)
+        ++i;
+    if (cls < 1 || cls > 5)
+        cls = 5;
+    atomic_fetch_add_explicit(&admin_ops[i][cls], 1, memory_order_relaxed);
+}
+
+void sb_metrics_set_live_tokens_fn(long long (*fn)(void))
+{
+    live_tokens_fn = fn;
+}
+
+void sb_metrics_set_store_up_fn(int (*fn)(void))
+{
+    store_up_fn = fn;
+}
+
+static const char *deny_name(int r, char *buf, size_t sz)
+{
+    if (r == SB_DENY_TOKEN_MISSING)
+        return "token_missing";
+    if (r == SB_DENY_TOKEN_INVALID)
+        return "token_invalid";
+    snprintf(buf, sz, "axis_%s", sb_method_kind_name((sb_method_kind_t)(r - SB_DENY_AXIS)));
+    return buf;
+}
+
+typedef struct st_out_t {
+    char *p;
+    size_t len, cap;
+} out_t;
+
+__attribute__((format(printf, 2, 3))) static void emit(out_t *o, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+    for (;;) {
+        va_start(ap, fmt);
+        n = vsnprintf(o->p + o->len, o->cap - o->len, fmt, ap);
+        va_end(ap);
+        if (n >= 0 && (size_t)n < o->cap - o->len)
+            break;
+        o->cap *= 2;
+        o->p = realloc(o->p, o->cap);
+        if (o->p == NULL)
+            sb_fatal(__FILE__, __LINE__, "out of memory");
+    }
+    o->len += (size_t)n;
+}
+
+size_t sb_metrics_render(char **outp)
+{
+    out_t o = {sb_mem_alloc(16384), 0, 16384};
+    char buf[64];
+    uint64_t cum = 0;
+
+    emit(&o, "# HELP sb_calls_total RPC calls by method kind and result code.\n# TYPE sb_calls_total counter\n");
+    for (int k = 0; k <= SB_MK_COUNT_; ++k) {
+        for (int s = 0; s < SB_STATUS_COUNT_; ++s) {
+            uint64_t v = atomic_load_explicit(&calls[k][s], memory_order_relaxed);
+            if (v == 0)
+                continue;
+            emit(&o, "sb_calls_total{kind=\"%s\",code=\"%s\",status=\"%d\"} %llu\n",
+                 k == SB_MK_COUNT_ ? "invalid" : sb_method_kind_name((sb_method_kind_t)k), sb_status_code((sb_status_t)s),
+                 sb_status_http((sb_status_t)s), (unsigned long long)v);
+        }
+    }
+    emit(&o, "# HELP sb_call_duration_seconds RPC latency inside the broker.\n# TYPE sb_call_duration_seconds histogram\n");
+    for (size_t b = 0; b < NBUCKETS; ++b) {
+        cum += atomic_load_explicit(&hist[b], memory_order_relaxed);
+        emit(&o, "sb_call_duration_seconds_bucket{le=\"%g\"} %llu\n", (double)bucket_us[b] / 1e6, (unsigned long long)cum);
+    }
+    cum += atomic_load_explicit(&hist[NBUCKETS], memory_order_relaxed);
+    emit(&o, "sb_call_duration_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)cum);
+    emit(&o, "sb_call_duration_seconds_sum %.6f\n", (double)atomic_load(&hist_sum_us) / 1e6);
+    emit(&o, "sb_call_duration_seconds_count %llu\n", (unsigned long long)atomic_load(&hist_count));
+    emit(&o, "# HELP sb_denials_total Refused calls by reason.\n# TYPE sb_denials_total counter\n");
+    for (int r = 0; r < SB_DENY_COUNT_; ++r)
+        emit(&o, "sb_denials_total{reason=\"%s\"} %llu\n", deny_name(r, buf, sizeof(buf)),
+             (unsigned long long)atomic_load_explicit(&denials[r], memory_order_relaxed));
+    emit(&o, "# HELP sb_admin_requests_total Admin requests by operation and status class.\n"
+             "# TYPE sb_admin_requests_total counter\n");
+    for (int i = 0; i < 4; ++i)
+        for (int c = 1; c <= 5; ++c) {
+            uint64_t v = atomic_load_explicit(&admin_ops[i][c], memory_order_relaxed);
+            if (v != 0)
+                emit(&o, "sb_admin_requests_total{op=\"%s\",class=\"%dxx\"} %llu\n", admin_names[i], c, (unsigned long long)v);
+        }
+    if (live_tokens_fn != NULL) {
+        long long n = live_tokens_fn();
+        if (n >= 0)
+            emit(&o, "# HELP sb_tokens_live Live tokens in the token store.\n# TYPE sb_tokens_live gauge\nsb_tokens_live %lld\n", n);
+    }
+    if (store_up_fn != NULL)
+        emit(&o, "# HELP sb_token_store_up 1 when the token store answers.\n# TYPE sb_token_store_up gauge\nsb_token_store_up %d\n",
+             store_up_fn());
+    *outp = o.p;
+    return o.len;
+}

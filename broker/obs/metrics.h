@@ -1,0 +1,37 @@
+/*
+ * broker/obs/metrics: process-wide counters, rendered as Prometheus text.
+ * Every label set is bounded: method kinds and status codes come from fixed
+ * enums, never from guest strings. Counters are relaxed atomics, safe from any
+ * thread.
+ */
+#ifndef SB_METRICS_H
+#define SB_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "sb/method.h"
+#include "sb/status.h"
+
+typedef enum en_sb_deny_reason_t {
+    SB_DENY_TOKEN_MISSING = 0,
+    SB_DENY_TOKEN_INVALID,
+    SB_DENY_AXIS, /* + sb_method_kind_t: the axis that refused */
+    SB_DENY_COUNT_ = SB_DENY_AXIS + SB_MK_COUNT_
+} sb_deny_reason_t;
+
+/** counts one finished RPC; kind is SB_MK_COUNT_ for calls whose method did not parse */
+void sb_metrics_call(int kind, sb_status_t st, uint64_t latency_us);
+void sb_metrics_deny(int reason);
+void sb_metrics_admin(const char *op, int http_status);
+/** sets the function that reports live tokens (-1 when unknown) */
+void sb_metrics_set_live_tokens_fn(long long (*fn)(void));
+/** sets the function that reports token-store health (1 up, 0 down) */
+void sb_metrics_set_store_up_fn(int (*fn)(void));
+/**
+ * renders every metric into a new buffer
+ * @param out receives a malloc'd buffer owned by the caller
+ * @return its length
+ */
+size_t sb_metrics_render(char **out);
+
+#endif

@@ -1,0 +1,104 @@
+/*
+ * broker/store: the token store (PROTOCOL.md, "Tokens").
+ *
+ * Tokens are kept by SHA-256 hash only. A record binds a token to its run id,
+ * manifest, target, scope and expiry. Two backends sit behind one interface:
+ *   memory  one process, a locked hash table (the embedded default);
+ *   redis   shared by every broker instance, hiredis async on each worker's
+ *           h2o loop, no cache: a revocation on one instance is refused by
+ *           every instance on its next call.
+ * Any doubt (backend down, record unreadable, clock past expiry) is answered
+ * SB_E_UNAVAILABLE or SB_E_UNAUTHORIZED, never a grant.
+ */
+#ifndef SB_STORE_H
+#define SB_STORE_H
+
+#include <stdint.h>
+#include <stddef.h>
+#include <h2o.h>
+#include <jansson.h>
+#include "sb/limits.h"
+#include "sb/status.h"
+#include "authz/authz.h"
+
+/** one scope binding, e.g. tenantId = "t1" */
+typedef struct st_sb_scope_kv_t {
+    char *key;
+    char *value;
+} sb_scope_kv_t;
+
+/**
+ * A token record. Immutable once built and reference-counted, so worker
+ * threads share it without locks; release with sb_token_release.
+ */
+typedef struct st_sb_token_t {
+    _Atomic int _refcnt;
+    uint8_t hash[32];
+    char run_id[SB_MAX_RUN_ID + 1];
+    char target[SB_MAX_TARGET_NAME + 1]; /* "" when the run has no target */
+    sb_scope_kv_t scope[SB_MAX_SCOPE_ENTRIES];
+    size_t scope_len;
+    int64_t expires_at_ms;
+    sb_manifest_t *manifest;
+} sb_token_t;
+
+void sb_token_addref(sb_token_t *t);
+void sb_token_release(sb_token_t *t);
+
+/**
+ * Builds a token record from the admin mint body fields (already type-checked
+ * by the caller) or from a stored record.
+ * @param err receives a message naming the offending path on SB_E_BAD_ARGS
+ */
+SB_WARN_UNUSED sb_status_t sb_token_build(const uint8_t hash[32], const char *run_id, const json_t *capabilities,
+                                          const char *target, const json_t *scope, int64_t expires_at_ms, sb_token_t **out,
+                                          char *err, size_t errsz);
+/** serialises a record to JSON for the redis backend (capabilities kept verbatim) */
+char *sb_token_serialize(const sb_token_t *t, const json_t *capabilities);
+/** parses a serialised record; SB_E_UNAVAILABLE when it is unreadable (fail closed) */
+SB_WARN_UNUSED sb_status_t sb_token_deserialize(const uint8_t hash[32], const char *s, size_t len, sb_token_t **out);
+
+typedef struct st_sb_store_t sb_store_t;           /* process-wide */
+typedef struct st_sb_store_conn_t sb_store_conn_t; /* one per worker loop */
+
+/** called with the record (a reference the callee must release) or an error */
+typedef void (*sb_store_get_cb)(void *arg, sb_status_t st, sb_token_t *tok);
+typedef void (*sb_store_done_cb)(void *arg, sb_status_t st);
+
+typedef struct st_sb_store_config_t {
+    const char *url;        /* "memory" or "redis://[:password@]host:port[/db]" or "unix:///path[?db=N]" */
+    const char *prefix;     /* redis key prefix, e.g. "sb:" */
+    size_t max_tokens;      /* memory backend: live tokens at most */
+    uint64_t timeout_ms;    /* redis: connect and command timeout */
+} sb_store_config_t;
+
+/**
+ * Creates the store. The URL is validated here (hostnames other than
+ * localhost are refused: hiredis would resolve them with a blocking call).
+ * @param err receives a static message on failure
+ */
+SB_WARN_UNUSED sb_status_t sb_store_create(const sb_store_config_t *conf, sb_store_t **out, const char **err);
+void sb_store_destroy(sb_store_t *s);
+/** "memory" or "redis" */
+const char *sb_store_kind(const sb_store_t *s);
+/** live tokens (memory backend), or -1 */
+long long sb_store_live_tokens(sb_store_t *s);
+
+/** attaches a connection to a worker loop; call from that loop's thread */
+sb_store_conn_t *sb_store_conn_create(sb_store_t *s, h2o_loop_t *loop);
+/** closes the connection; pending callbacks are called with SB_E_UNAVAILABLE */
+void sb_store_conn_destroy(sb_store_conn_t *c);
+/** 1 when the backend can answer now */
+int sb_store_conn_healthy(sb_store_conn_t *c);
+
+/*
+ * The operations. Callbacks run on the connection's loop, possibly before the
+ * function returns (memory backend): callers must be ready for both.
+ */
+void sb_store_get(sb_store_conn_t *c, const uint8_t hash[32], sb_store_get_cb cb, void *arg);
+/** stores a new record; SB_E_BAD_ARGS when the token already exists, SB_E_RATE_LIMITED when the store is full */
+void sb_store_put(sb_store_conn_t *c, sb_token_t *tok, const json_t *capabilities, sb_store_done_cb cb, void *arg);
+void sb_store_revoke_token(sb_store_conn_t *c, const uint8_t hash[32], sb_store_done_cb cb, void *arg);
+void sb_store_revoke_run(sb_store_conn_t *c, const char *run_id, sb_store_done_cb cb, void *arg);
+
+#endif

@@ -1,0 +1,43 @@
+/* private to broker/store: the store object and the backend entry points */
+#ifndef SB_STORE_INT_H
+#define SB_STORE_INT_H
+
+#include <pthread.h>
+#include "store/store.h"
+
+typedef struct st_mem_entry_t mem_entry_t;
+
+struct st_sb_store_t {
+    int is_redis;
+    /* memory backend */
+    pthread_mutex_t mu;
+    mem_entry_t **buckets;
+    size_t nbuckets;
+    size_t count;
+    size_t max_tokens;
+    /* redis backend */
+    char *prefix;
+    char host[64];
+    int port;
+    char *unix_path;
+    char *password;
+    int db;
+    uint64_t timeout_ms;
+};
+
+struct st_sb_store_conn_t {
+    sb_store_t *store;
+    h2o_loop_t *loop;
+    void *redis; /* struct st_redis_conn_t * */
+};
+
+SB_WARN_UNUSED sb_status_t sb_store__redis_parse_url(sb_store_t *s, const char *url, const char **err);
+void *sb_store__redis_conn_create(sb_store_t *s, h2o_loop_t *loop);
+void sb_store__redis_conn_destroy(void *rc);
+int sb_store__redis_healthy(void *rc);
+void sb_store__redis_get(void *rc, const uint8_t hash[32], sb_store_get_cb cb, void *arg);
+void sb_store__redis_put(void *rc, sb_token_t *tok, const json_t *caps, sb_store_done_cb cb, void *arg);
+void sb_store__redis_revoke_token(void *rc, const uint8_t hash[32], sb_store_done_cb cb, void *arg);
+void sb_store__redis_revoke_run(void *rc, const char *run_id, sb_store_done_cb cb, void *arg);
+
+#endif

@@ -1,0 +1,160 @@
+/*
+ * Token records: building, validating, (de)serialising. Records are built
+ * once and never changed, so threads share them by reference count.
+ */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "store/store.h"
+#include "util/util.h"
+#include "sb/value.h"
+
+void sb_token_addref(sb_token_t *t)
+{
+    atomic_fetch_add_explicit(&t->_refcnt, 1, memory_order_relaxed);
+}
+
+void sb_token_release(sb_token_t *t)
+{
+    if (t == NULL || atomic_fetch_sub_explicit(&t->_refcnt, 1, memory_order_acq_rel) != 1)
+        return;
+    for (size_t i = 0; i < t->scope_len; ++i) {
+        free(t->scope[i].key);
+        free(t->scope[i].value);
+    }
+    sb_manifest_free(t->manifest);
+    free(t);
+}
+
+static int is_name(const char *s, size_t max)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > max)
+        return 0;
+    for (size_t i = 0; i < n; ++i) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+static int is_printable_utf8(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; ++i)
+        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+            return 0;
+    return sb_utf8_valid((const uint8_t *)s, n);
+}
+
+sb_status_t sb_token_build(const uint8_t hash[32], const char *run_id, const json_t *capabilities, const char *target,
+                           const json_t *scope, int64_t expires_at_ms, sb_token_t **out, char *err, size_t errsz)
+{
+    sb_token_t *t;
+    size_t rlen = strlen(run_id);
+    sb_status_t st;
+
+    if (rlen == 0 || rlen > SB_MAX_RUN_ID || !is_printable_utf8(run_id, rlen)) {
+        snprintf(err, errsz, "runId: expected 1-%u printable bytes", SB_MAX_RUN_ID);
+        return SB_E_BAD_ARGS;
+    }
+    if (target != NULL && !is_name(target, SB_MAX_TARGET_NAME)) {
+        snprintf(err, errsz, "target: expected a name of [A-Za-z0-9_-]{1,%u}", SB_MAX_TARGET_NAME);
+        return SB_E_BAD_ARGS;
+    }
+    if (scope != NULL && !json_is_null(scope)) {
+        if (!json_is_object(scope)) {
+            snprintf(err, errsz, "scope: expected an object");
+            return SB_E_BAD_ARGS;
+        }
+        if (json_object_size(scope) > SB_MAX_SCOPE_ENTRIES) {
+            snprintf(err, errsz, "scope: more than %u entries", SB_MAX_SCOPE_ENTRIES);
+            return SB_E_BAD_ARGS;
+        }
+    }
+
+    t = sb_mem_calloc(1, sizeof(*t));
+    atomic_init(&t->_refcnt, 1);
+    memcpy(t->hash, hash, 32);
+    memcpy(t->run_id, run_id, rlen + 1);
+    if (target != NULL)
+        memcpy(t->target, target, strlen(target) + 1);
+    t->expires_at_ms = expires_at_ms;
+    if (scope != NULL && json_is_object(scope)) {
+        const char *k;
+        json_t *v;
+        json_object_foreach((json_t *)scope, k, v) {
+            size_t vlen;
+            if (!is_name(k, 64)) {
+                snprintf(err, errsz, "scope.%.64s: expected a key of [A-Za-z0-9_-]{1,64}", k);
+                st = SB_E_BAD_ARGS;
+                goto Error;
+            }
+            if (!json_is_string(v) || (vlen = json_string_length(v)) == 0 || vlen > SB_MAX_SCOPE_VALUE ||
+                !is_printable_utf8(json_string_value(v), vlen)) {
+                snprintf(err, errsz, "scope.%s: expected a string of 1-%u printable bytes", k, SB_MAX_SCOPE_VALUE);
+                st = SB_E_BAD_ARGS;
+                goto Error;
+            }
+            t->scope[t->scope_len].key = sb_mem_strdup(k);
+            t->scope[t->scope_len].value = sb_mem_strdup(json_string_value(v));
+            ++t->scope_len;
+        }
+    }
+    {
+        char merr[256];
+        if ((st = sb_manifest_parse(capabilities, &t->manifest, merr, sizeof(merr))) != SB_OK) {
+            snprintf(err, errsz, "%s", merr);
+            goto Error;
+        }
+    }
+    *out = t;
+    return SB_OK;
+Error:
+    sb_token_release(t);
+    return st;
+}
+
+char *sb_token_serialize(const sb_token_t *t, const json_t *capabilities)
+{
+    json_t *o = json_object(), *scope = json_object();
+    char *s;
+
+    for (size_t i = 0; i < t->scope_len; ++i)
+        json_object_set_new(scope, t->scope[i].key, json_string(t->scope[i].value));
+    json_object_set_new(o, "v", json_integer(1));
+    json_object_set_new(o, "runId", json_string(t->run_id));
+    json_object_set_new(o, "target", json_string(t->target));
+    json_object_set_new(o, "scope", scope);
+    json_object_set_new(o, "expiresAt", json_integer(t->expires_at_ms));
+    json_object_set(o, "capabilities", capabilities != NULL ? (json_t *)capabilities : json_null());
+    s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    if (s == NULL)
+        sb_fatal(__FILE__, __LINE__, "out of memory");
+    return s;
+}
+
+sb_status_t sb_token_deserialize(const uint8_t hash[32], const char *s, size_t len, sb_token_t **out)
+{
+    json_t *o, *run, *target, *exp;
+    char err[256];
+    sb_status_t st = SB_E_UNAVAILABLE;
+
+    if (len > SB_MAX_MANIFEST_BYTES + 8192 || (o = json_loadb(s, len, JSON_REJECT_DUPLICATES, NULL)) == NULL)
+        return SB_E_UNAVAILABLE;
+    run = json_object_get(o, "runId");
+    target = json_object_get(o, "target");
+    exp = json_object_get(o, "expiresAt");
+    if (json_integer_value(json_object_get(o, "v")) != 1 || !json_is_string(run) || !json_is_string(target) ||
+        !json_is_integer(exp))
+        goto Exit;
+    if (sb_token_build(hash, json_string_value(run), json_object_get(o, "capabilities"),
+                       json_string_length(target) != 0 ? json_string_value(target) : NULL, json_object_get(o, "scope"),
+                       json_integer_value(exp), out, err, sizeof(err)) == SB_OK)
+        st = SB_OK;
+Exit:
+    json_decref(o);
+    return st;
+}

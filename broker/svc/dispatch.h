@@ -1,0 +1,32 @@
+/*
+ * broker/svc: dispatch of granted calls to the handlers a run's target wires.
+ *
+ * The capability check has already passed when these run. A method whose
+ * target wires no handler answers not_implemented, by design: the manifest
+ * says what a run may do, the target says what exists.
+ */
+#ifndef SB_DISPATCH_H
+#define SB_DISPATCH_H
+
+#include <msgpack.h>
+#include "sb/method.h"
+#include "sb/status.h"
+#include "store/store.h"
+
+/** what a handler produced: a packed msgpack value, or an error */
+typedef struct st_sb_result_t {
+    sb_status_t status;
+    char message[512];      /* for errors other than SB_E_EXECUTION (those are redacted on the wire) */
+    msgpack_sbuffer value;  /* packed value on SB_OK (owned; msgpack_sbuffer_destroy) */
+} sb_result_t;
+
+typedef void (*sb_dispatch_cb)(void *arg, sb_result_t *res);
+
+/**
+ * Runs a granted call. The callback may run before this returns.
+ * @param raw_method the method string as sent, for messages
+ */
+void sb_dispatch(const sb_token_t *tok, const sb_method_t *m, const char *raw_method, size_t raw_len,
+                 const msgpack_object *args, int binary, sb_dispatch_cb cb, void *arg);
+
+#endif

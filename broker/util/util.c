@@ -1,0 +1,125 @@
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <errno.h>
+#include <sys/random.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include "util/util.h"
+
+void sb_fatal(const char *file, int line, const char *msg)
+{
+    fprintf(stderr, "{\"level\":\"fatal\",\"msg\":\"%s\",\"file\":\"%s\",\"line\":%d}\n", msg, file, line);
+    abort();
+}
+
+void *sb_mem__alloc(size_t sz, const char *file, int line)
+{
+    void *p = malloc(sz != 0 ? sz : 1);
+    if (p == NULL)
+        sb_fatal(file, line, "out of memory");
+    return p;
+}
+
+void *sb_mem__calloc(size_t n, size_t sz, const char *file, int line)
+{
+    void *p = calloc(n != 0 ? n : 1, sz != 0 ? sz : 1);
+    if (p == NULL)
+        sb_fatal(file, line, "out of memory");
+    return p;
+}
+
+char *sb_mem__strdup(const char *s, const char *file, int line)
+{
+    size_t n = strlen(s) + 1;
+    char *p = sb_mem__alloc(n, file, line);
+    memcpy(p, s, n);
+    return p;
+}
+
+int64_t sb_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+uint64_t sb_mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+sb_status_t sb_random(void *buf, size_t len)
+{
+    uint8_t *p = buf;
+    while (len != 0) {
+        ssize_t r = getrandom(p, len, 0);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return SB_E_UNAVAILABLE;
+        }
+        p += r;
+        len -= (size_t)r;
+    }
+    return SB_OK;
+}
+
+sb_status_t sb_uuid4(char out[37])
+{
+    uint8_t b[16];
+    char hex[33];
+    sb_status_t st;
+
+    if ((st = sb_random(b, sizeof(b))) != SB_OK)
+        return st;
+    b[6] = (uint8_t)((b[6] & 0x0f) | 0x40);
+    b[8] = (uint8_t)((b[8] & 0x3f) | 0x80);
+    sb_hex(b, sizeof(b), hex);
+    memcpy(out, hex, 8);
+    out[8] = '-';
+    memcpy(out + 9, hex + 8, 4);
+    out[13] = '-';
+    memcpy(out + 14, hex + 12, 4);
+    out[18] = '-';
+    memcpy(out + 19, hex + 16, 4);
+    out[23] = '-';
+    memcpy(out + 24, hex + 20, 12);
+    out[36] = '\0';
+    return SB_OK;
+}
+
+void sb_hex(const uint8_t *in, size_t len, char *out)
+{
+    static const char digits[] = "0123456789abcdef";
+    for (size_t i = 0; i < len; ++i) {
+        out[2 * i] = digits[in[i] >> 4];
+        out[2 * i + 1] = digits[in[i] & 15];
+    }
+    out[2 * len] = '\0';
+}
+
+void sb_sha256(const void *in, size_t len, uint8_t out[32])
+{
+    unsigned int n = 32;
+    if (EVP_Digest(in, len, out, &n, EVP_sha256(), NULL) != 1)
+        sb_fatal(__FILE__, __LINE__, "SHA-256 failed");
+}
+
+int sb_ct_equal(const void *a, const void *b, size_t len)
+{
+    return CRYPTO_memcmp(a, b, len) == 0;
+}
+
+int sb_is_token_format(const char *s, size_t len)
+{
+    if (len != 64)
+        return 0;
+    for (size_t i = 0; i < len; ++i)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+            return 0;
+    return 1;
+}

@@ -1,0 +1,46 @@
+/*
+ * broker/util: memory, time, randomness and hashing helpers.
+ *
+ * OOM policy (STYLE rule 8): fixed-size allocations go through sb_mem_alloc,
+ * which aborts with file and line; sizes derived from input are checked
+ * against a cap first and use plain malloc with a status on failure.
+ */
+#ifndef SB_UTIL_H
+#define SB_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "sb/status.h"
+
+#define sb_mem_alloc(sz) sb_mem__alloc((sz), __FILE__, __LINE__)
+#define sb_mem_calloc(n, sz) sb_mem__calloc((n), (sz), __FILE__, __LINE__)
+#define sb_mem_strdup(s) sb_mem__strdup((s), __FILE__, __LINE__)
+void *sb_mem__alloc(size_t sz, const char *file, int line);
+void *sb_mem__calloc(size_t n, size_t sz, const char *file, int line);
+char *sb_mem__strdup(const char *s, const char *file, int line);
+/** logs "fatal" with the location and aborts */
+__attribute__((noreturn)) void sb_fatal(const char *file, int line, const char *msg);
+
+/** wall-clock milliseconds since the epoch (token expiry is wall-clock, as upstream) */
+int64_t sb_now_ms(void);
+/** monotonic microseconds (latency measurement) */
+uint64_t sb_mono_us(void);
+
+/**
+ * Fills `buf` with `len` bytes from the kernel CSPRNG (getrandom).
+ * @return SB_OK, or SB_E_UNAVAILABLE when the kernel refuses (callers fail closed)
+ */
+SB_WARN_UNUSED sb_status_t sb_random(void *buf, size_t len);
+/** a random RFC 4122 version 4 UUID, 36 characters plus NUL, into `out` */
+SB_WARN_UNUSED sb_status_t sb_uuid4(char out[37]);
+
+/** lowercase hex of `len` bytes into `out` (2 * len + 1 bytes) */
+void sb_hex(const uint8_t *in, size_t len, char *out);
+/** SHA-256 of `len` bytes */
+void sb_sha256(const void *in, size_t len, uint8_t out[32]);
+/** constant-time comparison of two buffers of equal length; 1 if equal */
+int sb_ct_equal(const void *a, const void *b, size_t len);
+/** 1 if `s` is exactly 64 lowercase hex characters (the token format) */
+int sb_is_token_format(const char *s, size_t len);
+
+#endif

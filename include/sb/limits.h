@@ -1,0 +1,58 @@
+/*
+ * sandbox-broker: every size cap, in one place.
+ *
+ * Values marked "upstream" are the wire budgets of the upstream broker that we
+ * are a drop-in for (see proto/PROTOCOL.md, section "Caps"); the rest are ours.
+ * Every size that comes from the guest, the network, the database or DNS is
+ * checked against one of these before anything is allocated for it.
+ */
+#ifndef SB_LIMITS_H
+#define SB_LIMITS_H
+
+/* upstream: decoded http.fetch body */
+#define SB_MAX_HTTP_BODY 5242880u
+/* upstream: base64 of the above, 4 * ceil(cap / 3) */
+#define SB_MAX_HTTP_BODY_B64 6990508u
+/* upstream: the largest RPC request or response on the wire */
+#define SB_MAX_RPC_WIRE 7121580u
+/* upstream: request cap for every method but http.fetch and tools.* */
+#define SB_MAX_NATIVE_REQUEST 65536u
+/* upstream: request cap of tools.call and tools.list */
+#define SB_MAX_TOOLS_CALL_REQUEST 68608u
+#define SB_MAX_TOOLS_LIST_REQUEST 4096u
+/* upstream: response wire cap of everything but http.fetch */
+#define SB_MAX_NATIVE_RESPONSE 790528u
+/* upstream: result value caps */
+#define SB_MAX_NATIVE_RESULT 786432u
+#define SB_MAX_HTTP_RESULT 7117484u
+/* upstream: one stdio frame, RPC wire cap + 1024 */
+#define SB_MAX_FRAME 7122604u
+
+/* h2o refuses (plain 413) anything above this before our handler sees it */
+#define SB_MAX_HTTP_ENTITY (8u * 1024u * 1024u)
+/* method string, in bytes (upstream) */
+#define SB_MAX_METHOD_LEN 256u
+/* nesting of any decoded value (msgpack-c cannot go deeper) */
+#define SB_MAX_DEPTH 32u
+/* nodes (scalars + containers) of any decoded request value */
+#define SB_MAX_NODES 100000u
+/* correlation ids: ^[\w-]{1,128}$ */
+#define SB_MAX_CORRELATION_ID 128u
+
+/* manifests: entries per list or map, and bytes per string */
+#define SB_MAX_MANIFEST_ENTRIES 256u
+#define SB_MAX_MANIFEST_STRING 512u
+/* a serialised manifest (admin request body cap is derived from it) */
+#define SB_MAX_MANIFEST_BYTES 65536u
+#define SB_MAX_ADMIN_BODY (SB_MAX_MANIFEST_BYTES + 8192u)
+/* run ids, target names and scope values */
+#define SB_MAX_RUN_ID 256u
+#define SB_MAX_TARGET_NAME 128u
+#define SB_MAX_SCOPE_ENTRIES 16u
+#define SB_MAX_SCOPE_VALUE 256u
+/* file paths handed to the files axis */
+#define SB_MAX_PATH 4096u
+/* a URL handed to http.fetch */
+#define SB_MAX_URL 8192u
+
+#endif
