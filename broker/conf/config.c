@@ -171,7 +171,7 @@ int sb_config_parse_addr(const char *s, struct sockaddr_storage *ss, socklen_t *
     if (errno != 0 || end == colon + 1 || *end != '\0' || port < 0 || port > 65535)
         return -1;
     if (strcmp(host, "localhost") == 0)
-        strcpy(host, "127.0.0.1");
+        memcpy(host, "127.0.0.1", sizeof("127.0.0.1"));
     {
         struct sockaddr_in *sin = (struct sockaddr_in *)ss;
         struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)ss;

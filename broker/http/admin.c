@@ -257,14 +257,8 @@ static void mint(h2o_req_t *req)
     }
     if (sb_token_build(hash, json_string_value(run), caps, target != NULL ? json_string_value(target) : NULL, scope, 0, &tok, err,
                        sizeof(err)) != SB_OK) {
-        char msg[600];
-        snprintf(msg, sizeof(msg), "%s%s", strncmp(err, "runId", 5) == 0 || strncmp(err, "target", 6) == 0 ||
-                                                   strncmp(err, "scope", 5) == 0
-                                               ? ""
-                                               : "capabilities.",
-                 err);
         json_decref(body);
-        send_error(req, "mint", 400, "Bad Request", "bad_args", msg);
+        send_error(req, "mint", 400, "Bad Request", "bad_args", err);
         return;
     }
     /* TTL: explicit, else timeoutMs + 30 s, else the default; never above max_ttl_ms */

@@ -123,7 +123,7 @@ sb_status_t sb_store__redis_parse_url(sb_store_t *s, const char *url, const char
     tmp[hend - host] = '\0';
     /* hiredis resolves names with a blocking getaddrinfo on the loop: accept literals only */
     if (strcmp(tmp, "localhost") == 0)
-        strcpy(tmp, "127.0.0.1");
+        memcpy(tmp, "127.0.0.1", sizeof("127.0.0.1"));
     if (inet_pton(AF_INET, tmp, &a4) != 1 && inet_pton(AF_INET6, tmp, &a6) != 1) {
         *err = "token_store: the redis host must be an IP literal or localhost";
         return SB_E_BAD_ARGS;

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs test needs, builds (plain and ASan+UBSan), starts every server the
+# tests use on loopback, runs the whole suite in both builds plus a short fuzz
+# smoke, and stops the servers. Exit status: 0 only when everything passed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+JOBS=$(nproc)
+
+./scripts/install-deps.sh --test
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build -j"$JOBS"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DSB_SANITIZE=ON >/dev/null
+cmake --build build-asan -j"$JOBS"
+
+# --- servers ---------------------------------------------------------------
+WORK=$(mktemp -d /tmp/sb-tests.XXXXXX)
+REDIS_PORT=${SB_TEST_REDIS_PORT:-6390}
+cleanup() {
+    redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+mkdir -p "$WORK/redis"
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK/redis" \
+    --daemonize yes --pidfile "$WORK/redis/redis.pid" --logfile "$WORK/redis/redis.log"
+for _ in $(seq 100); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.05; done
+redis-cli -p "$REDIS_PORT" ping >/dev/null
+export SB_TEST_REDIS_URL="redis://127.0.0.1:$REDIS_PORT"
+
+# --- suites ----------------------------------------------------------------
+status=0
+echo "== lint"
+./scripts/checksrc || status=1
+
+echo "== fuzz smoke"
+if [ -x fuzz/run-smoke.sh ]; then
+    FUZZ_SECONDS=${FUZZ_SECONDS:-5} fuzz/run-smoke.sh || status=1
+fi
+
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+echo "== tests under ASan+UBSan"
+(cd build-asan && ctest --output-on-failure -j"$JOBS") || status=1
+echo "== tests"
+(cd build && ctest --output-on-failure -j"$JOBS") || status=1
+exit $status
