@@ -22,17 +22,18 @@ typedef struct st_segment_t {
 } segment_t;
 
 static const char *const op_names[SB_OP_COUNT_] = {
-    [SB_OP_READ] = "read",       [SB_OP_WRITE] = "write",     [SB_OP_LIST] = "list",     [SB_OP_FIND] = "find",
-    [SB_OP_FIND_ONE] = "findOne", [SB_OP_CREATE] = "create",  [SB_OP_UPDATE] = "update", [SB_OP_DELETE] = "delete",
-    [SB_OP_GET] = "get",         [SB_OP_SET] = "set",         [SB_OP_CALL] = "call",     [SB_OP_ENQUEUE] = "enqueue",
-    [SB_OP_TRIGGER] = "trigger", [SB_OP_SEND] = "send",       [SB_OP_FETCH] = "fetch",
+    [SB_OP_READ] = "read",        [SB_OP_WRITE] = "write",   [SB_OP_LIST] = "list",     [SB_OP_FIND] = "find",
+    [SB_OP_FIND_ONE] = "findOne", [SB_OP_CREATE] = "create", [SB_OP_UPDATE] = "update", [SB_OP_DELETE] = "delete",
+    [SB_OP_GET] = "get",          [SB_OP_SET] = "set",       [SB_OP_CALL] = "call",     [SB_OP_ENQUEUE] = "enqueue",
+    [SB_OP_TRIGGER] = "trigger",  [SB_OP_SEND] = "send",     [SB_OP_FETCH] = "fetch",
 };
 
 static const char *const kind_names[SB_MK_COUNT_] = {
-    [SB_MK_FILES] = "files",         [SB_MK_COLLECTIONS] = "collections", [SB_MK_STORE] = "store",
-    [SB_MK_GLOBALS] = "globals",     [SB_MK_SERVICES] = "services",       [SB_MK_JOBS] = "jobs",
-    [SB_MK_WORKFLOWS] = "workflows", [SB_MK_EMAIL] = "email",             [SB_MK_HTTP] = "http",
-    [SB_MK_TOOLS] = "tools",
+    [SB_MK_FILES] = "files",         [SB_MK_COLLECTIONS] = "collections",
+    [SB_MK_STORE] = "store",         [SB_MK_GLOBALS] = "globals",
+    [SB_MK_SERVICES] = "services",   [SB_MK_JOBS] = "jobs",
+    [SB_MK_WORKFLOWS] = "workflows", [SB_MK_EMAIL] = "email",
+    [SB_MK_HTTP] = "http",           [SB_MK_TOOLS] = "tools",
 };
 
 static int seg_is(const segment_t *seg, const char *lit)

@@ -82,8 +82,7 @@ static const char reason_path[] = "files path is missing or unsafe";
 
 typedef enum en_arg_t { ARG_MISSING, ARG_FOUND, ARG_AMBIGUOUS } arg_t;
 
-__attribute__((format(printf, 4, 5))) static sb_status_t say(sb_status_t st, char *reason, size_t reasonsz, const char *fmt,
-                                                             ...)
+__attribute__((format(printf, 4, 5))) static sb_status_t say(sb_status_t st, char *reason, size_t reasonsz, const char *fmt, ...)
 {
     va_list ap;
 
@@ -158,8 +157,7 @@ static int is_name(const char *s, size_t len)
 
 /* ---- files --------------------------------------------------------------------------------------------------------- */
 
-static sb_status_t check_files(const sb_manifest_t *m, sb_method_op_t op, const msgpack_object *args, char *reason,
-                               size_t reasonsz)
+static sb_status_t check_files(const sb_manifest_t *m, sb_method_op_t op, const msgpack_object *args, char *reason, size_t reasonsz)
 {
     const msgpack_object *v;
     const char *s;
@@ -277,8 +275,7 @@ static sb_status_t check_global(const sb_manifest_t *m, const sb_method_t *meth,
 
 /* ---- tools and http.fetch ------------------------------------------------------------------------------------------ */
 
-static sb_status_t check_tools(const sb_manifest_t *m, sb_method_op_t op, const msgpack_object *args, char *reason,
-                               size_t reasonsz)
+static sb_status_t check_tools(const sb_manifest_t *m, sb_method_op_t op, const msgpack_object *args, char *reason, size_t reasonsz)
 {
     const msgpack_object *v;
     const char *name;

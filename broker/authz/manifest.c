@@ -175,8 +175,7 @@ static sb_status_t check_array(const json_t *v, const char *path, char *err, siz
 }
 
 /* element i must be a string of at most SB_MAX_MANIFEST_STRING bytes */
-static sb_status_t array_string(const json_t *v, size_t i, const char *path, const char **s, size_t *len, char *err,
-                                size_t errsz)
+static sb_status_t array_string(const json_t *v, size_t i, const char *path, const char **s, size_t *len, char *err, size_t errsz)
 {
     const json_t *e = json_array_get(v, i);
 
@@ -390,8 +389,8 @@ static const struct {
     sb_method_op_t op;
     int rw;
 } verb_table[] = {
-    {"read", SB_OP_READ, 1}, {"create", SB_OP_CREATE, 0}, {"update", SB_OP_UPDATE, 0}, {"delete", SB_OP_DELETE, 0},
-    {"write", SB_OP_WRITE, 1},
+    {"read", SB_OP_READ, 1},     {"create", SB_OP_CREATE, 0}, {"update", SB_OP_UPDATE, 0},
+    {"delete", SB_OP_DELETE, 0}, {"write", SB_OP_WRITE, 1},
 };
 
 static int lookup_verb(const char *s, size_t len, int collection, unsigned *bits)
@@ -476,8 +475,7 @@ static sb_status_t parse_data(const json_t *v, sb_manifest_t *m, char *err, size
     return SB_OK;
 }
 
-static sb_status_t parse_int(const json_t *v, const char *path, json_int_t lo, json_int_t hi, int64_t *out, char *err,
-                             size_t errsz)
+static sb_status_t parse_int(const json_t *v, const char *path, json_int_t lo, json_int_t hi, int64_t *out, char *err, size_t errsz)
 {
     if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
         return fail(err, errsz, "%s: must be an integer from %lld to %lld", path, (long long)lo, (long long)hi);
@@ -740,8 +738,7 @@ int sb_manifest__net_allows(const sb_manifest_t *m, const sb_url_t *u)
                 return 1;
         } else if (e->wildcard) {
             if (u->host_kind == SB_URL_HOST_NAME && u->host_len > e->host_len + 1 &&
-                u->host[u->host_len - e->host_len - 1] == '.' &&
-                ieq_n(u->host + u->host_len - e->host_len, e->host, e->host_len))
+                u->host[u->host_len - e->host_len - 1] == '.' && ieq_n(u->host + u->host_len - e->host_len, e->host, e->host_len))
                 return 1;
         } else if (u->host_kind != SB_URL_HOST_IPV6) {
             if (u->host_len == e->host_len && ieq_n(u->host, e->host, e->host_len))

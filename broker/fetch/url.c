@@ -303,8 +303,7 @@ static sb_status_t parse_ipv6(const char *p, size_t n, sb_url_t *out, const char
     }
     memcpy(buf, p, n);
     buf[n] = '\0';
-    if (inet_pton(AF_INET6, buf, &out->addr.v6) != 1 ||
-        inet_ntop(AF_INET6, &out->addr.v6, out->host, sizeof(out->host)) == NULL) {
+    if (inet_pton(AF_INET6, buf, &out->addr.v6) != 1 || inet_ntop(AF_INET6, &out->addr.v6, out->host, sizeof(out->host)) == NULL) {
         *why = why_ipv6;
         return SB_E_BAD_ARGS;
     }
@@ -599,7 +598,7 @@ sb_status_t sb_url_resolve(const sb_url_t *base, const char *ref, size_t len, sb
 size_t sb_url_hostport(const sb_url_t *u, char *buf, size_t bufsz)
 {
     int n = u->host_kind == SB_URL_HOST_IPV6 ? snprintf(buf, bufsz, "[%s]:%u", u->host, (unsigned)u->port)
-                                              : snprintf(buf, bufsz, "%s:%u", u->host, (unsigned)u->port);
+                                             : snprintf(buf, bufsz, "%s:%u", u->host, (unsigned)u->port);
     if (n < 0)
         return 0;
     return bufsz == 0 ? 0 : (size_t)n < bufsz ? (size_t)n : bufsz - 1;
@@ -614,7 +613,7 @@ size_t sb_url_host_header(const sb_url_t *u, char *buf, size_t bufsz)
         n = u->host_kind == SB_URL_HOST_IPV6 ? snprintf(buf, bufsz, "[%s]", u->host) : snprintf(buf, bufsz, "%s", u->host);
     else
         n = u->host_kind == SB_URL_HOST_IPV6 ? snprintf(buf, bufsz, "[%s]:%u", u->host, (unsigned)u->port)
-                                              : snprintf(buf, bufsz, "%s:%u", u->host, (unsigned)u->port);
+                                             : snprintf(buf, bufsz, "%s:%u", u->host, (unsigned)u->port);
     if (n < 0)
         return 0;
     return bufsz == 0 ? 0 : (size_t)n < bufsz ? (size_t)n : bufsz - 1;

@@ -55,7 +55,7 @@ static const struct {
     {"**.md", "c.md", 1},
     {"**.md", "a/c.md", 1},
     {"a**b", "a/x/b", 1},
-    {"***", "a/b", 1},   /* a run of three stars is "**" */
+    {"***", "a/b", 1}, /* a run of three stars is "**" */
     {"a/***/b", "a/x/y/b", 1},
     /* '?' is one character other than '/' */
     {"?", "a", 1},
@@ -71,7 +71,7 @@ static const struct {
     {"{a,b}", "a", 0},
     {"{a,b}", "{a,b}", 1},
     {"a[0-9]", "a[0-9]", 1},
-    {"a\\*", "a*", 0},     /* backslash escapes nothing: it is a literal byte */
+    {"a\\*", "a*", 0}, /* backslash escapes nothing: it is a literal byte */
     {"a\\*", "a\\xyz", 1},
     {".*", "abc", 0},
     {".*", ".abc", 1},
@@ -187,7 +187,7 @@ static void test_pathological(void)
         ok(seconds_since(start) < 1.0, "... and finishes quickly (%.3fs)", seconds_since(start));
     }
     /* the same with slashes sprinkled in, and a final match */
-    for (i = 0; i != 4000; i += 97)
+    for (i = 0; i < 4000; i += 97)
         s[i] = '/';
     s[3999] = 'b';
     start = clock();

@@ -103,8 +103,7 @@ static void test_accept(void)
             continue;
         is_int(m.kind, accept[i].kind, "kind of \"%s\"", accept[i].s);
         is_int(m.op, accept[i].op, "op of \"%s\"", accept[i].s);
-        ok(m.name_len == strlen(accept[i].name) && memcmp(m.name, accept[i].name, m.name_len) == 0, "name of \"%s\"",
-           accept[i].s);
+        ok(m.name_len == strlen(accept[i].name) && memcmp(m.name, accept[i].name, m.name_len) == 0, "name of \"%s\"", accept[i].s);
         ok(m.fn_len == strlen(accept[i].fn) && memcmp(m.fn, accept[i].fn, m.fn_len) == 0, "fn of \"%s\"", accept[i].s);
     }
 }
@@ -193,8 +192,8 @@ static void test_caps(void)
 
 static void test_names(void)
 {
-    static const char *const ops[SB_OP_COUNT_] = {"read", "write",   "list",    "find",    "findOne", "create", "update", "delete",
-                                                  "get",  "set",     "call",    "enqueue", "trigger", "send",   "fetch"};
+    static const char *const ops[SB_OP_COUNT_] = {"read", "write", "list", "find",    "findOne", "create", "update", "delete",
+                                                  "get",  "set",   "call", "enqueue", "trigger", "send",   "fetch"};
     static const char *const kinds[SB_MK_COUNT_] = {"files", "collections", "store", "globals", "services",
                                                     "jobs",  "workflows",   "email", "http",    "tools"};
     int i;

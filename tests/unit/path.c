@@ -17,8 +17,8 @@ static const struct {
     {"a//b///c", "a/b/c"},
     {"./a", "a"},
     {".//a", "a"},
-    {"././a", "./a"},       /* only one leading "./" is stripped */
-    {"a/./b", "a/./b"},     /* single "." segments are kept verbatim */
+    {"././a", "./a"},   /* only one leading "./" is stripped */
+    {"a/./b", "a/./b"}, /* single "." segments are kept verbatim */
     {".", "."},
     {"a/", "a/"},
     {"a//", "a/"},

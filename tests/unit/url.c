@@ -25,7 +25,7 @@ typedef struct st_want_t {
 #define V4 SB_URL_HOST_IPV4
 #define V6 SB_URL_HOST_IPV6
 
-static const want_t accept[] = {
+static const want_t accepted[] = {
     {"http://example.com", H, NAME, "example.com", 80, 0, "/"},
     {"https://example.com", S, NAME, "example.com", 443, 0, "/"},
     {"HTTPS://Example.COM/Path?Q=1#frag", S, NAME, "example.com", 443, 0, "/Path?Q=1"},
@@ -207,7 +207,9 @@ static const struct {
     {"http://xn--a.example/", "invalid internationalised host name"},
     {"http://\xff.example/", "invalid internationalised host name"},
     {"http://\xc3.example/", "invalid internationalised host name"},
-    {"http://a\xc2\xadb\xe2\x80\x8b-.example/", "invalid internationalised host name"},
+    {"http://a\xc2\xad"
+     "b\xe2\x80\x8b-.example/",
+     "invalid internationalised host name"},
 };
 
 static void check_accept(const want_t *w)
@@ -242,8 +244,8 @@ static void test_parse(void)
 {
     size_t i;
 
-    for (i = 0; i != sizeof(accept) / sizeof(accept[0]); ++i)
-        check_accept(&accept[i]);
+    for (i = 0; i != sizeof(accepted) / sizeof(accepted[0]); ++i)
+        check_accept(&accepted[i]);
     for (i = 0; i != sizeof(reject) / sizeof(reject[0]); ++i) {
         sb_url_t u;
         const char *why = NULL;

@@ -1,0 +1,336 @@
+/*
+ * Unit tests for broker/authz/manifest.c: strict manifest parsing and the
+ * exact error messages naming the offending path. What a parsed manifest
+ * grants is tested through sb_authz_check in authz_check.c.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include "tap.h"
+#include "sb/limits.h"
+#include "authz/authz.h"
+
+static const struct {
+    const char *json;
+    const char *err; /* NULL: accepted */
+} cases[] = {
+    /* the whole thing */
+    {"null", NULL},
+    {"{}", NULL},
+    {"[]", "capabilities: must be an object"},
+    {"1", "capabilities: must be an object"},
+    {"\"net\"", "capabilities: must be an object"},
+    {"{\"fils\": []}", "capabilities.fils: unknown key"},
+    {"{\"Net\": []}", "capabilities.Net: unknown key"},
+    {"{\"__proto__\": {}}", "capabilities.__proto__: unknown key"},
+    {"{\"constructor\": []}", "capabilities.constructor: unknown key"},
+    {"{\"knowledge\": {}}", "capabilities.knowledge: unknown key"},
+    {"{\"net\": [], \"bogus\": 1}", "capabilities.bogus: unknown key"},
+    /* a full manifest */
+    {"{\"net\": [\"example.com\"], \"import\": [\"deno.land\"], \"files\": {\"read\": [\"a/**\"], \"write\": [\"b/*\"]},"
+     " \"data\": {\"collections\": {\"posts\": [\"read\", \"create\", \"update\", \"delete\", \"read\"]},"
+     " \"globals\": {\"site\": [\"read\", \"write\"]}, \"stores\": {\"notes\": [\"read\", \"write\"]}},"
+     " \"services\": [\"billing\"], \"jobs\": [\"reindex\"], \"workflows\": [\"onboard\"], \"tools\": [\"github.*\"],"
+     " \"timeoutMs\": 30000, \"memoryMb\": 256}",
+     NULL},
+    {"{\"net\": [], \"import\": [], \"files\": {}, \"data\": {}, \"services\": [], \"jobs\": [], \"workflows\": [], \"tools\": []}",
+     NULL},
+    {"{\"files\": {\"read\": []}, \"data\": {\"collections\": {}, \"globals\": {}, \"stores\": {}}}", NULL},
+    {"{\"data\": {\"collections\": {\"posts\": []}}}", NULL},
+
+    /* net */
+    {"{\"net\": \"example.com\"}", "capabilities.net: must be an array"},
+    {"{\"net\": null}", "capabilities.net: must be an array"},
+    {"{\"net\": {}}", "capabilities.net: must be an array"},
+    {"{\"net\": [1]}", "capabilities.net[0]: must be a string"},
+    {"{\"net\": [\"ok.example\", null]}", "capabilities.net[1]: must be a string"},
+    {"{\"net\": [\"example.com\", \"Example.COM:443\", \"*.example.com\", \"*.example.com:8443\", \"[::1]:8080\", \"[::1]\","
+     " \"::1\", \"2001:db8::1\", \"1.2.3.4:80\", \"example.com.\", \"localhost\", \"a_b\"]}",
+     NULL},
+    {"{\"net\": [\"\"]}", "capabilities.net[0]: empty entry"},
+    {"{\"net\": [\"a b\"]}", "capabilities.net[0]: whitespace or control character"},
+    {"{\"net\": [\" a\"]}", "capabilities.net[0]: whitespace or control character"},
+    {"{\"net\": [\"a\\tb\"]}", "capabilities.net[0]: whitespace or control character"},
+    {"{\"net\": [\"a\\u007f\"]}", "capabilities.net[0]: whitespace or control character"},
+    {"{\"net\": [\"a\\u0000b\"]}", "capabilities.net[0]: whitespace or control character"},
+    {"{\"net\": [\"example.com/path\"]}", "capabilities.net[0]: '/' is not allowed"},
+    {"{\"net\": [\"https://example.com\"]}", "capabilities.net[0]: '/' is not allowed"},
+    {"{\"net\": [\"user@example.com\"]}", "capabilities.net[0]: '@' is not allowed"},
+    {"{\"net\": [\"*\"]}", "capabilities.net[0]: '*' is only allowed as a leading \"*.\""},
+    {"{\"net\": [\"*:443\"]}", "capabilities.net[0]: '*' is only allowed as a leading \"*.\""},
+    {"{\"net\": [\"*example.com\"]}", "capabilities.net[0]: '*' is only allowed as a leading \"*.\""},
+    {"{\"net\": [\"a*.example.com\"]}", "capabilities.net[0]: '*' is only allowed as a leading \"*.\""},
+    {"{\"net\": [\"*.*.example.com\"]}", "capabilities.net[0]: '*' is only allowed as a leading \"*.\""},
+    {"{\"net\": [\"*.example.*\"]}", "capabilities.net[0]: '*' is only allowed as a leading \"*.\""},
+    {"{\"net\": [\"*.\"]}", "capabilities.net[0]: '*' is only allowed as a leading \"*.\""},
+    {"{\"net\": [\"*..\"]}", "capabilities.net[0]: empty wildcard suffix"},
+    {"{\"net\": [\"example.com:\"]}", "capabilities.net[0]: invalid port"},
+    {"{\"net\": [\"example.com:0\"]}", "capabilities.net[0]: invalid port"},
+    {"{\"net\": [\"example.com:65536\"]}", "capabilities.net[0]: invalid port"},
+    {"{\"net\": [\"example.com:123456\"]}", "capabilities.net[0]: invalid port"},
+    {"{\"net\": [\"example.com:https\"]}", "capabilities.net[0]: invalid port"},
+    {"{\"net\": [\"example.com:-1\"]}", "capabilities.net[0]: invalid port"},
+    {"{\"net\": [\":443\"]}", "capabilities.net[0]: empty host"},
+    {"{\"net\": [\".\"]}", "capabilities.net[0]: empty host"},
+    {"{\"net\": [\"a:1:2\"]}", "capabilities.net[0]: invalid IPv6 literal"},
+    {"{\"net\": [\"[::1\"]}", "capabilities.net[0]: invalid IPv6 literal"},
+    {"{\"net\": [\"[]\"]}", "capabilities.net[0]: invalid IPv6 literal"},
+    {"{\"net\": [\"[example.com]:80\"]}", "capabilities.net[0]: invalid IPv6 literal"},
+    {"{\"net\": [\"[fe80::1%eth0]:80\"]}", "capabilities.net[0]: invalid IPv6 literal"},
+    {"{\"net\": [\"fe80::1%eth0\"]}", "capabilities.net[0]: invalid IPv6 literal"},
+    {"{\"net\": [\"[::1]x\"]}", "capabilities.net[0]: invalid port"},
+    {"{\"net\": [\"[::1]:\"]}", "capabilities.net[0]: invalid port"},
+    {"{\"net\": [\"[::1]:0\"]}", "capabilities.net[0]: invalid port"},
+    {"{\"net\": [\"a]b\"]}", "capabilities.net[0]: invalid host"},
+    {"{\"net\": [\"bücher.de\"]}", "capabilities.net[0]: non-ASCII host (use the A-label form)"},
+    {"{\"import\": [\"deno.land\", \"esm.sh:443\", \"*.jsdelivr.net\"]}", NULL},
+    {"{\"import\": \"deno.land\"}", "capabilities.import: must be an array"},
+    {"{\"import\": [\"deno.land/x\"]}", "capabilities.import[0]: '/' is not allowed"},
+    {"{\"import\": [\"ok\", \"*\"]}", "capabilities.import[1]: '*' is only allowed as a leading \"*.\""},
+
+    /* files */
+    {"{\"files\": []}", "capabilities.files: must be an object"},
+    {"{\"files\": null}", "capabilities.files: must be an object"},
+    {"{\"files\": {\"reed\": []}}", "capabilities.files.reed: unknown key"},
+    {"{\"files\": {\"read\": \"a/**\"}}", "capabilities.files.read: must be an array"},
+    {"{\"files\": {\"write\": [1]}}", "capabilities.files.write[0]: must be a string"},
+    {"{\"files\": {\"read\": [\"a/**\", \"./b\", \"c//d\", \"[x]\", \"{y}\", \"a/./b\", \"...\"]}}", NULL},
+    {"{\"files\": {\"read\": [\"../x\"]}}", "capabilities.files.read[0]: unsafe glob"},
+    {"{\"files\": {\"read\": [\"ok\", \"a/../b\"]}}", "capabilities.files.read[1]: unsafe glob"},
+    {"{\"files\": {\"read\": [\"/etc/**\"]}}", "capabilities.files.read[0]: unsafe glob"},
+    {"{\"files\": {\"read\": [\"a\\\\b\"]}}", "capabilities.files.read[0]: unsafe glob"},
+    {"{\"files\": {\"read\": [\"a\\u0000b\"]}}", "capabilities.files.read[0]: unsafe glob"},
+    {"{\"files\": {\"write\": [\"\"]}}", "capabilities.files.write[0]: unsafe glob"},
+    {"{\"files\": {\"write\": [\"./\"]}}", "capabilities.files.write[0]: unsafe glob"},
+    {"{\"files\": {\"write\": [\"**/..\"]}}", "capabilities.files.write[0]: unsafe glob"},
+
+    /* data */
+    {"{\"data\": []}", "capabilities.data: must be an object"},
+    {"{\"data\": {\"colections\": {}}}", "capabilities.data.colections: unknown key"},
+    {"{\"data\": {\"collections\": []}}", "capabilities.data.collections: must be an object"},
+    {"{\"data\": {\"globals\": null}}", "capabilities.data.globals: must be an object"},
+    {"{\"data\": {\"stores\": \"notes\"}}", "capabilities.data.stores: must be an object"},
+    {"{\"data\": {\"collections\": {\"posts\": [\"read\", \"drop\"]}}}",
+     "capabilities.data.collections.posts[1]: unknown verb \"drop\""},
+    {"{\"data\": {\"collections\": {\"posts\": [\"write\"]}}}", "capabilities.data.collections.posts[0]: unknown verb \"write\""},
+    {"{\"data\": {\"collections\": {\"posts\": [\"READ\"]}}}", "capabilities.data.collections.posts[0]: unknown verb \"READ\""},
+    {"{\"data\": {\"collections\": {\"posts\": [\"read \"]}}}", "capabilities.data.collections.posts[0]: unknown verb \"read \""},
+    {"{\"data\": {\"collections\": {\"posts\": [\"re\\\"ad\\n\"]}}}",
+     "capabilities.data.collections.posts[0]: unknown verb \"re?ad?\""},
+    {"{\"data\": {\"collections\": {\"posts\": [\"\"]}}}", "capabilities.data.collections.posts[0]: unknown verb \"\""},
+    {"{\"data\": {\"globals\": {\"site\": [\"create\"]}}}", "capabilities.data.globals.site[0]: unknown verb \"create\""},
+    {"{\"data\": {\"globals\": {\"site\": [\"read\", \"delete\"]}}}", "capabilities.data.globals.site[1]: unknown verb \"delete\""},
+    {"{\"data\": {\"stores\": {\"notes\": [\"update\"]}}}", "capabilities.data.stores.notes[0]: unknown verb \"update\""},
+    {"{\"data\": {\"collections\": {\"posts\": \"read\"}}}", "capabilities.data.collections.posts: must be an array"},
+    {"{\"data\": {\"collections\": {\"posts\": {\"read\": true}}}}", "capabilities.data.collections.posts: must be an array"},
+    {"{\"data\": {\"collections\": {\"posts\": [true]}}}", "capabilities.data.collections.posts[0]: must be a string"},
+    {"{\"data\": {\"collections\": {\"bad name\": [\"read\"]}}}", "capabilities.data.collections: invalid name \"bad name\""},
+    {"{\"data\": {\"collections\": {\"\": [\"read\"]}}}", "capabilities.data.collections: invalid name \"\""},
+    {"{\"data\": {\"collections\": {\"a.b\": [\"read\"]}}}", "capabilities.data.collections: invalid name \"a.b\""},
+    {"{\"data\": {\"stores\": {\"nötes\": [\"read\"]}}}", "capabilities.data.stores: invalid name \"n??tes\""},
+    {"{\"data\": {\"collections\": {\"__proto__\": [\"read\"], \"constructor\": [], \"toString\": [\"delete\"]}}}", NULL},
+    {"{\"data\": {\"globals\": {\"site\": [\"read\", \"write\", \"write\"]}, \"stores\": {\"a-b_C9\": [\"write\"]}}}", NULL},
+
+    /* names */
+    {"{\"services\": \"billing\"}", "capabilities.services: must be an array"},
+    {"{\"services\": [\"billing\", \"a b\"]}", "capabilities.services[1]: invalid name"},
+    {"{\"services\": [\"\"]}", "capabilities.services[0]: invalid name"},
+    {"{\"services\": [\"a.b\"]}", "capabilities.services[0]: invalid name"},
+    {"{\"services\": [\"__proto__\", \"constructor\", \"billing\", \"billing\"]}", NULL},
+    {"{\"jobs\": [\"re/index\"]}", "capabilities.jobs[0]: invalid name"},
+    {"{\"jobs\": [7]}", "capabilities.jobs[0]: must be a string"},
+    {"{\"workflows\": [\"on*\"]}", "capabilities.workflows[0]: invalid name"},
+    {"{\"workflows\": {}}", "capabilities.workflows: must be an array"},
+
+    /* tools */
+    {"{\"tools\": [\"github.*\", \"*\", \"a?c\", \"x-y_z.1\", \"**\"]}", NULL},
+    {"{\"tools\": [\"a/b\"]}", "capabilities.tools[0]: invalid tool glob"},
+    {"{\"tools\": [\"\"]}", "capabilities.tools[0]: invalid tool glob"},
+    {"{\"tools\": [\"a b\"]}", "capabilities.tools[0]: invalid tool glob"},
+    {"{\"tools\": [\"[ab]\"]}", "capabilities.tools[0]: invalid tool glob"},
+    {"{\"tools\": \"*\"}", "capabilities.tools: must be an array"},
+
+    /* numbers */
+    {"{\"timeoutMs\": 1, \"memoryMb\": 16}", NULL},
+    {"{\"timeoutMs\": 86400000, \"memoryMb\": 65536}", NULL},
+    {"{\"timeoutMs\": 0}", "capabilities.timeoutMs: must be an integer from 1 to 86400000"},
+    {"{\"timeoutMs\": -5}", "capabilities.timeoutMs: must be an integer from 1 to 86400000"},
+    {"{\"timeoutMs\": 86400001}", "capabilities.timeoutMs: must be an integer from 1 to 86400000"},
+    {"{\"timeoutMs\": 1000.5}", "capabilities.timeoutMs: must be an integer from 1 to 86400000"},
+    {"{\"timeoutMs\": 1000.0}", "capabilities.timeoutMs: must be an integer from 1 to 86400000"},
+    {"{\"timeoutMs\": \"1000\"}", "capabilities.timeoutMs: must be an integer from 1 to 86400000"},
+    {"{\"timeoutMs\": true}", "capabilities.timeoutMs: must be an integer from 1 to 86400000"},
+    {"{\"timeoutMs\": null}", "capabilities.timeoutMs: must be an integer from 1 to 86400000"},
+    {"{\"timeoutMs\": 99999999999999999}", "capabilities.timeoutMs: must be an integer from 1 to 86400000"},
+    {"{\"memoryMb\": 15}", "capabilities.memoryMb: must be an integer from 16 to 65536"},
+    {"{\"memoryMb\": 65537}", "capabilities.memoryMb: must be an integer from 16 to 65536"},
+    {"{\"memoryMb\": [256]}", "capabilities.memoryMb: must be an integer from 16 to 65536"},
+};
+
+static sb_status_t parse_text(const char *text, sb_manifest_t **m, char *err, size_t errsz)
+{
+    json_error_t jerr;
+    json_t *j = json_loads(text, JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
+    sb_status_t st;
+
+    if (j == NULL) {
+        printf("# bad test JSON %s: %s\n", text, jerr.text);
+        return SB_E_EXECUTION;
+    }
+    st = sb_manifest_parse(j, m, err, errsz);
+    json_decref(j);
+    return st;
+}
+
+static void test_table(void)
+{
+    size_t i;
+
+    for (i = 0; i != sizeof(cases) / sizeof(cases[0]); ++i) {
+        sb_manifest_t *m = (sb_manifest_t *)1;
+        char err[256] = "(untouched)";
+        sb_status_t st = parse_text(cases[i].json, &m, err, sizeof(err));
+        if (cases[i].err == NULL) {
+            is_int(st, SB_OK, "accept %s", cases[i].json);
+            ok(m != NULL, "  manifest returned");
+            if (st != SB_OK)
+                printf("#   err: %s\n", err);
+            sb_manifest_free(m);
+        } else {
+            is_int(st, SB_E_BAD_ARGS, "reject %s", cases[i].json);
+            ok(m == NULL, "  no manifest returned");
+            is_str(err, cases[i].err, "  error message");
+        }
+    }
+}
+
+/* a JSON array of n copies of a string */
+static json_t *array_of(size_t n, const char *s)
+{
+    json_t *a = json_array();
+    size_t i;
+
+    for (i = 0; i != n; ++i)
+        json_array_append_new(a, json_string(s));
+    return a;
+}
+
+static sb_status_t parse_built(json_t *caps, char *err, size_t errsz)
+{
+    sb_manifest_t *m = NULL;
+    sb_status_t st = sb_manifest_parse(caps, &m, err, errsz);
+
+    sb_manifest_free(m);
+    json_decref(caps);
+    return st;
+}
+
+static void test_caps(void)
+{
+    char err[256], name[16], *big;
+    json_t *caps, *map;
+    size_t i;
+
+    /* entries per list */
+    is_int(parse_built(json_pack("{s:o}", "services", array_of(SB_MAX_MANIFEST_ENTRIES, "a")), err, sizeof(err)), SB_OK,
+           "256 services accepted");
+    is_int(parse_built(json_pack("{s:o}", "services", array_of(SB_MAX_MANIFEST_ENTRIES + 1, "a")), err, sizeof(err)), SB_E_BAD_ARGS,
+           "257 services refused");
+    is_str(err, "capabilities.services: too many entries (max 256)", "  error message");
+    is_int(parse_built(json_pack("{s:o}", "net", array_of(SB_MAX_MANIFEST_ENTRIES + 1, "a")), err, sizeof(err)), SB_E_BAD_ARGS,
+           "257 net entries refused");
+    is_str(err, "capabilities.net: too many entries (max 256)", "  error message");
+    is_int(parse_built(json_pack("{s:{s:o}}", "files", "read", array_of(SB_MAX_MANIFEST_ENTRIES + 1, "a")), err, sizeof(err)),
+           SB_E_BAD_ARGS, "257 read globs refused");
+    is_str(err, "capabilities.files.read: too many entries (max 256)", "  error message");
+    is_int(parse_built(json_pack("{s:{s:{s:o}}}", "data", "collections", "posts", array_of(SB_MAX_MANIFEST_ENTRIES + 1, "read")),
+                       err, sizeof(err)),
+           SB_E_BAD_ARGS, "257 verbs refused");
+    is_str(err, "capabilities.data.collections.posts: too many entries (max 256)", "  error message");
+
+    /* entries per map */
+    for (int n = SB_MAX_MANIFEST_ENTRIES; n <= (int)SB_MAX_MANIFEST_ENTRIES + 1; ++n) {
+        map = json_object();
+        for (i = 0; i != (size_t)n; ++i) {
+            snprintf(name, sizeof(name), "c%zu", i);
+            json_object_set_new(map, name, array_of(1, "read"));
+        }
+        caps = json_pack("{s:{s:o}}", "data", "stores", map);
+        if (n == SB_MAX_MANIFEST_ENTRIES) {
+            is_int(parse_built(caps, err, sizeof(err)), SB_OK, "256 stores accepted");
+        } else {
+            is_int(parse_built(caps, err, sizeof(err)), SB_E_BAD_ARGS, "257 stores refused");
+            is_str(err, "capabilities.data.stores: too many entries (max 256)", "  error message");
+        }
+    }
+
+    /* bytes per string */
+    big = malloc(SB_MAX_MANIFEST_STRING + 2);
+    memset(big, 'a', SB_MAX_MANIFEST_STRING + 1);
+    big[SB_MAX_MANIFEST_STRING] = '\0';
+    is_int(parse_built(json_pack("{s:[s]}", "tools", big), err, sizeof(err)), SB_OK, "512-byte tool glob accepted");
+    is_int(parse_built(json_pack("{s:{s:[s]}}", "files", "read", big), err, sizeof(err)), SB_OK, "512-byte file glob accepted");
+    big[SB_MAX_MANIFEST_STRING] = 'a';
+    big[SB_MAX_MANIFEST_STRING + 1] = '\0';
+    is_int(parse_built(json_pack("{s:[s]}", "tools", big), err, sizeof(err)), SB_E_BAD_ARGS, "513-byte tool glob refused");
+    is_str(err, "capabilities.tools[0]: string is too long (max 512 bytes)", "  error message");
+    is_int(parse_built(json_pack("{s:[s,s]}", "services", "ok", big), err, sizeof(err)), SB_E_BAD_ARGS, "513-byte name refused");
+    is_str(err, "capabilities.services[1]: string is too long (max 512 bytes)", "  error message");
+    /* names stop at 128 */
+    big[128] = '\0';
+    is_int(parse_built(json_pack("{s:[s]}", "jobs", big), err, sizeof(err)), SB_OK, "128-byte name accepted");
+    big[128] = 'a';
+    big[129] = '\0';
+    is_int(parse_built(json_pack("{s:[s]}", "jobs", big), err, sizeof(err)), SB_E_BAD_ARGS, "129-byte name refused");
+    is_str(err, "capabilities.jobs[0]: invalid name", "  error message");
+    /* net hosts stop at 253 */
+    big[129] = 'a';
+    big[253] = '\0';
+    is_int(parse_built(json_pack("{s:[s]}", "net", big), err, sizeof(err)), SB_OK, "253-byte net host accepted");
+    big[253] = 'a';
+    big[254] = '\0';
+    is_int(parse_built(json_pack("{s:[s]}", "net", big), err, sizeof(err)), SB_E_BAD_ARGS, "254-byte net host refused");
+    is_str(err, "capabilities.net[0]: host is too long", "  error message");
+    free(big);
+}
+
+static void test_misc(void)
+{
+    sb_manifest_t *m = NULL;
+    char err[16];
+
+    is_int(sb_manifest_parse(NULL, &m, err, sizeof(err)), SB_OK, "NULL is the empty manifest");
+    ok(m != NULL, "  manifest returned");
+    is_int(sb_manifest_timeout_ms(m), -1, "  no timeoutMs");
+    sb_manifest_free(m);
+
+    is_int(parse_text("{\"timeoutMs\": 30000}", &m, err, sizeof(err)), SB_OK, "timeoutMs parsed");
+    is_int(sb_manifest_timeout_ms(m), 30000, "  timeoutMs value");
+    sb_manifest_free(m);
+
+    is_int(parse_text("{\"fils\": []}", &m, err, sizeof(err)), SB_E_BAD_ARGS, "error with a small buffer");
+    is_str(err, "capabilities.fi", "  truncated message");
+    is_int(parse_text("{\"fils\": []}", &m, NULL, 0), SB_E_BAD_ARGS, "error without a buffer");
+
+    /* keys are compared with their length: an embedded NUL does not shorten them (JSON text cannot carry one to jansson) */
+    {
+        char big[256];
+        json_t *caps = json_object(), *data = json_object(), *globals = json_object();
+        json_object_setn_new(caps, "net\0x", 5, json_array());
+        is_int(parse_built(caps, big, sizeof(big)), SB_E_BAD_ARGS, "key \"net\\0x\" is not \"net\"");
+        is_str(big, "capabilities.net?x: unknown key", "  error message");
+        json_object_setn_new(globals, "a\0", 2, json_pack("[s]", "read"));
+        json_object_set_new(data, "globals", globals);
+        caps = json_pack("{s:o}", "data", data);
+        is_int(parse_built(caps, big, sizeof(big)), SB_E_BAD_ARGS, "name \"a\\0\" refused");
+        is_str(big, "capabilities.data.globals: invalid name \"a?\"", "  error message");
+    }
+    sb_manifest_free(NULL);
+}
+
+int main(void)
+{
+    test_table();
+    test_caps();
+    test_misc();
+    return done_testing();
+}
