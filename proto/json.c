@@ -11,8 +11,11 @@
 /*
  * Counts nesting and values in JSON text without allocating. jansson builds a
  * node per value, so a 7 MiB body of "[0,0,0,..." would cost it hundreds of
- * megabytes; this scan refuses such input first. Separators (',' and ':') and
- * containers bound the number of values from above.
+ * megabytes; this scan refuses such input first. Inside a container every
+ * value but the first follows a ',', so 1 (the root) + commas + containers
+ * bounds the number of values from above; map keys are not values, and
+ * sb_mp_check counts the same way, so whatever passes here and parses also
+ * passes the msgpack pre-check.
  */
 static sb_status_t prescan(const char *s, size_t len, const char **why)
 {
@@ -38,18 +41,18 @@ static sb_status_t prescan(const char *s, size_t len, const char **why)
                 *why = "value nesting is too deep";
                 return SB_E_TOO_LARGE;
             }
+            /* a container is a value too */
+            __attribute__((fallthrough));
+        case ',':
+            if (++nodes > SB_MAX_NODES) {
+                *why = "value has too many nodes";
+                return SB_E_TOO_LARGE;
+            }
             break;
         case ']':
         case '}':
             if (depth != 0)
                 --depth;
-            break;
-        case ',':
-        case ':':
-            if (++nodes > SB_MAX_NODES) {
-                *why = "value has too many nodes";
-                return SB_E_TOO_LARGE;
-            }
             break;
         default:
             break;
@@ -188,7 +191,8 @@ static sb_status_t from_mp(const msgpack_object *o, json_t **out, unsigned depth
     case MSGPACK_OBJECT_STR:
         if (!sb_utf8_valid((const uint8_t *)o->via.str.ptr, o->via.str.size))
             return SB_E_BAD_ARGS;
-        v = json_stringn_nocheck(o->via.str.ptr, o->via.str.size);
+        /* msgpack-c leaves ptr NULL for an empty string */
+        v = json_stringn_nocheck(o->via.str.size != 0 ? o->via.str.ptr : "", o->via.str.size);
         break;
     case MSGPACK_OBJECT_BIN: {
         char *b64;
@@ -222,8 +226,9 @@ static sb_status_t from_mp(const msgpack_object *o, json_t **out, unsigned depth
             const msgpack_object_kv *kv = &o->via.map.ptr[i];
             json_t *e;
             sb_status_t st;
-            if (kv->key.type != MSGPACK_OBJECT_STR || memchr(kv->key.via.str.ptr, 0, kv->key.via.str.size) != NULL ||
-                !sb_utf8_valid((const uint8_t *)kv->key.via.str.ptr, kv->key.via.str.size)) {
+            const char *kp = kv->key.via.str.size != 0 ? kv->key.via.str.ptr : "";
+            if (kv->key.type != MSGPACK_OBJECT_STR || memchr(kp, 0, kv->key.via.str.size) != NULL ||
+                !sb_utf8_valid((const uint8_t *)kp, kv->key.via.str.size)) {
                 json_decref(v);
                 return SB_E_BAD_ARGS;
             }
@@ -231,7 +236,7 @@ static sb_status_t from_mp(const msgpack_object *o, json_t **out, unsigned depth
                 json_decref(v);
                 return st;
             }
-            if (json_object_setn_new_nocheck(v, kv->key.via.str.ptr, kv->key.via.str.size, e) != 0) {
+            if (json_object_setn_new_nocheck(v, kp, kv->key.via.str.size, e) != 0) {
                 json_decref(v);
                 return SB_E_NOMEM;
             }

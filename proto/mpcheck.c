@@ -100,7 +100,8 @@ static sb_status_t walk(cursor_t *c, unsigned depth, span_t *as_key)
     uint64_t n = 0;
     int is_str = 0, is_container = 0, is_map = 0;
 
-    if (++c->nodes > SB_MAX_NODES) {
+    /* map keys are not values: nodes are counted as JSON counts them */
+    if (as_key == NULL && ++c->nodes > SB_MAX_NODES) {
         c->why = "value has too many nodes";
         return SB_E_TOO_LARGE;
     }
