@@ -16,6 +16,9 @@
 #include "obs/log.h"
 #include "obs/metrics.h"
 #include "store/store.h"
+#include "fetch/fetch.h"
+
+int sb_egress_check_main(int argc, char **argv);
 
 static sb_store_t *the_store;
 
@@ -36,6 +39,7 @@ static int store_up(void)
 static void usage(FILE *fp)
 {
     fprintf(fp, "usage: sandbox-broker [--config FILE] [--check-config] [--version]\n"
+                "       sandbox-broker egress-check [--config FILE] [--allow HOST[:PORT]]... URL\n"
                 "  --config FILE    JSON configuration (docs/config.md); every key can be\n"
                 "                   overridden by SANDBOX_BROKER_<KEY> in the environment\n"
                 "  --check-config   validate the configuration and exit (0 valid, 1 not)\n"
@@ -62,10 +66,13 @@ int main(int argc, char **argv)
     const char *config_path = NULL, *err = NULL;
     int check_only = 0;
     sb_config_t *conf;
+    sb_fetch_conf_t *fetch_conf = NULL;
     char errbuf[8192];
     sigset_t set;
     pthread_t sigtid;
 
+    if (argc >= 2 && strcmp(argv[1], "egress-check") == 0)
+        return sb_egress_check_main(argc - 2, argv + 2);
     for (int i = 1; i < argc; ++i) {
         if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) {
             config_path = argv[++i];
@@ -88,6 +95,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "sandbox-broker: invalid configuration:\n%s", errbuf);
         return 1;
     }
+    {
+        char ferr[512];
+        if (sb_fetch_conf_create(conf->egress, &fetch_conf, ferr, sizeof(ferr)) != SB_OK) {
+            fprintf(stderr, "sandbox-broker: invalid configuration:\n%s\n", ferr);
+            sb_config_free(conf);
+            return 1;
+        }
+    }
     if (check_only) {
         sb_store_t *probe;
         sb_store_config_t sc = {conf->token_store, conf->redis_prefix, conf->max_tokens, conf->store_timeout_ms};
@@ -97,6 +112,7 @@ int main(int argc, char **argv)
             return 1;
         }
         sb_store_destroy(probe);
+        sb_fetch_conf_free(fetch_conf);
         printf("configuration OK\n");
         sb_config_free(conf);
         return 0;
@@ -121,7 +137,7 @@ int main(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    if (sb_server_init(&server, conf, the_store) != SB_OK) {
+    if (sb_server_init(&server, conf, the_store, fetch_conf) != SB_OK) {
         sb_store_destroy(the_store);
         sb_config_free(conf);
         return 1;
@@ -141,6 +157,7 @@ int main(int argc, char **argv)
     sb_log_msg(SB_LOG_INFO, "stopped", "drained and stopped");
     sb_server_dispose(&server);
     sb_store_destroy(the_store);
+    sb_fetch_conf_free(fetch_conf);
     sb_config_free(conf);
     return 0;
 }

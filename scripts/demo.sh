@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 
 ./scripts/install-deps.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build -j"$(nproc)" >/dev/null
+cmake --build build -j"$(nproc)" --target sandbox-broker >/dev/null
 
 PUB=${SB_DEMO_PORT:-18080}
 ADM=${SB_DEMO_ADMIN_PORT:-18081}

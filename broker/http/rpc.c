@@ -214,12 +214,13 @@ static void reply_value(rpc_call_t *c, const char *packed, size_t len)
 static void on_dispatched(void *arg, sb_result_t *res)
 {
     rpc_call_t *c = arg;
-    if (c->super.req == NULL)
-        return;
-    if (res->status == SB_OK)
-        reply_value(c, res->value.data, res->value.size);
-    else
-        reply_error(c, res->status, res->message);
+    if (c->super.req != NULL) {
+        if (res->status == SB_OK)
+            reply_value(c, res->value.data, res->value.size);
+        else
+            reply_error(c, res->status, res->message);
+    }
+    sb_async_release(&c->super);
 }
 
 static void on_token(void *arg, sb_status_t st, sb_token_t *tok)
@@ -248,7 +249,9 @@ static void on_token(void *arg, sb_status_t st, sb_token_t *tok)
         reply_error(c, st, reason[0] != '\0' ? reason : NULL);
         goto Exit;
     }
-    sb_dispatch(tok, &c->m, c->method, c->method_len, c->args, c->binary, on_dispatched, c);
+    /* the handler's callback holds its own reference: it may run long after this one is dropped */
+    sb_async_retain(&c->super);
+    sb_dispatch(&sb_current_worker->svc, tok, &c->m, c->method, c->method_len, c->args, c->binary, on_dispatched, c);
 Exit:
     sb_token_release(tok);
     sb_async_release(&c->super);

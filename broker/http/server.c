@@ -90,11 +90,12 @@ static void setup_globalconf(h2o_globalconf_t *gc, size_t max_entity, int (*on_r
     handler->on_req = on_req;
 }
 
-sb_status_t sb_server_init(sb_server_t *s, sb_config_t *conf, sb_store_t *store)
+sb_status_t sb_server_init(sb_server_t *s, sb_config_t *conf, sb_store_t *store, sb_fetch_conf_t *fetch_conf)
 {
     memset(s, 0, sizeof(*s));
     s->conf = conf;
     s->store = store;
+    s->fetch_conf = fetch_conf;
     s->listen_fd = s->admin_fd = -1;
     sb_sha256(conf->admin_secret, strlen(conf->admin_secret), s->admin_secret_hash);
     setup_globalconf(&s->pub_conf, SB_MAX_HTTP_ENTITY, on_public_req);
@@ -174,6 +175,16 @@ static void *worker_main(void *arg)
     }
     w->store = sb_store_conn_create(s->store, w->loop);
     {
+        const char *err = NULL;
+        if ((w->svc.fetch = sb_fetch_ctx_create(s->fetch_conf, w->loop, &err)) == NULL) {
+            /* http.fetch then answers not_implemented; everything else works */
+            sb_logline_t l;
+            sb_log_begin(&l, SB_LOG_ERROR, "egress.disabled");
+            sb_log_cstr(&l, "reason", err != NULL ? err : "resolver setup failed");
+            sb_log_end(&l);
+        }
+    }
+    {
         h2o_multithread_queue_t *q = h2o_multithread_create_queue(w->loop);
         h2o_multithread_register_receiver(q, &w->shutdown_receiver, on_shutdown_msg);
         /* published last: sb_server_stop may message the worker from now on */
@@ -200,6 +211,8 @@ static void *worker_main(void *arg)
         h2o_evloop_run(w->loop, 10);
 
     h2o_multithread_unregister_receiver(w->queue, &w->shutdown_receiver);
+    sb_fetch_ctx_destroy(w->svc.fetch);
+    w->svc.fetch = NULL;
     sb_store_conn_destroy(w->store);
     w->store = NULL;
     return NULL;

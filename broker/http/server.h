@@ -14,6 +14,8 @@
 #include <h2o.h>
 #include "conf/config.h"
 #include "store/store.h"
+#include "svc/dispatch.h"
+#include "fetch/fetch.h"
 
 typedef struct st_sb_server_t sb_server_t;
 
@@ -27,6 +29,7 @@ typedef struct st_sb_worker_t {
     h2o_accept_ctx_t accept_ctx, admin_accept_ctx;
     h2o_socket_t *listener, *admin_listener;
     sb_store_conn_t *store;
+    sb_svc_env_t svc;
     h2o_multithread_queue_t *queue;
     h2o_multithread_receiver_t shutdown_receiver;
     size_t inflight; /* requests not yet disposed, loop-local */
@@ -36,6 +39,7 @@ typedef struct st_sb_worker_t {
 struct st_sb_server_t {
     sb_config_t *conf;
     sb_store_t *store;
+    sb_fetch_conf_t *fetch_conf;
     h2o_globalconf_t pub_conf, admin_conf;
     int listen_fd, admin_fd;
     uint8_t admin_secret_hash[32];
@@ -49,7 +53,7 @@ struct st_sb_server_t {
  * connects the token store and prepares the workers.
  * @return SB_OK, or SB_E_UNAVAILABLE with a log line naming the problem
  */
-SB_WARN_UNUSED sb_status_t sb_server_init(sb_server_t *s, sb_config_t *conf, sb_store_t *store);
+SB_WARN_UNUSED sb_status_t sb_server_init(sb_server_t *s, sb_config_t *conf, sb_store_t *store, sb_fetch_conf_t *fetch_conf);
 /** runs the workers until sb_server_stop; returns when every worker has drained */
 void sb_server_run(sb_server_t *s);
 /** asks every worker to stop accepting and drain (async-signal-unsafe: call from a normal thread) */

@@ -1,4 +1,5 @@
 #include <stdarg.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,40 @@ static _Atomic uint64_t hist_sum_us, hist_count;
 static _Atomic uint64_t denials[SB_DENY_COUNT_];
 static _Atomic uint64_t admin_ops[4][6]; /* op x status class (1xx..5xx) */
 static long long (*live_tokens_fn)(void);
+
+#define MAX_EGRESS_RULES 64
+static struct {
+    const char *_Atomic rule;
+    _Atomic uint64_t allowed, denied;
+} egress[MAX_EGRESS_RULES];
+static pthread_mutex_t egress_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void sb_metrics_egress(const char *rule, int allowed)
+{
+    size_t i;
+    for (i = 0; i < MAX_EGRESS_RULES; ++i) {
+        const char *r = atomic_load(&egress[i].rule);
+        if (r == NULL)
+            break;
+        if (r == rule || strcmp(r, rule) == 0)
+            goto Found;
+    }
+    pthread_mutex_lock(&egress_mu);
+    for (i = 0; i < MAX_EGRESS_RULES; ++i) {
+        const char *r = atomic_load(&egress[i].rule);
+        if (r == NULL) {
+            atomic_store(&egress[i].rule, rule);
+            break;
+        }
+        if (r == rule || strcmp(r, rule) == 0)
+            break;
+    }
+    pthread_mutex_unlock(&egress_mu);
+    if (i == MAX_EGRESS_RULES)
+        return; /* more distinct rules than the table holds: not counted (rules are static, so this does not happen) */
+Found:
+    atomic_fetch_add_explicit(allowed ? &egress[i].allowed : &egress[i].denied, 1, memory_order_relaxed);
+}
 static int (*store_up_fn)(void);
 
 static const char *admin_names[] = {"mint", "revoke_token", "revoke_run", "other"};
@@ -131,6 +166,21 @@ size_t sb_metrics_render(char **outp)
             if (v != 0)
                 emit(&o, "sb_admin_requests_total{op=\"%s\",class=\"%dxx\"} %llu\n", admin_names[i], c, (unsigned long long)v);
         }
+    emit(&o, "# HELP sb_egress_decisions_total http.fetch decisions by rule.\n# TYPE sb_egress_decisions_total counter\n");
+    for (size_t i = 0; i < MAX_EGRESS_RULES; ++i) {
+        const char *r = atomic_load(&egress[i].rule);
+        if (r == NULL)
+            break;
+        for (int a = 0; a < 2; ++a) {
+            uint64_t v = atomic_load(a ? &egress[i].allowed : &egress[i].denied);
+            if (v != 0) {
+                emit(&o, "sb_egress_decisions_total{decision=\"%s\",rule=\"", a ? "allow" : "deny");
+                for (const char *p = r; *p != '\0'; ++p)
+                    emit(&o, *p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
+                emit(&o, "\"} %llu\n", (unsigned long long)v);
+            }
+        }
+    }
     if (live_tokens_fn != NULL) {
         long long n = live_tokens_fn();
         if (n >= 0)

@@ -23,6 +23,12 @@ typedef enum en_sb_deny_reason_t {
 void sb_metrics_call(int kind, sb_status_t st, uint64_t latency_us);
 void sb_metrics_deny(int reason);
 void sb_metrics_admin(const char *op, int http_status);
+/**
+ * counts one egress decision; `rule` must be a static string (the address
+ * policy's rule names and a few fixed failure names), so the label set stays
+ * bounded (at most 64 distinct rules are counted)
+ */
+void sb_metrics_egress(const char *rule, int allowed);
 /** sets the function that reports live tokens (-1 when unknown) */
 void sb_metrics_set_live_tokens_fn(long long (*fn)(void));
 /** sets the function that reports token-store health (1 up, 0 down) */

@@ -22,11 +22,19 @@ typedef struct st_sb_result_t {
 
 typedef void (*sb_dispatch_cb)(void *arg, sb_result_t *res);
 
+struct st_sb_fetch_ctx_t;
+
+/** what a worker offers the handlers */
+typedef struct st_sb_svc_env_t {
+    struct st_sb_fetch_ctx_t *fetch; /* NULL when egress is not configured */
+} sb_svc_env_t;
+
 /**
- * Runs a granted call. The callback may run before this returns.
+ * Runs a granted call. The callback runs exactly once, possibly before this
+ * returns. Handlers that outlive the call take their own token reference.
  * @param raw_method the method string as sent, for messages
  */
-void sb_dispatch(const sb_token_t *tok, const sb_method_t *m, const char *raw_method, size_t raw_len,
+void sb_dispatch(const sb_svc_env_t *env, sb_token_t *tok, const sb_method_t *m, const char *raw_method, size_t raw_len,
                  const msgpack_object *args, int binary, sb_dispatch_cb cb, void *arg);
 
 #endif

@@ -1,0 +1,826 @@
+/*
+ * http.fetch: the hop state machine.
+ *
+ *   hop:  [allowlist] -> name policy -> resolve -> validate every answer
+ *         -> connect to validated addresses in order -> request -> response
+ *   3xx + Location: resolve the reference against the current URL with the
+ *   same parser, then the next hop starts from the top.
+ *
+ * Why every step: a name can change between hops (TTL-0 rebinding), so
+ * nothing learned on one hop is reused on the next; a redirect is a new
+ * request the guest did not make, so it must pass the allowlist again; one
+ * blocked answer rejects the name, because the resolver the upstream host
+ * uses might have picked that one.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "fetch/client.h"
+#include "fetch/fetch.h"
+#include "obs/log.h"
+#include "obs/metrics.h"
+#include "sb/limits.h"
+#include "sb/value.h"
+#include "util/util.h"
+
+#define MAX_REQ_HEADERS 64u
+#define MAX_REQ_HEADER_BYTES 65536u
+#define MAX_METHOD 32u
+
+struct st_sb_fetch_ctx_t {
+    const sb_fetch_conf_t *conf;
+    h2o_loop_t *loop;
+    sb_resolver_t *resolver;
+    h2o_timeout_t deadline, connect_timeout;
+};
+
+/* ---- configuration ------------------------------------------------------------------------------------------------ */
+
+static int get_uint(const json_t *o, const char *key, uint64_t min, uint64_t max, uint64_t def, uint64_t *out, char *err,
+                    size_t errsz)
+{
+    json_t *v = json_object_get(o, key);
+    if (v == NULL) {
+        *out = def;
+        return 0;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < (json_int_t)min || json_integer_value(v) > (json_int_t)max) {
+        snprintf(err, errsz, "egress.%s: expected an integer from %llu to %llu", key, (unsigned long long)min,
+                 (unsigned long long)max);
+        return -1;
+    }
+    *out = (uint64_t)json_integer_value(v);
+    return 0;
+}
+
+sb_status_t sb_fetch_conf_create(const json_t *egress, sb_fetch_conf_t **out, char *err, size_t errsz)
+{
+    static const char *known[] = {"dns_servers", "dns_timeout_ms", "dns_tries", "deny_cidrs", "allow_cidrs",
+                                  "deny_local_interfaces", "ca_file", "deadline_ms", "connect_timeout_ms", "max_redirects",
+                                  NULL};
+    sb_fetch_conf_t *c = sb_mem_calloc(1, sizeof(*c));
+    const char *k, *why = NULL;
+    json_t *v, *servers, *dli;
+    uint64_t u;
+
+    json_object_foreach((json_t *)egress, k, v) {
+        size_t i = 0;
+        while (known[i] != NULL && strcmp(known[i], k) != 0)
+            ++i;
+        if (known[i] == NULL) {
+            snprintf(err, errsz, "egress.%s: unknown key", k);
+            goto Error;
+        }
+    }
+    if ((servers = json_object_get(egress, "dns_servers")) != NULL) {
+        char csv[1024];
+        size_t len = 0, i;
+        json_t *s;
+        if (!json_is_array(servers) || json_array_size(servers) == 0 || json_array_size(servers) > 8) {
+            snprintf(err, errsz, "egress.dns_servers: expected 1-8 \"ip:port\" strings");
+            goto Error;
+        }
+        json_array_foreach(servers, i, s) {
+            if (!json_is_string(s) || json_string_length(s) > 64) {
+                snprintf(err, errsz, "egress.dns_servers[%zu]: expected an \"ip:port\" string", i);
+                goto Error;
+            }
+            len += (size_t)snprintf(csv + len, sizeof(csv) - len, "%s%s", i != 0 ? "," : "", json_string_value(s));
+        }
+        c->dns_servers = sb_mem_strdup(csv);
+    }
+    if (get_uint(egress, "dns_timeout_ms", 50, 30000, 1500, &u, err, errsz) != 0)
+        goto Error;
+    c->dns_timeout_ms = (unsigned)u;
+    if (get_uint(egress, "dns_tries", 1, 5, 2, &u, err, errsz) != 0)
+        goto Error;
+    c->dns_tries = (unsigned)u;
+    if (get_uint(egress, "deadline_ms", 100, 120000, 9000, &c->deadline_ms, err, errsz) != 0)
+        goto Error;
+    if (get_uint(egress, "connect_timeout_ms", 50, 60000, 3000, &c->connect_timeout_ms, err, errsz) != 0)
+        goto Error;
+    if (get_uint(egress, "max_redirects", 0, 5, 5, &u, err, errsz) != 0)
+        goto Error;
+    c->max_redirects = (unsigned)u;
+    c->max_body = SB_MAX_HTTP_BODY;
+    if ((v = json_object_get(egress, "ca_file")) != NULL) {
+        if (!json_is_string(v)) {
+            snprintf(err, errsz, "egress.ca_file: expected a path");
+            goto Error;
+        }
+        c->ca_file = sb_mem_strdup(json_string_value(v));
+    }
+    dli = json_object_get(egress, "deny_local_interfaces");
+    if (dli != NULL && !json_is_boolean(dli)) {
+        snprintf(err, errsz, "egress.deny_local_interfaces: expected true or false");
+        goto Error;
+    }
+    if (sb_egress_policy_create(json_object_get(egress, "deny_cidrs"), json_object_get(egress, "allow_cidrs"),
+                                dli == NULL || json_is_true(dli), &c->policy, err, errsz) != SB_OK)
+        goto Error;
+    if ((c->ssl_ctx = sb_http_ssl_ctx_create(c->ca_file, &why)) == NULL) {
+        snprintf(err, errsz, "%s", why);
+        goto Error;
+    }
+    *out = c;
+    return SB_OK;
+Error:
+    sb_fetch_conf_free(c);
+    return SB_E_BAD_ARGS;
+}
+
+void sb_fetch_conf_free(sb_fetch_conf_t *c)
+{
+    if (c == NULL)
+        return;
+    if (c->policy != NULL)
+        sb_egress_policy_free(c->policy);
+    if (c->ssl_ctx != NULL)
+        SSL_CTX_free(c->ssl_ctx);
+    free(c->dns_servers);
+    free(c->ca_file);
+    free(c);
+}
+
+sb_fetch_ctx_t *sb_fetch_ctx_create(const sb_fetch_conf_t *conf, h2o_loop_t *loop, const char **err)
+{
+    sb_fetch_ctx_t *ctx = sb_mem_calloc(1, sizeof(*ctx));
+    ctx->conf = conf;
+    ctx->loop = loop;
+    if ((ctx->resolver = sb_resolver_create(loop, conf->dns_servers, conf->dns_timeout_ms, conf->dns_tries, err)) == NULL) {
+        free(ctx);
+        return NULL;
+    }
+    h2o_timeout_init(loop, &ctx->deadline, conf->deadline_ms);
+    h2o_timeout_init(loop, &ctx->connect_timeout, conf->connect_timeout_ms);
+    return ctx;
+}
+
+void sb_fetch_ctx_destroy(sb_fetch_ctx_t *ctx)
+{
+    if (ctx == NULL)
+        return;
+    sb_resolver_destroy(ctx->resolver);
+    h2o_timeout_dispose(ctx->loop, &ctx->deadline);
+    h2o_timeout_dispose(ctx->loop, &ctx->connect_timeout);
+    free(ctx);
+}
+
+/* ---- the exchange --------------------------------------------------------------------------------------------------- */
+
+typedef struct st_req_header_t {
+    char *name; /* lowercased */
+    char *value;
+} req_header_t;
+
+typedef struct st_fetch_t {
+    sb_fetch_ctx_t *ctx;
+    sb_token_t *tok;
+    int binary;
+    sb_dispatch_cb cb;
+    void *arg;
+    unsigned hop;
+    sb_url_t url;
+    char method[MAX_METHOD + 1];
+    req_header_t headers[MAX_REQ_HEADERS];
+    size_t nheaders;
+    uint8_t *body;
+    size_t body_len;
+    h2o_timeout_entry_t deadline;
+    sb_resolve_t *dns;
+    sb_http_t *http;
+    sb_ip_t pins[2 * SB_MAX_DNS_ANSWERS];
+    size_t npins;
+    char *request;
+    size_t request_len;
+    /* egress-check mode */
+    sb_egress_check_cb check_cb;
+    sb_egress_decision_t *decision;
+} fetch_t;
+
+static void free_fetch(fetch_t *f)
+{
+    if (h2o_timeout_is_linked(&f->deadline))
+        h2o_timeout_unlink(&f->deadline);
+    sb_resolve_cancel(f->dns);
+    sb_http_cancel(f->http);
+    for (size_t i = 0; i < f->nheaders; ++i) {
+        free(f->headers[i].name);
+        free(f->headers[i].value);
+    }
+    free(f->body);
+    free(f->request);
+    free(f->decision);
+    if (f->tok != NULL)
+        sb_token_release(f->tok);
+    free(f);
+}
+
+__attribute__((format(printf, 3, 4))) static void fail(fetch_t *f, sb_status_t st, const char *fmt, ...)
+{
+    sb_result_t res;
+    va_list ap;
+
+    memset(&res, 0, sizeof(res));
+    res.status = st;
+    va_start(ap, fmt);
+    vsnprintf(res.message, sizeof(res.message), fmt, ap);
+    va_end(ap);
+    msgpack_sbuffer_init(&res.value);
+    if (f->check_cb != NULL) {
+        f->decision->allowed = 0;
+        snprintf(f->decision->reason, sizeof(f->decision->reason), "%s", res.message);
+        f->check_cb(f->arg, f->decision);
+    } else {
+        sb_logline_t l;
+        sb_log_begin(&l, st == SB_E_FORBIDDEN ? SB_LOG_WARN : SB_LOG_INFO, "egress.failed");
+        sb_log_cstr(&l, "runId", f->tok->run_id);
+        sb_log_int(&l, "hop", f->hop);
+        sb_log_cstr(&l, "host", f->url.host);
+        sb_log_cstr(&l, "reason", res.message);
+        sb_log_end(&l);
+        f->cb(f->arg, &res);
+    }
+    msgpack_sbuffer_destroy(&res.value);
+    free_fetch(f);
+}
+
+static void on_deadline(h2o_timeout_entry_t *entry)
+{
+    fetch_t *f = H2O_STRUCT_FROM_MEMBER(fetch_t, deadline, entry);
+    sb_metrics_egress("deadline exceeded", 0);
+    fail(f, SB_E_EXECUTION, "http.fetch deadline exceeded (%llu ms)", (unsigned long long)f->ctx->conf->deadline_ms);
+}
+
+static int is_tchar(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || strchr("!#$%&'*+-.^_`|~", c) != NULL;
+}
+
+static int is_token(const char *s, size_t n)
+{
+    if (n == 0)
+        return 0;
+    for (size_t i = 0; i < n; ++i)
+        if (s[i] == '\0' || !is_tchar(s[i]))
+            return 0;
+    return 1;
+}
+
+/* field values: visible ASCII, space, tab and obs-text; never CR, LF or NUL (no header injection) */
+static int is_field_value(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; ++i) {
+        unsigned char c = (unsigned char)s[i];
+        if ((c < 0x20 && c != '\t') || c == 0x7f)
+            return 0;
+    }
+    return 1;
+}
+
+/* headers the broker owns, or that could smuggle a second request (upstream's list, plus te/trailer/expect) */
+static int dropped_header(const char *name)
+{
+    static const char *drop[] = {"host",    "content-length",      "connection",       "transfer-encoding", "keep-alive",
+                                 "upgrade", "proxy-authorization", "proxy-connection", "te",                "trailer",
+                                 "expect",  NULL};
+    for (size_t i = 0; drop[i] != NULL; ++i)
+        if (strcmp(drop[i], name) == 0)
+            return 1;
+    return 0;
+}
+
+static void strip_credentials(fetch_t *f)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < f->nheaders; ++i) {
+        const char *n = f->headers[i].name;
+        if (strcmp(n, "authorization") == 0 || strcmp(n, "cookie") == 0 || strncmp(n, "proxy-", 6) == 0) {
+            free(f->headers[i].name);
+            free(f->headers[i].value);
+            continue;
+        }
+        f->headers[o++] = f->headers[i];
+    }
+    f->nheaders = o;
+}
+
+/* parses {url, method?, headers?, bodyBase64? | body?}; on error fills msg and returns SB_E_BAD_ARGS */
+static sb_status_t parse_args(fetch_t *f, const msgpack_object *args, char *msg, size_t msgsz)
+{
+    const msgpack_object *url, *method, *headers, *b64, *bin;
+    const char *why = NULL;
+    size_t header_bytes = 0;
+
+    if (args == NULL || args->type != MSGPACK_OBJECT_MAP) {
+        snprintf(msg, msgsz, "http.fetch args must be an object");
+        return SB_E_BAD_ARGS;
+    }
+    for (uint32_t i = 0; i < args->via.map.size; ++i) {
+        const msgpack_object *k = &args->via.map.ptr[i].key;
+        if (!sb_mp_str_is(k, "url") && !sb_mp_str_is(k, "method") && !sb_mp_str_is(k, "headers") &&
+            !sb_mp_str_is(k, "bodyBase64") && !sb_mp_str_is(k, "body")) {
+            snprintf(msg, msgsz, "http.fetch args has an unknown key");
+            return SB_E_BAD_ARGS;
+        }
+    }
+    url = sb_mp_get(args, "url");
+    if (url == NULL || url->type != MSGPACK_OBJECT_STR || sb_url_parse(url->via.str.ptr, url->via.str.size, &f->url, &why) != SB_OK) {
+        snprintf(msg, msgsz, "http.fetch url is invalid: %s", why != NULL ? why : "missing or not a string");
+        return SB_E_BAD_ARGS;
+    }
+    method = sb_mp_get(args, "method");
+    if (method == NULL || method->type == MSGPACK_OBJECT_NIL) {
+        memcpy(f->method, "GET", 4);
+    } else {
+        if (method->type != MSGPACK_OBJECT_STR || method->via.str.size > MAX_METHOD ||
+            !is_token(method->via.str.ptr, method->via.str.size)) {
+            snprintf(msg, msgsz, "http.fetch method must be an HTTP token of at most %u characters", MAX_METHOD);
+            return SB_E_BAD_ARGS;
+        }
+        for (size_t i = 0; i < method->via.str.size; ++i) {
+            char c = method->via.str.ptr[i];
+            f->method[i] = c >= 'a' && c <= 'z' ? (char)(c - 'a' + 'A') : c;
+        }
+        f->method[method->via.str.size] = '\0';
+        if (strcmp(f->method, "CONNECT") == 0 || strcmp(f->method, "TRACE") == 0 || strcmp(f->method, "TRACK") == 0) {
+            snprintf(msg, msgsz, "http.fetch method %s is not allowed", f->method);
+            return SB_E_BAD_ARGS;
+        }
+    }
+    if ((headers = sb_mp_get(args, "headers")) != NULL && headers->type != MSGPACK_OBJECT_NIL) {
+        if (headers->type != MSGPACK_OBJECT_MAP) {
+            snprintf(msg, msgsz, "http.fetch headers must be an object");
+            return SB_E_BAD_ARGS;
+        }
+        for (uint32_t i = 0; i < headers->via.map.size; ++i) {
+            const msgpack_object *k = &headers->via.map.ptr[i].key, *v = &headers->via.map.ptr[i].val;
+            char *name;
+            if (v->type != MSGPACK_OBJECT_STR)
+                continue; /* upstream drops non-string values */
+            if (k->type != MSGPACK_OBJECT_STR || k->via.str.size > 256 || !is_token(k->via.str.ptr, k->via.str.size)) {
+                snprintf(msg, msgsz, "http.fetch header names must be HTTP tokens");
+                return SB_E_BAD_ARGS;
+            }
+            if (!is_field_value(v->via.str.ptr, v->via.str.size)) {
+                snprintf(msg, msgsz, "http.fetch header values must not contain control characters");
+                return SB_E_BAD_ARGS;
+            }
+            header_bytes += k->via.str.size + v->via.str.size + 4;
+            if (f->nheaders == MAX_REQ_HEADERS || header_bytes > MAX_REQ_HEADER_BYTES) {
+                snprintf(msg, msgsz, "http.fetch headers exceed %u entries or %u bytes", MAX_REQ_HEADERS, MAX_REQ_HEADER_BYTES);
+                return SB_E_BAD_ARGS;
+            }
+            name = sb_mem_alloc(k->via.str.size + 1);
+            for (size_t j = 0; j < k->via.str.size; ++j) {
+                char c = k->via.str.ptr[j];
+                name[j] = c >= 'A' && c <= 'Z' ? (char)(c - 'A' + 'a') : c;
+            }
+            name[k->via.str.size] = '\0';
+            if (dropped_header(name)) {
+                free(name);
+                continue;
+            }
+            f->headers[f->nheaders].name = name;
+            f->headers[f->nheaders].value = sb_mem_alloc(v->via.str.size + 1);
+            memcpy(f->headers[f->nheaders].value, v->via.str.ptr, v->via.str.size);
+            f->headers[f->nheaders].value[v->via.str.size] = '\0';
+            ++f->nheaders;
+        }
+    }
+    b64 = sb_mp_get(args, "bodyBase64");
+    bin = sb_mp_get(args, "body");
+    if (b64 != NULL && bin != NULL) {
+        snprintf(msg, msgsz, "http.fetch takes body or bodyBase64, not both");
+        return SB_E_BAD_ARGS;
+    }
+    if (b64 != NULL && b64->type != MSGPACK_OBJECT_NIL) {
+        if (b64->type != MSGPACK_OBJECT_STR) {
+            snprintf(msg, msgsz, "http.fetch bodyBase64 must be a base64 string");
+            return SB_E_BAD_ARGS;
+        }
+        if (b64->via.str.size > SB_MAX_HTTP_BODY_B64) {
+            snprintf(msg, msgsz, "http.fetch request body exceeds %u-byte cap", SB_MAX_HTTP_BODY);
+            return SB_E_BAD_ARGS;
+        }
+        if (b64->via.str.size != 0) {
+            f->body = sb_mem_alloc(b64->via.str.size / 4 * 3 + 3);
+            if (sb_b64_decode(b64->via.str.ptr, b64->via.str.size, f->body, &f->body_len) != SB_OK) {
+                snprintf(msg, msgsz, "http.fetch bodyBase64 must be a base64 string");
+                return SB_E_BAD_ARGS;
+            }
+        }
+    } else if (bin != NULL && bin->type != MSGPACK_OBJECT_NIL) {
+        if (bin->type != MSGPACK_OBJECT_BIN && bin->type != MSGPACK_OBJECT_STR) {
+            snprintf(msg, msgsz, "http.fetch body must be bin or str");
+            return SB_E_BAD_ARGS;
+        }
+        f->body_len = bin->via.bin.size;
+        if (f->body_len != 0) {
+            f->body = sb_mem_alloc(f->body_len);
+            memcpy(f->body, bin->via.bin.ptr, f->body_len);
+        }
+    }
+    if (f->body_len > SB_MAX_HTTP_BODY) {
+        snprintf(msg, msgsz, "http.fetch request body exceeds %u-byte cap", SB_MAX_HTTP_BODY);
+        return SB_E_BAD_ARGS;
+    }
+    return SB_OK;
+}
+
+static void build_request(fetch_t *f)
+{
+    char host[SB_URL_MAX_HOST + 16];
+    size_t cap = strlen(f->method) + f->url.target_len + sizeof(host) + 128 + f->body_len, len = 0;
+    int with_length = f->body_len != 0 || strcmp(f->method, "POST") == 0 || strcmp(f->method, "PUT") == 0 ||
+                      strcmp(f->method, "PATCH") == 0;
+
+    for (size_t i = 0; i < f->nheaders; ++i)
+        cap += strlen(f->headers[i].name) + strlen(f->headers[i].value) + 4;
+    sb_url_host_header(&f->url, host, sizeof(host));
+    free(f->request);
+    f->request = sb_mem_alloc(cap);
+    len += (size_t)snprintf(f->request + len, cap - len, "%s %s HTTP/1.1\r\nhost: %s\r\nconnection: close\r\n", f->method,
+                            f->url.target, host);
+    for (size_t i = 0; i < f->nheaders; ++i)
+        len += (size_t)snprintf(f->request + len, cap - len, "%s: %s\r\n", f->headers[i].name, f->headers[i].value);
+    if (with_length)
+        len += (size_t)snprintf(f->request + len, cap - len, "content-length: %zu\r\n", f->body_len);
+    len += (size_t)snprintf(f->request + len, cap - len, "\r\n");
+    if (f->body_len != 0)
+        memcpy(f->request + len, f->body, f->body_len);
+    len += f->body_len;
+    f->request_len = len; /* the body may contain NULs: never strlen the request */
+}
+
+/* ---- hops ------------------------------------------------------------------------------------------------------------ */
+
+static void start_hop(fetch_t *f);
+
+/* header bytes are ISO-8859-1 (RFC 9110 section 5.5): widen them to UTF-8 so any byte survives as text */
+static void pack_latin1(msgpack_packer *pk, const char *s, size_t n)
+{
+    size_t wide = n;
+    char small[512], *buf = small;
+    size_t o = 0;
+    for (size_t i = 0; i < n; ++i)
+        if ((unsigned char)s[i] >= 0x80)
+            ++wide;
+    if (wide > sizeof(small))
+        buf = sb_mem_alloc(wide);
+    for (size_t i = 0; i < n; ++i) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x80) {
+            buf[o++] = (char)c;
+        } else {
+            buf[o++] = (char)(0xc0 | c >> 6);
+            buf[o++] = (char)(0x80 | (c & 0x3f));
+        }
+    }
+    msgpack_pack_str_with_body(pk, buf, o);
+    if (buf != small)
+        free(buf);
+}
+
+static void succeed(fetch_t *f, sb_http_response_t *res)
+{
+    sb_result_t out;
+    msgpack_packer pk;
+    size_t uniq[SB_MAX_RESPONSE_HEADERS], nuniq = 0;
+
+    memset(&out, 0, sizeof(out));
+    out.status = SB_OK;
+    msgpack_sbuffer_init(&out.value);
+    msgpack_packer_init(&pk, &out.value, msgpack_sbuffer_write);
+    /* multi-valued headers are joined with ", " (set-cookie included), as upstream does */
+    for (size_t i = 0; i < res->nheaders; ++i) {
+        size_t j = 0;
+        while (j < nuniq && !(res->headers[uniq[j]].name_len == res->headers[i].name_len &&
+                              memcmp(res->headers[uniq[j]].name, res->headers[i].name, res->headers[i].name_len) == 0))
+            ++j;
+        if (j == nuniq)
+            uniq[nuniq++] = i;
+    }
+    msgpack_pack_map(&pk, 5);
+    msgpack_pack_str_with_body(&pk, "status", 6);
+    msgpack_pack_int(&pk, res->status);
+    msgpack_pack_str_with_body(&pk, "statusText", 10);
+    pack_latin1(&pk, res->reason, res->reason_len);
+    msgpack_pack_str_with_body(&pk, "headers", 7);
+    msgpack_pack_map(&pk, nuniq);
+    for (size_t u = 0; u < nuniq; ++u) {
+        const sb_http_header_t *h = &res->headers[uniq[u]];
+        size_t total = 0, o = 0;
+        char *joined;
+        for (size_t i = uniq[u]; i < res->nheaders; ++i)
+            if (res->headers[i].name_len == h->name_len && memcmp(res->headers[i].name, h->name, h->name_len) == 0)
+                total += res->headers[i].value_len + 2;
+        joined = sb_mem_alloc(total + 1);
+        for (size_t i = uniq[u]; i < res->nheaders; ++i) {
+            if (!(res->headers[i].name_len == h->name_len && memcmp(res->headers[i].name, h->name, h->name_len) == 0))
+                continue;
+            if (o != 0) {
+                joined[o++] = ',';
+                joined[o++] = ' ';
+            }
+            memcpy(joined + o, res->headers[i].value, res->headers[i].value_len);
+            o += res->headers[i].value_len;
+        }
+        pack_latin1(&pk, h->name, h->name_len);
+        pack_latin1(&pk, joined, o);
+        free(joined);
+    }
+    /* JSON replies carry bin as base64 text: the field is named for what the guest reads */
+    if (f->binary)
+        msgpack_pack_str_with_body(&pk, "body", 4);
+    else
+        msgpack_pack_str_with_body(&pk, "bodyBase64", 10);
+    msgpack_pack_bin_with_body(&pk, res->body != NULL ? (const char *)res->body : "", res->body_len);
+    msgpack_pack_str_with_body(&pk, "truncated", 9);
+    msgpack_pack_false(&pk);
+    f->cb(f->arg, &out);
+    msgpack_sbuffer_destroy(&out.value);
+    free_fetch(f);
+}
+
+static int same_origin(const sb_url_t *a, const sb_url_t *b)
+{
+    return a->scheme == b->scheme && a->port == b->port && strcmp(a->host, b->host) == 0;
+}
+
+static const char *find_header(sb_http_response_t *res, const char *name, size_t *len)
+{
+    size_t n = strlen(name);
+    for (size_t i = 0; i < res->nheaders; ++i) {
+        if (res->headers[i].name_len == n && memcmp(res->headers[i].name, name, n) == 0) {
+            *len = res->headers[i].value_len;
+            return res->headers[i].value;
+        }
+    }
+    return NULL;
+}
+
+static void on_response(void *arg, const char *err, sb_http_response_t *res)
+{
+    fetch_t *f = arg;
+    const char *loc;
+    size_t loc_len;
+    sb_url_t next;
+    const char *why = NULL;
+    char ipbuf[64];
+
+    f->http = NULL;
+    if (err != NULL) {
+        sb_metrics_egress("upstream error", 0);
+        fail(f, SB_E_EXECUTION, "http.fetch %s: %s", f->url.host, err);
+        return;
+    }
+    sb_ip_format(&res->peer, ipbuf, sizeof(ipbuf));
+    {
+        sb_logline_t l;
+        sb_log_begin(&l, SB_LOG_INFO, "egress.response");
+        sb_log_cstr(&l, "runId", f->tok->run_id);
+        sb_log_int(&l, "hop", f->hop);
+        sb_log_cstr(&l, "host", f->url.host);
+        sb_log_cstr(&l, "address", ipbuf);
+        sb_log_int(&l, "status", res->status);
+        sb_log_int(&l, "bytes", (long long)res->body_len);
+        sb_log_end(&l);
+    }
+    /* RFC 9110 section 15.4: only a 3xx with Location is a redirect; anything else is the answer */
+    if (res->status < 300 || res->status > 399 || (loc = find_header(res, "location", &loc_len)) == NULL) {
+        succeed(f, res);
+        return;
+    }
+    if (f->hop >= f->ctx->conf->max_redirects) {
+        sb_metrics_egress("too many redirects", 0);
+        fail(f, SB_E_EXECUTION, "too many redirects (> %u)", f->ctx->conf->max_redirects);
+        return;
+    }
+    if (sb_url_resolve(&f->url, loc, loc_len, &next, &why) != SB_OK) {
+        sb_metrics_egress("invalid redirect", 0);
+        fail(f, SB_E_EXECUTION, "invalid redirect Location: %s", why != NULL ? why : "unparseable");
+        return;
+    }
+    /* reference section 6.7: 303 -> GET; 301/302 after anything but GET/HEAD -> GET; 307/308 keep both */
+    if (res->status == 303 || ((res->status == 301 || res->status == 302) && strcmp(f->method, "GET") != 0 &&
+                               strcmp(f->method, "HEAD") != 0)) {
+        if (res->status == 303 && strcmp(f->method, "HEAD") == 0)
+            memcpy(f->method, "HEAD", 5);
+        else
+            memcpy(f->method, "GET", 4);
+        free(f->body);
+        f->body = NULL;
+        f->body_len = 0;
+    }
+    /* credentials the guest meant for one origin never travel to another */
+    if (!same_origin(&f->url, &next))
+        strip_credentials(f);
+    f->url = next;
+    ++f->hop;
+    start_hop(f);
+}
+
+static void connect_pins(fetch_t *f)
+{
+    sb_http_opts_t o;
+
+    if (f->check_cb != NULL) {
+        /* egress-check stops here: the decision is made, nothing is connected */
+        f->decision->allowed = 1;
+        snprintf(f->decision->reason, sizeof(f->decision->reason), "allowed");
+        f->check_cb(f->arg, f->decision);
+        free_fetch(f);
+        return;
+    }
+    build_request(f);
+    memset(&o, 0, sizeof(o));
+    o.loop = f->ctx->loop;
+    o.addrs = f->pins;
+    o.naddrs = f->npins;
+    o.port = f->url.port;
+    o.ssl_ctx = f->url.scheme == SB_URL_HTTPS ? f->ctx->conf->ssl_ctx : NULL;
+    o.sni = f->url.host;
+    o.request = f->request;
+    o.request_len = f->request_len;
+    o.head_request = strcmp(f->method, "HEAD") == 0;
+    o.max_body = f->ctx->conf->max_body;
+    o.connect_timeout = &f->ctx->connect_timeout;
+    {
+        /* NULL means the callback already ran (and may have freed f): touch nothing */
+        sb_http_t *h = sb_http_start(&o, on_response, f);
+        if (h != NULL)
+            f->http = h;
+    }
+}
+
+/* validates every address; one denied answer denies the host */
+static int validate(fetch_t *f, const sb_ip_t *addrs, size_t n)
+{
+    int all_ok = 1;
+    char answers[1024];
+    size_t alen = 0;
+    const char *first_rule = NULL;
+    char first_ip[64] = "";
+
+    answers[0] = '\0';
+    for (size_t i = 0; i < n; ++i) {
+        const char *rule = "";
+        int ok = sb_egress_check_ip(f->ctx->conf->policy, &addrs[i], &rule);
+        char ip[64];
+        sb_ip_format(&addrs[i], ip, sizeof(ip));
+        sb_metrics_egress(rule, ok);
+        if (f->decision != NULL && f->decision->nanswers < sizeof(f->decision->answers) / sizeof(f->decision->answers[0])) {
+            sb_egress_answer_t *a = &f->decision->answers[f->decision->nanswers++];
+            a->ip = addrs[i];
+            a->allowed = ok;
+            a->rule = rule;
+        }
+        if (alen < sizeof(answers) - 1)
+            alen += (size_t)snprintf(answers + alen, sizeof(answers) - alen, "%s%s=%s(%s)", i ? "," : "", ip,
+                                     ok ? "allow" : "deny", rule);
+        if (!ok && all_ok) {
+            all_ok = 0;
+            first_rule = rule;
+            memcpy(first_ip, ip, sizeof(first_ip));
+        }
+    }
+    if (alen >= sizeof(answers))
+        alen = sizeof(answers) - 1;
+    if (f->check_cb == NULL) {
+        sb_logline_t l;
+        sb_log_begin(&l, all_ok ? SB_LOG_INFO : SB_LOG_WARN, "egress.decision");
+        sb_log_cstr(&l, "runId", f->tok->run_id);
+        sb_log_int(&l, "hop", f->hop);
+        sb_log_cstr(&l, "host", f->url.host);
+        sb_log_int(&l, "port", f->url.port);
+        sb_log_str(&l, "answers", answers, alen);
+        sb_log_cstr(&l, "decision", all_ok ? "allow" : "deny");
+        sb_log_end(&l);
+    }
+    if (!all_ok) {
+        if (f->url.host_kind == SB_URL_HOST_NAME)
+            fail(f, SB_E_FORBIDDEN, "http.fetch host \"%s\" resolves to a blocked address %s (%s)", f->url.host, first_ip,
+                 first_rule);
+        else
+            fail(f, SB_E_FORBIDDEN, "http.fetch address %s is blocked (%s)", first_ip, first_rule);
+        return 0;
+    }
+    memcpy(f->pins, addrs, n * sizeof(*addrs));
+    f->npins = n;
+    return 1;
+}
+
+static void on_resolved(void *arg, sb_status_t st, const sb_dns_result_t *res)
+{
+    fetch_t *f = arg;
+    f->dns = NULL;
+    if (st != SB_OK) {
+        sb_metrics_egress("dns failure", 0);
+        fail(f, SB_E_EXECUTION, "DNS resolution failed for \"%s\": %s", f->url.host, res->error);
+        return;
+    }
+    if (validate(f, res->addrs, res->naddrs))
+        connect_pins(f);
+}
+
+static void start_hop(fetch_t *f)
+{
+    const char *rule = NULL;
+
+    if (f->decision != NULL)
+        f->decision->url = f->url;
+    /* the first URL passed the capability check; every redirect target must pass it again */
+    if (f->hop != 0 && f->tok != NULL && !sb_manifest__net_allows(f->tok->manifest, &f->url)) {
+        char hp[SB_URL_MAX_HOST + 16];
+        sb_url_hostport(&f->url, hp, sizeof(hp));
+        sb_metrics_egress("redirect leaves the net allowlist", 0);
+        fail(f, SB_E_FORBIDDEN, "http.fetch redirect host \"%s\" is not in the net allowlist", hp);
+        return;
+    }
+    if (f->url.host_kind == SB_URL_HOST_NAME) {
+        if (!sb_egress_check_name(f->ctx->conf->policy, f->url.host, &rule)) {
+            sb_metrics_egress(rule, 0);
+            fail(f, SB_E_FORBIDDEN, "http.fetch host \"%s\" is blocked (%s)", f->url.host, rule);
+            return;
+        }
+        {
+            /* NULL means the callback already ran (and may have freed f): touch nothing */
+            sb_resolve_t *q = sb_resolve(f->ctx->resolver, f->url.host, on_resolved, f);
+            if (q != NULL)
+                f->dns = q;
+        }
+        return;
+    }
+    {
+        sb_ip_t ip;
+        memset(&ip, 0, sizeof(ip));
+        if (f->url.host_kind == SB_URL_HOST_IPV4) {
+            ip.family = AF_INET;
+            memcpy(ip.addr, &f->url.addr.v4, 4);
+        } else {
+            ip.family = AF_INET6;
+            memcpy(ip.addr, &f->url.addr.v6, 16);
+        }
+        if (f->url.scheme == SB_URL_HTTPS && f->check_cb == NULL) {
+            fail(f, SB_E_EXECUTION, "https to an IP-literal host is not supported (no name to verify)");
+            return;
+        }
+        if (validate(f, &ip, 1))
+            connect_pins(f);
+    }
+}
+
+void sb_fetch_start(sb_fetch_ctx_t *ctx, sb_token_t *tok, const msgpack_object *args, int binary, sb_dispatch_cb cb, void *arg)
+{
+    fetch_t *f = sb_mem_calloc(1, sizeof(*f));
+    sb_result_t res;
+
+    f->ctx = ctx;
+    f->binary = binary;
+    f->cb = cb;
+    f->arg = arg;
+    sb_token_addref(tok);
+    f->tok = tok;
+    f->deadline.cb = on_deadline;
+    memset(&res, 0, sizeof(res));
+    if (parse_args(f, args, res.message, sizeof(res.message)) != SB_OK) {
+        res.status = SB_E_BAD_ARGS;
+        msgpack_sbuffer_init(&res.value);
+        cb(arg, &res);
+        msgpack_sbuffer_destroy(&res.value);
+        free_fetch(f);
+        return;
+    }
+    /* one deadline for the whole exchange: every hop, every connect, every byte */
+    h2o_timeout_link(ctx->loop, &ctx->deadline, &f->deadline);
+    start_hop(f);
+}
+
+void sb_egress_check(sb_fetch_ctx_t *ctx, const sb_manifest_t *m, const char *url, size_t len, sb_egress_check_cb cb, void *arg)
+{
+    fetch_t *f = sb_mem_calloc(1, sizeof(*f));
+    const char *why = NULL;
+
+    f->ctx = ctx;
+    f->check_cb = cb;
+    f->arg = arg;
+    f->decision = sb_mem_calloc(1, sizeof(*f->decision));
+    f->deadline.cb = on_deadline;
+    if (sb_url_parse(url, len, &f->url, &why) != SB_OK) {
+        f->decision->allowed = 0;
+        snprintf(f->decision->reason, sizeof(f->decision->reason), "url is invalid: %s", why);
+        cb(arg, f->decision);
+        free_fetch(f);
+        return;
+    }
+    f->decision->url = f->url;
+    if (m != NULL && !sb_manifest__net_allows(m, &f->url)) {
+        char hp[SB_URL_MAX_HOST + 16];
+        sb_url_hostport(&f->url, hp, sizeof(hp));
+        fail(f, SB_E_FORBIDDEN, "http.fetch host \"%s\" is not in the net allowlist", hp);
+        return;
+    }
+    start_hop(f);
+}
