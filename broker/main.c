@@ -17,6 +17,7 @@
 #include "obs/metrics.h"
 #include "store/store.h"
 #include "fetch/fetch.h"
+#include "svc/target.h"
 
 int sb_egress_check_main(int argc, char **argv);
 
@@ -67,6 +68,7 @@ int main(int argc, char **argv)
     int check_only = 0;
     sb_config_t *conf;
     sb_fetch_conf_t *fetch_conf = NULL;
+    sb_targets_t *targets = NULL;
     char errbuf[8192];
     sigset_t set;
     pthread_t sigtid;
@@ -103,6 +105,15 @@ int main(int argc, char **argv)
             return 1;
         }
     }
+    {
+        char terr[512];
+        if (sb_targets_parse(conf->targets, &targets, terr, sizeof(terr)) != SB_OK) {
+            fprintf(stderr, "sandbox-broker: invalid configuration:\n%s\n", terr);
+            sb_fetch_conf_free(fetch_conf);
+            sb_config_free(conf);
+            return 1;
+        }
+    }
     if (check_only) {
         sb_store_t *probe;
         sb_store_config_t sc = {conf->token_store, conf->redis_prefix, conf->max_tokens, conf->store_timeout_ms};
@@ -113,6 +124,7 @@ int main(int argc, char **argv)
         }
         sb_store_destroy(probe);
         sb_fetch_conf_free(fetch_conf);
+        sb_targets_free(targets);
         printf("configuration OK\n");
         sb_config_free(conf);
         return 0;
@@ -137,7 +149,7 @@ int main(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    if (sb_server_init(&server, conf, the_store, fetch_conf) != SB_OK) {
+    if (sb_server_init(&server, conf, the_store, fetch_conf, targets) != SB_OK) {
         sb_store_destroy(the_store);
         sb_config_free(conf);
         return 1;
@@ -158,6 +170,7 @@ int main(int argc, char **argv)
     sb_server_dispose(&server);
     sb_store_destroy(the_store);
     sb_fetch_conf_free(fetch_conf);
+    sb_targets_free(targets);
     sb_config_free(conf);
     return 0;
 }

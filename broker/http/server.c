@@ -20,6 +20,7 @@
 #include "http/server.h"
 #include "obs/log.h"
 #include "obs/metrics.h"
+#include "svc/handlers.h"
 #include "util/util.h"
 
 __thread sb_worker_t *sb_current_worker;
@@ -90,12 +91,14 @@ static void setup_globalconf(h2o_globalconf_t *gc, size_t max_entity, int (*on_r
     handler->on_req = on_req;
 }
 
-sb_status_t sb_server_init(sb_server_t *s, sb_config_t *conf, sb_store_t *store, sb_fetch_conf_t *fetch_conf)
+sb_status_t sb_server_init(sb_server_t *s, sb_config_t *conf, sb_store_t *store, sb_fetch_conf_t *fetch_conf,
+                           sb_targets_t *targets)
 {
     memset(s, 0, sizeof(*s));
     s->conf = conf;
     s->store = store;
     s->fetch_conf = fetch_conf;
+    s->targets = targets;
     s->listen_fd = s->admin_fd = -1;
     sb_sha256(conf->admin_secret, strlen(conf->admin_secret), s->admin_secret_hash);
     setup_globalconf(&s->pub_conf, SB_MAX_HTTP_ENTITY, on_public_req);
@@ -174,6 +177,10 @@ static void *worker_main(void *arg)
         h2o_socket_read_start(w->admin_listener, on_accept);
     }
     w->store = sb_store_conn_create(s->store, w->loop);
+    w->svc.loop = w->loop;
+    w->svc.targets = s->targets;
+    w->svc.tools = sb_tools_ctx_create(w->loop);
+    w->svc.pg = sb_pg_pool_create(w->loop, s->conf->database_url, s->targets);
     {
         const char *err = NULL;
         if ((w->svc.fetch = sb_fetch_ctx_create(s->fetch_conf, w->loop, &err)) == NULL) {
@@ -213,6 +220,8 @@ static void *worker_main(void *arg)
     h2o_multithread_unregister_receiver(w->queue, &w->shutdown_receiver);
     sb_fetch_ctx_destroy(w->svc.fetch);
     w->svc.fetch = NULL;
+    sb_tools_ctx_destroy(w->svc.tools);
+    sb_pg_pool_destroy(w->svc.pg);
     sb_store_conn_destroy(w->store);
     w->store = NULL;
     return NULL;

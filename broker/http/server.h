@@ -16,6 +16,7 @@
 #include "store/store.h"
 #include "svc/dispatch.h"
 #include "fetch/fetch.h"
+#include "svc/target.h"
 
 typedef struct st_sb_server_t sb_server_t;
 
@@ -40,6 +41,7 @@ struct st_sb_server_t {
     sb_config_t *conf;
     sb_store_t *store;
     sb_fetch_conf_t *fetch_conf;
+    sb_targets_t *targets;
     h2o_globalconf_t pub_conf, admin_conf;
     int listen_fd, admin_fd;
     uint8_t admin_secret_hash[32];
@@ -53,7 +55,8 @@ struct st_sb_server_t {
  * connects the token store and prepares the workers.
  * @return SB_OK, or SB_E_UNAVAILABLE with a log line naming the problem
  */
-SB_WARN_UNUSED sb_status_t sb_server_init(sb_server_t *s, sb_config_t *conf, sb_store_t *store, sb_fetch_conf_t *fetch_conf);
+SB_WARN_UNUSED sb_status_t sb_server_init(sb_server_t *s, sb_config_t *conf, sb_store_t *store, sb_fetch_conf_t *fetch_conf,
+                                          sb_targets_t *targets);
 /** runs the workers until sb_server_stop; returns when every worker has drained */
 void sb_server_run(sb_server_t *s);
 /** asks every worker to stop accepting and drain (async-signal-unsafe: call from a normal thread) */

@@ -1,13 +1,16 @@
 /*
- * The dispatch table. http.fetch is the broker's own handler (egress).
- * Targets wire handlers for files, collections, store, globals.get and tools;
- * until a target does, those answer not_implemented. services, jobs and workflows are never dispatched, and
- * globals.<n>.set is refused: a global is a singleton the host owns.
+ * The dispatch table. http.fetch is the broker's own handler (egress); the
+ * rest is wired per target: files (a root), collections and store
+ * (PostgreSQL), tools (an MCP upstream), globals (static values). What the
+ * target does not wire answers not_implemented. services, jobs and workflows
+ * are never dispatched, and globals.<n>.set is refused: a global is a
+ * singleton the host owns.
  */
 #include <stdio.h>
 #include <string.h>
-#include "svc/dispatch.h"
 #include "fetch/fetch.h"
+#include "svc/dispatch.h"
+#include "svc/handlers.h"
 
 static void reply(sb_dispatch_cb cb, void *arg, sb_status_t st, const char *fmt, const char *a, size_t alen)
 {
@@ -20,10 +23,33 @@ static void reply(sb_dispatch_cb cb, void *arg, sb_status_t st, const char *fmt,
     msgpack_sbuffer_destroy(&res.value);
 }
 
+static int name_is(const sb_method_t *m, const char *s)
+{
+    return m->name_len == strlen(s) && memcmp(m->name, s, m->name_len) == 0;
+}
+
+static void get_global(const sb_target_t *t, const sb_method_t *m, const char *raw, size_t raw_len, sb_dispatch_cb cb, void *arg)
+{
+    for (size_t i = 0; i < t->nglobals; ++i) {
+        if (name_is(m, t->globals[i].name)) {
+            sb_result_t res;
+            memset(&res, 0, sizeof(res));
+            res.status = SB_OK;
+            msgpack_sbuffer_init(&res.value);
+            msgpack_sbuffer_write(&res.value, t->globals[i].value.data, t->globals[i].value.size);
+            cb(arg, &res);
+            msgpack_sbuffer_destroy(&res.value);
+            return;
+        }
+    }
+    reply(cb, arg, SB_E_NOT_IMPLEMENTED, "%.*s has no host handler", raw, raw_len);
+}
+
 void sb_dispatch(const sb_svc_env_t *env, sb_token_t *tok, const sb_method_t *m, const char *raw_method, size_t raw_len,
                  const msgpack_object *args, int binary, sb_dispatch_cb cb, void *arg)
 {
     const char *kind = sb_method_kind_name(m->kind);
+    const sb_target_t *t = sb_targets_find(env->targets, tok->target);
 
     switch (m->kind) {
     case SB_MK_SERVICES:
@@ -37,11 +63,35 @@ void sb_dispatch(const sb_svc_env_t *env, sb_token_t *tok, const sb_method_t *m,
                   raw_method, raw_len);
             return;
         }
+        if (t != NULL) {
+            get_global(t, m, raw_method, raw_len, cb, arg);
+            return;
+        }
         break;
     case SB_MK_HTTP:
         /* egress is the broker's own handler, for every run whose manifest grants net */
         if (env->fetch != NULL) {
             sb_fetch_start(env->fetch, tok, args, binary, cb, arg);
+            return;
+        }
+        break;
+    case SB_MK_FILES:
+        if (t != NULL && t->files != NULL) {
+            sb_files_handle(env, t->files, tok, m, args, binary, cb, arg);
+            return;
+        }
+        break;
+    case SB_MK_TOOLS:
+        if (t != NULL && t->tools != NULL && env->tools != NULL) {
+            sb_tools_handle(env, t, tok, m, args, binary, cb, arg);
+            return;
+        }
+        break;
+    case SB_MK_COLLECTIONS:
+    case SB_MK_STORE:
+        if (t != NULL && env->pg != NULL) {
+            /* the PostgreSQL module answers not_implemented for collections the target does not declare */
+            sb_pg_handle(env, t, tok, m, args, binary, cb, arg);
             return;
         }
         break;

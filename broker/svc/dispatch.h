@@ -8,6 +8,7 @@
 #ifndef SB_DISPATCH_H
 #define SB_DISPATCH_H
 
+#include <h2o.h>
 #include <msgpack.h>
 #include "sb/method.h"
 #include "sb/status.h"
@@ -23,10 +24,17 @@ typedef struct st_sb_result_t {
 typedef void (*sb_dispatch_cb)(void *arg, sb_result_t *res);
 
 struct st_sb_fetch_ctx_t;
+struct st_sb_targets_t;
+struct st_sb_tools_ctx_t;
+struct st_sb_pg_pool_t;
 
 /** what a worker offers the handlers */
 typedef struct st_sb_svc_env_t {
-    struct st_sb_fetch_ctx_t *fetch; /* NULL when egress is not configured */
+    h2o_loop_t *loop;
+    const struct st_sb_targets_t *targets;
+    struct st_sb_fetch_ctx_t *fetch; /* NULL when egress could not be set up */
+    struct st_sb_tools_ctx_t *tools;
+    struct st_sb_pg_pool_t *pg;      /* NULL without database_url */
 } sb_svc_env_t;
 
 /**

@@ -1,0 +1,37 @@
+/*
+ * broker/svc: the handlers a target wires. Each runs a call that passed the
+ * capability check, on the worker's loop, and answers through `cb` exactly
+ * once (possibly before returning). A handler that outlives the call takes its
+ * own token reference (sb_token_addref).
+ */
+#ifndef SB_HANDLERS_H
+#define SB_HANDLERS_H
+
+#include <h2o.h>
+#include "sb/method.h"
+#include "svc/dispatch.h"
+#include "svc/target.h"
+
+/* ---- files (svc/files.c): files.read / write / list beneath the target's root ---- */
+void sb_files_handle(const sb_svc_env_t *env, const sb_files_conf_t *fc, sb_token_t *tok, const sb_method_t *m,
+                     const msgpack_object *args, int binary, sb_dispatch_cb cb, void *arg);
+
+/* ---- tools (svc/tools.c): tools.list / tools.call on the target's MCP upstream ---- */
+typedef struct st_sb_tools_ctx_t sb_tools_ctx_t;
+/** per-worker MCP client state (sessions, in-flight counts) */
+sb_tools_ctx_t *sb_tools_ctx_create(h2o_loop_t *loop);
+void sb_tools_ctx_destroy(sb_tools_ctx_t *ctx);
+void sb_tools_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok, const sb_method_t *m,
+                     const msgpack_object *args, int binary, sb_dispatch_cb cb, void *arg);
+
+/* ---- PostgreSQL (svc/pg.c): collections.<n>.*, store.<ns>.*, collections.document_store.* ---- */
+typedef struct st_sb_pg_pool_t sb_pg_pool_t;
+/** per-worker connection pool; NULL database_url means no pool (data calls answer not_implemented) */
+sb_pg_pool_t *sb_pg_pool_create(h2o_loop_t *loop, const char *database_url, const sb_targets_t *targets);
+void sb_pg_pool_destroy(sb_pg_pool_t *pool);
+/** 1 when a connection is up (readiness) */
+int sb_pg_pool_healthy(sb_pg_pool_t *pool);
+void sb_pg_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok, const sb_method_t *m,
+                  const msgpack_object *args, int binary, sb_dispatch_cb cb, void *arg);
+
+#endif
