@@ -1,30 +1,817 @@
-/* placeholder until the PostgreSQL module lands */
+/*
+ * PostgreSQL for collections and the document store: a small pool of
+ * non-blocking libpq connections per worker, on the worker's h2o loop.
+ *
+ * deps.md: libpq may close and reopen its socket during PQconnectPoll (with
+ * the same fd number), so while connecting the h2o wrapper is re-created
+ * after every poll. The schema is introspected on the first connection of
+ * each pool; until then, and whenever no connection is up, data calls answer
+ * unavailable (fail closed); other methods are unaffected. A statement that
+ * outlives the statement_timeout (set per session) fails on the server; one
+ * that outlives the client watchdog resets its connection.
+ */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <libpq-fe.h>
+#include "obs/log.h"
+#include "sb/limits.h"
+#include "sb/value.h"
 #include "svc/handlers.h"
+#include "svc/pg_query.h"
+#include "util/util.h"
 
-sb_pg_pool_t *sb_pg_pool_create(h2o_loop_t *loop, const char *database_url, const sb_targets_t *targets)
+#define POOL_SIZE 2
+#define MAX_QUEUE 256
+#define STATEMENT_TIMEOUT_MS 5000
+#define WATCHDOG_MS 8000
+
+typedef enum { C_DOWN = 0, C_CONNECTING, C_IDLE, C_BUSY } conn_state_t;
+
+typedef struct st_job_t job_t;
+typedef void (*job_cb)(job_t *job, PGresult *res, const char *err);
+
+struct st_job_t {
+    h2o_linklist_t link;
+    sb_sql_t q;
+    job_cb cb;
+    /* the call */
+    sb_token_t *tok;
+    const sb_pg_coll_t *coll;
+    sb_method_op_t op;
+    int binary;
+    sb_dispatch_cb dcb;
+    void *arg;
+};
+
+typedef struct st_pconn_t {
+    struct st_sb_pg_pool_t *pool;
+    PGconn *pg;
+    h2o_socket_t *sock;
+    conn_state_t state;
+    int want_write;
+    job_t *job;
+    PGresult *result; /* the first result of the running statement */
+    int64_t started, next_attempt;
+    unsigned failures;
+} pconn_t;
+
+typedef struct st_target_schema_t {
+    const sb_target_t *target;
+    sb_pg_coll_t *colls;
+    size_t ncolls;
+    sb_pg_coll_t *docstore;
+} target_schema_t;
+
+struct st_sb_pg_pool_t {
+    h2o_loop_t *loop;
+    char *url;
+    const sb_targets_t *targets;
+    pconn_t conns[POOL_SIZE];
+    h2o_linklist_t queue;
+    size_t queued;
+    h2o_timeout_t tick_timeout;
+    h2o_timeout_entry_t tick;
+    int introspected, introspecting;
+    target_schema_t *schemas;
+    size_t nschemas;
+};
+
+static void conn_start(pconn_t *c);
+static void pump(sb_pg_pool_t *p);
+
+/* ---- results back to the route -------------------------------------------------------------------------------------- */
+
+static void answer(job_t *job, sb_status_t st, const char *msg, msgpack_sbuffer *value)
 {
+    sb_result_t res;
+    memset(&res, 0, sizeof(res));
+    res.status = st;
+    if (msg != NULL)
+        snprintf(res.message, sizeof(res.message), "%s", msg);
+    if (value != NULL)
+        res.value = *value;
+    else
+        msgpack_sbuffer_init(&res.value);
+    job->dcb(job->arg, &res);
+    msgpack_sbuffer_destroy(&res.value);
+}
+
+static void free_job(job_t *job)
+{
+    sb_sql_dispose(&job->q);
+    if (job->tok != NULL)
+        sb_token_release(job->tok);
+    free(job);
+}
+
+/* maps a failed statement to the guest's view: constraint violations are the guest's, the rest the host's */
+static void answer_pg_error(job_t *job, PGresult *res)
+{
+    const char *state = res != NULL ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+    char msg[400];
+    snprintf(msg, sizeof(msg), "PostgreSQL: %s", res != NULL ? PQresultErrorMessage(res) : "no result");
+    for (char *p = msg; *p != '\0'; ++p)
+        if (*p == '\n')
+            *p = ' ';
+    if (state != NULL && (strncmp(state, "23", 2) == 0 || strncmp(state, "22", 2) == 0)) {
+        /* class 23 integrity constraint, class 22 data exception: the guest sent a bad value */
+        char guest[160];
+        snprintf(guest, sizeof(guest), "%s violates a constraint or has an invalid value (SQLSTATE %s)",
+                 strncmp(state, "23", 2) == 0 ? "the write" : "a value", state);
+        answer(job, SB_E_BAD_ARGS, guest, NULL);
+        return;
+    }
+    answer(job, SB_E_EXECUTION, msg, NULL);
+}
+
+static void on_data_result(job_t *job, PGresult *res, const char *err)
+{
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    sb_status_t st = SB_OK;
+
+    if (err != NULL) {
+        answer(job, SB_E_UNAVAILABLE, err, NULL);
+        return;
+    }
+    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+        answer_pg_error(job, res);
+        return;
+    }
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    switch (job->op) {
+    case SB_OP_FIND: {
+        int more = (size_t)PQntuples(res) > job->q.limit;
+        msgpack_pack_map(&pk, 4);
+        msgpack_pack_str_with_body(&pk, "docs", 4);
+        st = sb_pg_pack_rows(res, (int)job->q.limit, &pk, SB_MAX_NATIVE_RESULT, &sb);
+        msgpack_pack_str_with_body(&pk, "limit", 5);
+        msgpack_pack_uint64(&pk, job->q.limit);
+        msgpack_pack_str_with_body(&pk, "offset", 6);
+        msgpack_pack_uint64(&pk, job->q.offset);
+        msgpack_pack_str_with_body(&pk, "hasMore", 7);
+        if (more)
+            msgpack_pack_true(&pk);
+        else
+            msgpack_pack_false(&pk);
+        break;
+    }
+    case SB_OP_FIND_ONE:
+    case SB_OP_CREATE:
+        if (PQntuples(res) == 0)
+            msgpack_pack_nil(&pk);
+        else
+            st = sb_pg_pack_row(res, 0, &pk);
+        break;
+    default: /* update, delete: the rows touched */
+        msgpack_pack_map(&pk, 1);
+        msgpack_pack_str_with_body(&pk, "docs", 4);
+        st = sb_pg_pack_rows(res, PQntuples(res), &pk, SB_MAX_NATIVE_RESULT, &sb);
+        break;
+    }
+    if (st != SB_OK || sb.size > SB_MAX_NATIVE_RESULT) {
+        msgpack_sbuffer_destroy(&sb);
+        answer(job, SB_E_EXECUTION, "result exceeds the 786432-byte cap", NULL);
+        return;
+    }
+    answer(job, SB_OK, NULL, &sb);
+}
+
+/* ---- introspection ----------------------------------------------------------------------------------------------- */
+
+static const char introspect_sql[] =
+    "SELECT t.name, a.attname, a.atttypid::int, format_type(a.atttypid, a.atttypmod) "
+    "FROM unnest($1::text[]) AS t(name) "
+    "LEFT JOIN pg_attribute a ON a.attrelid = to_regclass(t.name) AND a.attnum > 0 AND NOT a.attisdropped "
+    "ORDER BY t.name, a.attnum";
+
+static int col_allowed(const sb_collection_conf_t *cc, const char *name)
+{
+    if (cc == NULL || cc->columns == NULL)
+        return 1;
+    for (size_t i = 0; i < cc->ncolumns; ++i)
+        if (strcmp(cc->columns[i], name) == 0)
+            return 1;
+    /* the key and scope columns are always readable */
+    if (strcmp(cc->key, name) == 0)
+        return 1;
+    for (size_t i = 0; i < cc->nscope; ++i)
+        if (strcmp(cc->scope[i].column, name) == 0)
+            return 1;
+    return 0;
+}
+
+static int fill_coll(sb_pg_coll_t *pc, const char *table, const sb_collection_conf_t *cc, PGresult *res, char *err, size_t errsz,
+                     const char *path)
+{
+    int rows = PQntuples(res), found = 0;
+    pc->cols = sb_mem_calloc((size_t)rows + 1, sizeof(*pc->cols));
+    for (int r = 0; r < rows; ++r) {
+        if (strcmp(PQgetvalue(res, r, 0), table) != 0)
+            continue;
+        found = 1;
+        if (PQgetisnull(res, r, 1)) {
+            snprintf(err, errsz, "%s.table: no table \"%s\" in the database", path, table);
+            return -1;
+        }
+        if (!col_allowed(cc, PQgetvalue(res, r, 1)))
+            continue;
+        pc->cols[pc->ncols].name = sb_mem_strdup(PQgetvalue(res, r, 1));
+        pc->cols[pc->ncols].oid = (unsigned)strtoul(PQgetvalue(res, r, 2), NULL, 10);
+        pc->cols[pc->ncols].type = sb_mem_strdup(PQgetvalue(res, r, 3));
+        ++pc->ncols;
+    }
+    if (!found) {
+        snprintf(err, errsz, "%s.table: no table \"%s\" in the database", path, table);
+        return -1;
+    }
+    return 0;
+}
+
+static const sb_pg_col_t *find_col_name(const sb_pg_coll_t *pc, const char *n)
+{
+    for (size_t i = 0; i < pc->ncols; ++i)
+        if (strcmp(pc->cols[i].name, n) == 0)
+            return &pc->cols[i];
     return NULL;
 }
 
-void sb_pg_pool_destroy(sb_pg_pool_t *pool)
+/* builds every target's schema from the introspection result; err names the first mismatch */
+static int build_schemas(sb_pg_pool_t *p, PGresult *res, char *err, size_t errsz)
 {
+    p->schemas = sb_mem_calloc(p->targets->n + 1, sizeof(*p->schemas));
+    for (size_t i = 0; i < p->targets->n; ++i) {
+        const sb_target_t *t = &p->targets->v[i];
+        target_schema_t *ts = &p->schemas[p->nschemas++];
+        char path[300];
+        ts->target = t;
+        ts->colls = sb_mem_calloc(t->ncollections + 1, sizeof(*ts->colls));
+        for (size_t c = 0; c < t->ncollections; ++c) {
+            const sb_collection_conf_t *cc = &t->collections[c];
+            sb_pg_coll_t *pc = &ts->colls[ts->ncolls++];
+            snprintf(path, sizeof(path), "targets.%s.collections.%s", t->name, cc->name);
+            pc->name = sb_mem_strdup(cc->name);
+            pc->table = sb_mem_strdup(cc->table);
+            pc->key = sb_mem_strdup(cc->key);
+            pc->max_limit = cc->max_limit;
+            pc->scope = cc->scope;
+            pc->nscope = cc->nscope;
+            if (fill_coll(pc, cc->table, cc, res, err, errsz, path) != 0)
+                return -1;
+            if (find_col_name(pc, cc->key) == NULL) {
+                snprintf(err, errsz, "%s.key: no column \"%s\" in %s", path, cc->key, cc->table);
+                return -1;
+            }
+            for (size_t k = 0; k < cc->ncolumns; ++k)
+                if (find_col_name(pc, cc->columns[k]) == NULL) {
+                    snprintf(err, errsz, "%s.columns: no column \"%s\" in %s", path, cc->columns[k], cc->table);
+                    return -1;
+                }
+            for (size_t k = 0; k < cc->nscope; ++k)
+                if (find_col_name(pc, cc->scope[k].column) == NULL) {
+                    snprintf(err, errsz, "%s.scope: no column \"%s\" in %s", path, cc->scope[k].column, cc->table);
+                    return -1;
+                }
+        }
+        if (t->document_store != NULL) {
+            sb_pg_coll_t *pc = ts->docstore = sb_mem_calloc(1, sizeof(*pc));
+            snprintf(path, sizeof(path), "targets.%s.document_store", t->name);
+            pc->name = sb_mem_strdup("document_store");
+            pc->table = sb_mem_strdup(t->document_store->table);
+            pc->key = sb_mem_strdup("id");
+            pc->max_limit = 100;
+            pc->scope = t->document_store->scope;
+            pc->nscope = t->document_store->nscope;
+            pc->is_docstore = 1;
+            if (fill_coll(pc, pc->table, NULL, res, err, errsz, path) != 0)
+                return -1;
+            if (find_col_name(pc, "id") == NULL || find_col_name(pc, "store") == NULL) {
+                snprintf(err, errsz, "%s.table: %s needs the columns id and store (deploy/sql/document_store.sql)", path, pc->table);
+                return -1;
+            }
+            for (size_t k = 0; k < pc->nscope; ++k)
+                if (find_col_name(pc, pc->scope[k].column) == NULL) {
+                    snprintf(err, errsz, "%s.scope: no column \"%s\" in %s", path, pc->scope[k].column, pc->table);
+                    return -1;
+                }
+        }
+    }
+    return 0;
 }
 
-int sb_pg_pool_healthy(sb_pg_pool_t *pool)
+static void free_schemas(sb_pg_pool_t *p)
 {
-    return pool != NULL;
+    for (size_t i = 0; i < p->nschemas; ++i) {
+        target_schema_t *ts = &p->schemas[i];
+        for (size_t c = 0; c <= ts->ncolls; ++c) {
+            sb_pg_coll_t *pc = c < ts->ncolls ? &ts->colls[c] : ts->docstore;
+            if (pc == NULL)
+                continue;
+            for (size_t k = 0; k < pc->ncols; ++k) {
+                free(pc->cols[k].name);
+                free(pc->cols[k].type);
+            }
+            free(pc->cols);
+            free(pc->name);
+            free(pc->table);
+            free(pc->key);
+        }
+        free(ts->colls);
+        free(ts->docstore);
+    }
+    free(p->schemas);
+    p->schemas = NULL;
+    p->nschemas = 0;
+}
+
+/* the text[] literal of every table the targets name (identifiers were validated as [a-z0-9_.]) */
+static char *table_list(const sb_targets_t *targets)
+{
+    size_t cap = 16, len = 0;
+    char *s;
+    for (size_t i = 0; i < targets->n; ++i) {
+        for (size_t c = 0; c < targets->v[i].ncollections; ++c)
+            cap += strlen(targets->v[i].collections[c].table) + 1;
+        if (targets->v[i].document_store != NULL)
+            cap += strlen(targets->v[i].document_store->table) + 1;
+    }
+    s = sb_mem_alloc(cap);
+    s[len++] = '{';
+    for (size_t i = 0; i < targets->n; ++i) {
+        for (size_t c = 0; c < targets->v[i].ncollections; ++c)
+            len += (size_t)snprintf(s + len, cap - len, "%s%s", len > 1 ? "," : "", targets->v[i].collections[c].table);
+        if (targets->v[i].document_store != NULL)
+            len += (size_t)snprintf(s + len, cap - len, "%s%s", len > 1 ? "," : "", targets->v[i].document_store->table);
+    }
+    s[len++] = '}';
+    s[len] = '\0';
+    return s;
+}
+
+static void on_introspected(job_t *job, PGresult *res, const char *err)
+{
+    sb_pg_pool_t *p = (sb_pg_pool_t *)job->arg;
+    char msg[512];
+
+    p->introspecting = 0;
+    if (err != NULL || PQresultStatus(res) != PGRES_TUPLES_OK) {
+        sb_logline_t l;
+        sb_log_begin(&l, SB_LOG_WARN, "pg.introspection_failed");
+        sb_log_cstr(&l, "reason", err != NULL ? err : PQresultErrorMessage(res));
+        sb_log_end(&l);
+        return; /* retried on the next connection */
+    }
+    if (build_schemas(p, res, msg, sizeof(msg)) != 0) {
+        sb_logline_t l;
+        free_schemas(p);
+        sb_log_begin(&l, SB_LOG_ERROR, "pg.schema_mismatch");
+        sb_log_cstr(&l, "reason", msg);
+        sb_log_end(&l);
+        return;
+    }
+    p->introspected = 1;
+    sb_log_msg(SB_LOG_INFO, "pg.ready", "collections introspected");
+}
+
+/* ---- connections ------------------------------------------------------------------------------------------------- */
+
+static void conn_close(pconn_t *c)
+{
+    if (c->sock != NULL) {
+        h2o_socket_close(c->sock);
+        c->sock = NULL;
+    }
+    if (c->pg != NULL) {
+        PQfinish(c->pg);
+        c->pg = NULL;
+    }
+    if (c->result != NULL) {
+        PQclear(c->result);
+        c->result = NULL;
+    }
+}
+
+static void conn_fail(pconn_t *c, const char *why)
+{
+    job_t *job = c->job;
+    int was_up = c->state == C_IDLE || c->state == C_BUSY;
+    int64_t now = sb_now_ms();
+
+    c->job = NULL;
+    conn_close(c);
+    c->state = C_DOWN;
+    c->next_attempt = now + (int64_t)(100u << (c->failures < 5 ? c->failures : 5));
+    ++c->failures;
+    if (was_up || c->failures == 1) {
+        sb_logline_t l;
+        sb_log_begin(&l, SB_LOG_WARN, "pg.down");
+        sb_log_cstr(&l, "reason", why);
+        sb_log_end(&l);
+    }
+    if (job != NULL) {
+        job->cb(job, NULL, "the database connection failed");
+        free_job(job);
+    }
+}
+
+static void on_io(h2o_socket_t *sock, const char *err);
+
+static void watch(pconn_t *c, int want_write)
+{
+    int fd;
+    if (c->sock == NULL) {
+        if ((fd = dup(PQsocket(c->pg))) < 0) {
+            conn_fail(c, "dup failed");
+            return;
+        }
+        c->sock = h2o_evloop_socket_create(c->pool->loop, fd, H2O_SOCKET_FLAG_DONT_READ);
+        c->sock->data = c;
+        h2o_socket_read_start(c->sock, on_io);
+    }
+    if (want_write && !c->want_write) {
+        c->want_write = 1;
+        h2o_socket_notify_write(c->sock, on_io);
+    }
+}
+
+static void connect_poll(pconn_t *c)
+{
+    PostgresPollingStatusType ps = PQconnectPoll(c->pg);
+    /* libpq may have replaced its socket, even under the same number: wrap it anew */
+    if (c->sock != NULL) {
+        h2o_socket_close(c->sock);
+        c->sock = NULL;
+        c->want_write = 0;
+    }
+    switch (ps) {
+    case PGRES_POLLING_OK:
+        if (PQsetnonblocking(c->pg, 1) != 0) {
+            conn_fail(c, "PQsetnonblocking failed");
+            return;
+        }
+        c->state = C_IDLE;
+        c->failures = 0;
+        watch(c, 0);
+        sb_log_msg(SB_LOG_INFO, "pg.up", "database connection ready");
+        pump(c->pool);
+        return;
+    case PGRES_POLLING_READING:
+        watch(c, 0);
+        return;
+    case PGRES_POLLING_WRITING:
+        watch(c, 1);
+        return;
+    default:
+        conn_fail(c, PQerrorMessage(c->pg));
+        return;
+    }
+}
+
+static void finish_job(pconn_t *c)
+{
+    job_t *job = c->job;
+    PGresult *res = c->result;
+    c->job = NULL;
+    c->result = NULL;
+    c->state = C_IDLE;
+    job->cb(job, res, res == NULL ? "no result" : NULL);
+    if (res != NULL)
+        PQclear(res);
+    free_job(job);
+}
+
+static void read_results(pconn_t *c)
+{
+    if (PQconsumeInput(c->pg) == 0) {
+        conn_fail(c, PQerrorMessage(c->pg));
+        return;
+    }
+    while (c->state == C_BUSY && !PQisBusy(c->pg)) {
+        PGresult *r = PQgetResult(c->pg);
+        if (r == NULL) {
+            finish_job(c);
+            pump(c->pool);
+            return;
+        }
+        if (c->result == NULL)
+            c->result = r;
+        else
+            PQclear(r);
+    }
+}
+
+static void on_io(h2o_socket_t *sock, const char *err)
+{
+    pconn_t *c = sock->data;
+
+    if (c->state == C_CONNECTING) {
+        connect_poll(c);
+        return;
+    }
+    if (c->want_write) {
+        c->want_write = 0;
+        if (c->state == C_BUSY) {
+            int r = PQflush(c->pg);
+            if (r < 0) {
+                conn_fail(c, PQerrorMessage(c->pg));
+                return;
+            }
+            if (r == 1)
+                watch(c, 1);
+        }
+    }
+    if (c->state == C_BUSY) {
+        read_results(c);
+    } else if (c->state == C_IDLE) {
+        /* an idle connection that becomes readable is closing (or sent a notice) */
+        if (PQconsumeInput(c->pg) == 0 || PQstatus(c->pg) != CONNECTION_OK)
+            conn_fail(c, "connection closed by the server");
+    }
+}
+
+static void conn_start(pconn_t *c)
+{
+    static const char *const keys[] = {"dbname", "options", "connect_timeout", "application_name", NULL};
+    char options[128];
+    const char *values[5];
+
+    snprintf(options, sizeof(options), "-c DateStyle=ISO -c TimeZone=UTC -c statement_timeout=%d", STATEMENT_TIMEOUT_MS);
+    values[0] = c->pool->url;
+    values[1] = options;
+    values[2] = "5";
+    values[3] = "sandbox-broker";
+    values[4] = NULL;
+    /* expand_dbname: database_url may be a URI or a conninfo string */
+    c->pg = PQconnectStartParams(keys, values, 1);
+    if (c->pg == NULL || PQstatus(c->pg) == CONNECTION_BAD) {
+        conn_fail(c, c->pg != NULL ? PQerrorMessage(c->pg) : "out of memory");
+        return;
+    }
+    c->state = C_CONNECTING;
+    c->started = sb_now_ms();
+    watch(c, 1);
+}
+
+static void run(pconn_t *c, job_t *job)
+{
+    int r;
+    c->job = job;
+    c->state = C_BUSY;
+    c->started = sb_now_ms();
+    if (!PQsendQueryParams(c->pg, job->q.sql, job->q.nparams, NULL, (const char *const *)job->q.params, NULL, NULL, 0)) {
+        conn_fail(c, PQerrorMessage(c->pg));
+        return;
+    }
+    if ((r = PQflush(c->pg)) < 0) {
+        conn_fail(c, PQerrorMessage(c->pg));
+        return;
+    }
+    if (r == 1)
+        watch(c, 1);
+}
+
+static void pump(sb_pg_pool_t *p)
+{
+    for (size_t i = 0; i < POOL_SIZE && !h2o_linklist_is_empty(&p->queue); ++i) {
+        pconn_t *c = &p->conns[i];
+        if (c->state != C_IDLE)
+            continue;
+        if (!p->introspected && !p->introspecting) {
+            /* the first statement on a new pool learns the schema */
+            job_t *job = sb_mem_calloc(1, sizeof(*job));
+            sb_sql_init(&job->q);
+            job->q.sql = sb_mem_strdup(introspect_sql);
+            job->q.params[0] = table_list(p->targets);
+            job->q.nparams = 1;
+            job->cb = on_introspected;
+            job->arg = p;
+            p->introspecting = 1;
+            run(c, job);
+            continue;
+        }
+        if (!p->introspected)
+            break;
+        {
+            job_t *job = H2O_STRUCT_FROM_MEMBER(job_t, link, p->queue.next);
+            h2o_linklist_unlink(&job->link);
+            --p->queued;
+            run(c, job);
+        }
+    }
+}
+
+static void on_tick(h2o_timeout_entry_t *entry)
+{
+    sb_pg_pool_t *p = H2O_STRUCT_FROM_MEMBER(sb_pg_pool_t, tick, entry);
+    int64_t now = sb_now_ms();
+
+    h2o_timeout_link(p->loop, &p->tick_timeout, &p->tick);
+    for (size_t i = 0; i < POOL_SIZE; ++i) {
+        pconn_t *c = &p->conns[i];
+        if (c->state == C_DOWN && now >= c->next_attempt)
+            conn_start(c);
+        else if (c->state == C_CONNECTING && now - c->started > 5000)
+            conn_fail(c, "connect timed out");
+        else if (c->state == C_BUSY && now - c->started > WATCHDOG_MS)
+            conn_fail(c, "statement outlived the watchdog");
+    }
+    /* when the introspection connection is ready, make sure the schema gets learned */
+    if (!p->introspected && !p->introspecting) {
+        for (size_t i = 0; i < POOL_SIZE; ++i) {
+            if (p->conns[i].state == C_IDLE) {
+                job_t *job = sb_mem_calloc(1, sizeof(*job));
+                sb_sql_init(&job->q);
+                job->q.sql = sb_mem_strdup(introspect_sql);
+                job->q.params[0] = table_list(p->targets);
+                job->q.nparams = 1;
+                job->cb = on_introspected;
+                job->arg = p;
+                p->introspecting = 1;
+                run(&p->conns[i], job);
+                break;
+            }
+        }
+    }
+    /* a queue nobody can serve fails closed rather than waiting forever */
+    if (!h2o_linklist_is_empty(&p->queue) && !sb_pg_pool_healthy(p)) {
+        while (!h2o_linklist_is_empty(&p->queue)) {
+            job_t *job = H2O_STRUCT_FROM_MEMBER(job_t, link, p->queue.next);
+            h2o_linklist_unlink(&job->link);
+            --p->queued;
+            job->cb(job, NULL, "the database is unavailable");
+            free_job(job);
+        }
+    }
+}
+
+sb_pg_pool_t *sb_pg_pool_create(h2o_loop_t *loop, const char *database_url, const sb_targets_t *targets)
+{
+    sb_pg_pool_t *p;
+    int any = 0;
+
+    for (size_t i = 0; targets != NULL && i < targets->n; ++i)
+        any |= targets->v[i].ncollections != 0 || targets->v[i].document_store != NULL;
+    if (database_url == NULL || !any)
+        return NULL;
+    p = sb_mem_calloc(1, sizeof(*p));
+    p->loop = loop;
+    p->url = sb_mem_strdup(database_url);
+    p->targets = targets;
+    h2o_linklist_init_anchor(&p->queue);
+    for (size_t i = 0; i < POOL_SIZE; ++i) {
+        p->conns[i].pool = p;
+        conn_start(&p->conns[i]);
+    }
+    h2o_timeout_init(loop, &p->tick_timeout, 100);
+    p->tick.cb = on_tick;
+    h2o_timeout_link(loop, &p->tick_timeout, &p->tick);
+    return p;
+}
+
+void sb_pg_pool_destroy(sb_pg_pool_t *p)
+{
+    if (p == NULL)
+        return;
+    for (size_t i = 0; i < POOL_SIZE; ++i)
+        conn_fail(&p->conns[i], "shutting down");
+    while (!h2o_linklist_is_empty(&p->queue)) {
+        job_t *job = H2O_STRUCT_FROM_MEMBER(job_t, link, p->queue.next);
+        h2o_linklist_unlink(&job->link);
+        job->cb(job, NULL, "shutting down");
+        free_job(job);
+    }
+    if (h2o_timeout_is_linked(&p->tick))
+        h2o_timeout_unlink(&p->tick);
+    h2o_timeout_dispose(p->loop, &p->tick_timeout);
+    free_schemas(p);
+    free(p->url);
+    free(p);
+}
+
+int sb_pg_pool_healthy(sb_pg_pool_t *p)
+{
+    if (p == NULL || !p->introspected)
+        return 0;
+    for (size_t i = 0; i < POOL_SIZE; ++i)
+        if (p->conns[i].state == C_IDLE || p->conns[i].state == C_BUSY)
+            return 1;
+    return 0;
+}
+
+/* ---- the handler ------------------------------------------------------------------------------------------------- */
+
+static const target_schema_t *schema_of(const sb_pg_pool_t *p, const sb_target_t *t)
+{
+    for (size_t i = 0; i < p->nschemas; ++i)
+        if (p->schemas[i].target == t)
+            return &p->schemas[i];
+    return NULL;
+}
+
+static void reply_now(sb_dispatch_cb cb, void *arg, sb_status_t st, const char *msg)
+{
+    sb_result_t res;
+    memset(&res, 0, sizeof(res));
+    res.status = st;
+    snprintf(res.message, sizeof(res.message), "%s", msg);
+    msgpack_sbuffer_init(&res.value);
+    cb(arg, &res);
+    msgpack_sbuffer_destroy(&res.value);
+}
+
+/* the namespace a document-store call names: store.<ns>.op, or args.where.store / args.data.store */
+static int store_namespace(const sb_method_t *m, const msgpack_object *args, char *out, size_t outsz)
+{
+    const msgpack_object *v = NULL;
+    if (m->kind == SB_MK_STORE) {
+        if (m->name_len >= outsz)
+            return -1;
+        memcpy(out, m->name, m->name_len);
+        out[m->name_len] = '\0';
+        return 0;
+    }
+    if (m->op == SB_OP_CREATE)
+        v = sb_mp_get(sb_mp_get(args, "data"), "store");
+    else if ((v = sb_mp_get(sb_mp_get(args, "where"), "store")) != NULL && v->type == MSGPACK_OBJECT_MAP)
+        v = sb_mp_get(v, "equals");
+    if (v == NULL || v->type != MSGPACK_OBJECT_STR || v->via.str.size == 0 || v->via.str.size >= outsz)
+        return -1;
+    memcpy(out, v->via.str.ptr, v->via.str.size);
+    out[v->via.str.size] = '\0';
+    return 0;
 }
 
 void sb_pg_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok, const sb_method_t *m,
                   const msgpack_object *args, int binary, sb_dispatch_cb cb, void *arg)
 {
-    sb_result_t res;
-    memset(&res, 0, sizeof(res));
-    res.status = SB_E_NOT_IMPLEMENTED;
-    memcpy(res.message, "collections has no host handler", sizeof("collections has no host handler"));
-    msgpack_sbuffer_init(&res.value);
-    cb(arg, &res);
-    msgpack_sbuffer_destroy(&res.value);
+    sb_pg_pool_t *p = env->pg;
+    const target_schema_t *ts;
+    const sb_pg_coll_t *coll = NULL;
+    char ns[SB_MAX_METHOD_LEN + 1], err[400];
+    const char *store_ns = NULL;
+    job_t *job;
+    sb_status_t st;
+    int docstore = m->kind == SB_MK_STORE || (m->name_len == 14 && memcmp(m->name, "document_store", 14) == 0);
+
+    if (docstore && t->document_store == NULL) {
+        reply_now(cb, arg, SB_E_NOT_IMPLEMENTED, "the document store has no host handler");
+        return;
+    }
+    if (!docstore) {
+        size_t i = 0;
+        while (i < t->ncollections && !(strlen(t->collections[i].name) == m->name_len &&
+                                         memcmp(t->collections[i].name, m->name, m->name_len) == 0))
+            ++i;
+        if (i == t->ncollections) {
+            snprintf(err, sizeof(err), "collections.%.*s.%s has no host handler", (int)m->name_len, m->name,
+                     sb_method_op_name(m->op));
+            reply_now(cb, arg, SB_E_NOT_IMPLEMENTED, err);
+            return;
+        }
+    }
+    if (!sb_pg_pool_healthy(p) || (ts = schema_of(p, t)) == NULL) {
+        reply_now(cb, arg, SB_E_UNAVAILABLE, "the database is unavailable");
+        return;
+    }
+    if (docstore) {
+        if (store_namespace(m, args, ns, sizeof(ns)) != 0) {
+            reply_now(cb, arg, SB_E_FORBIDDEN, "document_store namespace is missing or invalid");
+            return;
+        }
+        store_ns = ns;
+        coll = ts->docstore;
+    } else {
+        for (size_t i = 0; i < ts->ncolls; ++i)
+            if (strlen(ts->colls[i].name) == m->name_len && memcmp(ts->colls[i].name, m->name, m->name_len) == 0)
+                coll = &ts->colls[i];
+    }
+    if (coll == NULL) {
+        reply_now(cb, arg, SB_E_EXECUTION, "collection schema missing");
+        return;
+    }
+    if (p->queued >= MAX_QUEUE) {
+        reply_now(cb, arg, SB_E_RATE_LIMITED, "the database queue is full");
+        return;
+    }
+    job = sb_mem_calloc(1, sizeof(*job));
+    sb_sql_init(&job->q);
+    if ((st = sb_pg_build(coll, m->op, args, tok, store_ns, binary, &job->q, err, sizeof(err))) != SB_OK) {
+        free_job(job);
+        reply_now(cb, arg, st, err);
+        return;
+    }
+    sb_token_addref(tok);
+    job->tok = tok;
+    job->coll = coll;
+    job->op = m->op;
+    job->binary = binary;
+    job->dcb = cb;
+    job->arg = arg;
+    job->cb = on_data_result;
+    h2o_linklist_insert(&p->queue, &job->link);
+    ++p->queued;
+    pump(p);
 }

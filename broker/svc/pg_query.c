@@ -1,0 +1,843 @@
+/*
+ * SQL building for collections (PROTOCOL.md, "Collections").
+ *
+ *   where  := { <field>: <value> | { <op>: <value>, ... }, "and": [where...], "or": [where...] }
+ *   op     := equals | not_equals | gt | gte | lt | lte | in | not_in | like | contains | exists
+ *
+ * Fields are looked up among the collection's columns (byte comparison, the
+ * allowlist applied); each value is a $n parameter cast to the column's type;
+ * the scope clamp ("tenant_id" = $n for every binding) is ANDed to every
+ * statement outside the guest's parentheses, so no "or" can escape it.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "sb/limits.h"
+#include "sb/value.h"
+#include "svc/pg_query.h"
+#include "util/util.h"
+
+#define OID_BOOL 16u
+#define OID_BYTEA 17u
+#define OID_INT8 20u
+#define OID_INT2 21u
+#define OID_INT4 23u
+#define OID_JSON 114u
+#define OID_FLOAT4 700u
+#define OID_FLOAT8 701u
+#define OID_DATE 1082u
+#define OID_TIMESTAMP 1114u
+#define OID_TIMESTAMPTZ 1184u
+#define OID_NUMERIC 1700u
+#define OID_JSONB 3802u
+
+void sb_sql_init(sb_sql_t *q)
+{
+    memset(q, 0, sizeof(*q));
+}
+
+void sb_sql_dispose(sb_sql_t *q)
+{
+    for (int i = 0; i < q->nparams; ++i)
+        free(q->params[i]);
+    free(q->sql);
+    memset(q, 0, sizeof(*q));
+}
+
+typedef struct st_build_t {
+    const sb_pg_coll_t *c;
+    sb_sql_t *q;
+    int binary;
+    char *err;
+    size_t errsz;
+    unsigned conditions;
+    int overflow;
+} build_t;
+
+__attribute__((format(printf, 2, 3))) static void emit(build_t *b, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+    if (b->overflow)
+        return;
+    if (b->q->sql == NULL) {
+        b->q->cap = 1024;
+        b->q->sql = sb_mem_alloc(b->q->cap);
+    }
+    for (;;) {
+        va_start(ap, fmt);
+        n = vsnprintf(b->q->sql + b->q->len, b->q->cap - b->q->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->overflow = 1;
+            return;
+        }
+        if ((size_t)n < b->q->cap - b->q->len)
+            break;
+        if (b->q->cap >= SB_PG_MAX_SQL) {
+            b->overflow = 1;
+            return;
+        }
+        b->q->cap *= 2;
+        b->q->sql = realloc(b->q->sql, b->q->cap);
+        if (b->q->sql == NULL)
+            sb_fatal(__FILE__, __LINE__, "out of memory");
+    }
+    b->q->len += (size_t)n;
+}
+
+__attribute__((format(printf, 2, 3))) static sb_status_t fail(build_t *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(b->err, b->errsz, fmt, ap);
+    va_end(ap);
+    return SB_E_BAD_ARGS;
+}
+
+/* adds a parameter (owned copy, NULL for SQL NULL) and returns its number, or 0 when there are too many */
+static int add_param(build_t *b, char *v)
+{
+    if (b->q->nparams >= (int)SB_PG_MAX_PARAMS) {
+        free(v);
+        return 0;
+    }
+    b->q->params[b->q->nparams++] = v;
+    return b->q->nparams;
+}
+
+static char *dup_n(const char *s, size_t n)
+{
+    char *p = sb_mem_alloc(n + 1);
+    memcpy(p, s, n);
+    p[n] = '\0';
+    return p;
+}
+
+static const sb_pg_col_t *find_col(const sb_pg_coll_t *c, const char *name, size_t len)
+{
+    for (size_t i = 0; i < c->ncols; ++i)
+        if (strlen(c->cols[i].name) == len && memcmp(c->cols[i].name, name, len) == 0)
+            return &c->cols[i];
+    return NULL;
+}
+
+static int is_scope_col(const sb_pg_coll_t *c, const char *name)
+{
+    for (size_t i = 0; i < c->nscope; ++i)
+        if (strcmp(c->scope[i].column, name) == 0)
+            return 1;
+    return c->is_docstore && strcmp(name, "store") == 0;
+}
+
+static char *hex_bytea(const uint8_t *p, size_t n)
+{
+    char *s = sb_mem_alloc(2 * n + 3);
+    s[0] = '\\';
+    s[1] = 'x';
+    sb_hex(p, n, s + 2);
+    return s;
+}
+
+/*
+ * The text form of a guest value for a column. NULLs are handled by callers
+ * (they change the operator). Containers only go to json/jsonb columns.
+ */
+static sb_status_t value_text(build_t *b, const sb_pg_col_t *col, const msgpack_object *v, char **out)
+{
+    char num[64];
+    int is_json = col->oid == OID_JSON || col->oid == OID_JSONB;
+
+    if (is_json) {
+        json_t *j;
+        char *text;
+        if (sb_json_from_mp(v, &j) != SB_OK)
+            return fail(b, "value for \"%s\" cannot be stored as JSON", col->name);
+        text = json_dumps(j, JSON_COMPACT | JSON_ENCODE_ANY);
+        json_decref(j);
+        if (text == NULL)
+            sb_fatal(__FILE__, __LINE__, "out of memory");
+        *out = text;
+        return SB_OK;
+    }
+    switch (v->type) {
+    case MSGPACK_OBJECT_BOOLEAN:
+        *out = sb_mem_strdup(v->via.boolean ? "true" : "false");
+        return SB_OK;
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+        snprintf(num, sizeof(num), "%llu", (unsigned long long)v->via.u64);
+        *out = sb_mem_strdup(num);
+        return SB_OK;
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+        snprintf(num, sizeof(num), "%lld", (long long)v->via.i64);
+        *out = sb_mem_strdup(num);
+        return SB_OK;
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64:
+        if (!isfinite(v->via.f64))
+            return fail(b, "value for \"%s\" is not a finite number", col->name);
+        snprintf(num, sizeof(num), "%.17g", v->via.f64);
+        *out = sb_mem_strdup(num);
+        return SB_OK;
+    case MSGPACK_OBJECT_STR:
+        if (col->oid == OID_BYTEA && !b->binary) {
+            /* JSON carries bytea as base64 text */
+            uint8_t *raw = sb_mem_alloc(v->via.str.size / 4 * 3 + 3);
+            size_t n;
+            if (sb_b64_decode(v->via.str.ptr, v->via.str.size, raw, &n) != SB_OK) {
+                free(raw);
+                return fail(b, "value for \"%s\" must be base64 text", col->name);
+            }
+            *out = hex_bytea(raw, n);
+            free(raw);
+            return SB_OK;
+        }
+        if (memchr(v->via.str.ptr, 0, v->via.str.size) != NULL)
+            return fail(b, "value for \"%s\" contains NUL", col->name);
+        *out = dup_n(v->via.str.ptr, v->via.str.size);
+        return SB_OK;
+    case MSGPACK_OBJECT_BIN:
+        if (col->oid != OID_BYTEA)
+            return fail(b, "binary value for non-bytea column \"%s\"", col->name);
+        *out = hex_bytea((const uint8_t *)v->via.bin.ptr, v->via.bin.size);
+        return SB_OK;
+    default:
+        return fail(b, "value for \"%s\" has the wrong type", col->name);
+    }
+}
+
+/* "$n::type" for a guest value; 0 on error (message set) */
+static sb_status_t emit_param(build_t *b, const sb_pg_col_t *col, const msgpack_object *v)
+{
+    char *text = NULL;
+    int n;
+    sb_status_t st;
+    if ((st = value_text(b, col, v, &text)) != SB_OK)
+        return st;
+    if ((n = add_param(b, text)) == 0)
+        return fail(b, "too many parameters");
+    emit(b, "$%d::%s", n, col->type);
+    return SB_OK;
+}
+
+static int key_is(const msgpack_object *k, const char *s)
+{
+    return sb_mp_str_is(k, s);
+}
+
+static sb_status_t where_expr(build_t *b, const msgpack_object *w, unsigned depth);
+
+static sb_status_t field_op(build_t *b, const sb_pg_col_t *col, const char *op, size_t oplen, const msgpack_object *v)
+{
+    sb_status_t st;
+#define OP(s) (oplen == sizeof(s) - 1 && memcmp(op, s, oplen) == 0)
+    if (++b->conditions > SB_PG_MAX_CONDITIONS)
+        return fail(b, "where has more than %u conditions", SB_PG_MAX_CONDITIONS);
+    if (OP("equals") || OP("not_equals")) {
+        int eq = OP("equals");
+        if (v->type == MSGPACK_OBJECT_NIL) {
+            emit(b, "\"%s\" IS %sNULL", col->name, eq ? "" : "NOT ");
+            return SB_OK;
+        }
+        emit(b, "\"%s\" %s ", col->name, eq ? "=" : "IS DISTINCT FROM");
+        return emit_param(b, col, v);
+    }
+    if (OP("gt") || OP("gte") || OP("lt") || OP("lte")) {
+        const char *sym = OP("gt") ? ">" : OP("gte") ? ">=" : OP("lt") ? "<" : "<=";
+        if (v->type == MSGPACK_OBJECT_NIL || v->type == MSGPACK_OBJECT_MAP || v->type == MSGPACK_OBJECT_ARRAY)
+            return fail(b, "operator \"%.*s\" on \"%s\" needs a scalar", (int)oplen, op, col->name);
+        emit(b, "\"%s\" %s ", col->name, sym);
+        return emit_param(b, col, v);
+    }
+    if (OP("in") || OP("not_in")) {
+        if (v->type != MSGPACK_OBJECT_ARRAY || v->via.array.size > SB_PG_MAX_IN)
+            return fail(b, "operator \"%.*s\" on \"%s\" needs an array of at most %u values", (int)oplen, op, col->name,
+                        SB_PG_MAX_IN);
+        if (v->via.array.size == 0) {
+            /* x IN () is not SQL; its meaning is plain */
+            emit(b, OP("in") ? "FALSE" : "TRUE");
+            return SB_OK;
+        }
+        emit(b, "\"%s\" %s (", col->name, OP("in") ? "IN" : "NOT IN");
+        for (uint32_t i = 0; i < v->via.array.size; ++i) {
+            if (v->via.array.ptr[i].type == MSGPACK_OBJECT_NIL)
+                return fail(b, "operator \"%.*s\" on \"%s\" cannot hold null", (int)oplen, op, col->name);
+            if (i != 0)
+                emit(b, ", ");
+            if ((st = emit_param(b, col, &v->via.array.ptr[i])) != SB_OK)
+                return st;
+        }
+        emit(b, ")");
+        return SB_OK;
+    }
+    if (OP("like") || OP("contains")) {
+        char *text, *esc;
+        size_t o = 0;
+        int n;
+        if (v->type != MSGPACK_OBJECT_STR || memchr(v->via.str.ptr, 0, v->via.str.size) != NULL)
+            return fail(b, "operator \"%.*s\" on \"%s\" needs a string", (int)oplen, op, col->name);
+        if (OP("like")) {
+            text = dup_n(v->via.str.ptr, v->via.str.size);
+        } else {
+            /* contains: the guest's text is literal, so LIKE's own wildcards are escaped */
+            esc = sb_mem_alloc(2 * v->via.str.size + 3);
+            esc[o++] = '%';
+            for (size_t i = 0; i < v->via.str.size; ++i) {
+                char ch = v->via.str.ptr[i];
+                if (ch == '%' || ch == '_' || ch == '\\')
+                    esc[o++] = '\\';
+                esc[o++] = ch;
+            }
+            esc[o++] = '%';
+            esc[o] = '\0';
+            text = esc;
+        }
+        if ((n = add_param(b, text)) == 0)
+            return fail(b, "too many parameters");
+        emit(b, "\"%s\"::text %s $%d::text", col->name, OP("like") ? "LIKE" : "ILIKE", n);
+        return SB_OK;
+    }
+    if (OP("exists")) {
+        if (v->type != MSGPACK_OBJECT_BOOLEAN)
+            return fail(b, "operator \"exists\" on \"%s\" needs true or false", col->name);
+        emit(b, "\"%s\" IS %sNULL", col->name, v->via.boolean ? "NOT " : "");
+        return SB_OK;
+    }
+#undef OP
+    return fail(b, "unknown operator \"%.*s\" on \"%s\"", (int)(oplen > 32 ? 32 : oplen), op, col->name);
+}
+
+static sb_status_t where_list(build_t *b, const msgpack_object *list, const char *joiner, unsigned depth)
+{
+    sb_status_t st;
+    if (list->type != MSGPACK_OBJECT_ARRAY || list->via.array.size == 0 || list->via.array.size > SB_PG_MAX_CONDITIONS)
+        return fail(b, "where.%s needs a non-empty array of conditions", joiner[1] == 'A' ? "and" : "or");
+    emit(b, "(");
+    for (uint32_t i = 0; i < list->via.array.size; ++i) {
+        if (i != 0)
+            emit(b, "%s", joiner);
+        if ((st = where_expr(b, &list->via.array.ptr[i], depth + 1)) != SB_OK)
+            return st;
+    }
+    emit(b, ")");
+    return SB_OK;
+}
+
+static sb_status_t where_expr(build_t *b, const msgpack_object *w, unsigned depth)
+{
+    sb_status_t st;
+
+    if (depth > SB_PG_MAX_WHERE_DEPTH)
+        return fail(b, "where is nested deeper than %u", SB_PG_MAX_WHERE_DEPTH);
+    if (w->type != MSGPACK_OBJECT_MAP)
+        return fail(b, "where must be an object");
+    if (w->via.map.size == 0) {
+        emit(b, "TRUE");
+        return SB_OK;
+    }
+    emit(b, "(");
+    for (uint32_t i = 0; i < w->via.map.size; ++i) {
+        const msgpack_object *k = &w->via.map.ptr[i].key, *v = &w->via.map.ptr[i].val;
+        const sb_pg_col_t *col;
+        if (i != 0)
+            emit(b, " AND ");
+        if (k->type != MSGPACK_OBJECT_STR)
+            return fail(b, "where keys must be strings");
+        if (key_is(k, "and") || key_is(k, "or")) {
+            if ((st = where_list(b, v, key_is(k, "and") ? " AND " : " OR ", depth)) != SB_OK)
+                return st;
+            continue;
+        }
+        if ((col = find_col(b->c, k->via.str.ptr, k->via.str.size)) == NULL)
+            return fail(b, "unknown field \"%.*s\"", (int)(k->via.str.size > 64 ? 64 : k->via.str.size), k->via.str.ptr);
+        /* an object holds operators (a JSON value to compare goes under "equals") */
+        if (v->type == MSGPACK_OBJECT_MAP) {
+            if (v->via.map.size == 0)
+                return fail(b, "where.%s has no operator", col->name);
+            emit(b, "(");
+            for (uint32_t j = 0; j < v->via.map.size; ++j) {
+                const msgpack_object *ok = &v->via.map.ptr[j].key;
+                if (j != 0)
+                    emit(b, " AND ");
+                if (ok->type != MSGPACK_OBJECT_STR)
+                    return fail(b, "operators must be strings");
+                if ((st = field_op(b, col, ok->via.str.ptr, ok->via.str.size, &v->via.map.ptr[j].val)) != SB_OK)
+                    return st;
+            }
+            emit(b, ")");
+        } else {
+            /* a bare value means equals */
+            if ((st = field_op(b, col, "equals", 6, v)) != SB_OK)
+                return st;
+        }
+    }
+    emit(b, ")");
+    return SB_OK;
+}
+
+/* AND the scope clamp (and the store namespace) onto the statement */
+static sb_status_t emit_clamp(build_t *b, const sb_token_t *tok, const char *store_ns)
+{
+    for (size_t i = 0; i < b->c->nscope; ++i) {
+        const char *v = sb_token_scope_value(tok, b->c->scope[i].scope_key);
+        int n;
+        if (v == NULL) {
+            snprintf(b->err, b->errsz, "the token binds no \"%s\" scope value", b->c->scope[i].scope_key);
+            return SB_E_FORBIDDEN;
+        }
+        if ((n = add_param(b, sb_mem_strdup(v))) == 0)
+            return fail(b, "too many parameters");
+        emit(b, " AND \"%s\" = $%d::text", b->c->scope[i].column, n);
+    }
+    if (b->c->is_docstore) {
+        int n;
+        if (store_ns == NULL) {
+            snprintf(b->err, b->errsz, "document_store namespace is missing or invalid");
+            return SB_E_FORBIDDEN;
+        }
+        if ((n = add_param(b, sb_mem_strdup(store_ns))) == 0)
+            return fail(b, "too many parameters");
+        emit(b, " AND \"store\" = $%d::text", n);
+    }
+    return SB_OK;
+}
+
+static void emit_columns(build_t *b, const msgpack_object *select)
+{
+    int first = 1;
+    for (size_t i = 0; i < b->c->ncols; ++i) {
+        const sb_pg_col_t *col = &b->c->cols[i];
+        if (select != NULL) {
+            int wanted = 0;
+            if (select->type == MSGPACK_OBJECT_ARRAY) {
+                for (uint32_t k = 0; k < select->via.array.size; ++k)
+                    wanted |= sb_mp_str_is(&select->via.array.ptr[k], col->name);
+            } else {
+                const msgpack_object *s = sb_mp_get(select, col->name);
+                wanted = s != NULL && s->type == MSGPACK_OBJECT_BOOLEAN && s->via.boolean;
+            }
+            if (!wanted && strcmp(col->name, b->c->key) != 0)
+                continue;
+        }
+        emit(b, "%s\"%s\"", first ? "" : ", ", col->name);
+        first = 0;
+    }
+}
+
+static sb_status_t check_select(build_t *b, const msgpack_object *select)
+{
+    if (select == NULL || select->type == MSGPACK_OBJECT_NIL)
+        return SB_OK;
+    if (select->type == MSGPACK_OBJECT_ARRAY) {
+        for (uint32_t i = 0; i < select->via.array.size; ++i) {
+            const msgpack_object *s = &select->via.array.ptr[i];
+            if (s->type != MSGPACK_OBJECT_STR || find_col(b->c, s->via.str.ptr, s->via.str.size) == NULL)
+                return fail(b, "select names an unknown field");
+        }
+        return SB_OK;
+    }
+    if (select->type == MSGPACK_OBJECT_MAP) {
+        for (uint32_t i = 0; i < select->via.map.size; ++i) {
+            const msgpack_object *k = &select->via.map.ptr[i].key;
+            if (k->type != MSGPACK_OBJECT_STR || find_col(b->c, k->via.str.ptr, k->via.str.size) == NULL)
+                return fail(b, "select names an unknown field");
+        }
+        return SB_OK;
+    }
+    return fail(b, "select must be an array of field names or an object");
+}
+
+static sb_status_t emit_sort(build_t *b, const msgpack_object *sort)
+{
+    const msgpack_object *items = sort;
+    uint32_t n = 1;
+
+    if (sort == NULL || sort->type == MSGPACK_OBJECT_NIL) {
+        emit(b, " ORDER BY \"%s\"", b->c->key);
+        return SB_OK;
+    }
+    if (sort->type == MSGPACK_OBJECT_ARRAY) {
+        items = sort->via.array.ptr;
+        n = sort->via.array.size;
+        if (n == 0 || n > 8)
+            return fail(b, "sort takes 1-8 fields");
+    }
+    emit(b, " ORDER BY ");
+    for (uint32_t i = 0; i < n; ++i) {
+        const msgpack_object *s = &items[i];
+        const char *p;
+        size_t len;
+        int desc = 0;
+        const sb_pg_col_t *col;
+        if (s->type != MSGPACK_OBJECT_STR || s->via.str.size == 0)
+            return fail(b, "sort entries are field names, \"-\" for descending");
+        p = s->via.str.ptr;
+        len = s->via.str.size;
+        if (p[0] == '-') {
+            desc = 1;
+            ++p;
+            --len;
+        }
+        if ((col = find_col(b->c, p, len)) == NULL)
+            return fail(b, "sort names an unknown field");
+        emit(b, "%s\"%s\"%s", i ? ", " : "", col->name, desc ? " DESC" : "");
+    }
+    /* a stable page order: the key breaks ties */
+    emit(b, ", \"%s\"", b->c->key);
+    return SB_OK;
+}
+
+static sb_status_t get_uint_arg(build_t *b, const msgpack_object *args, const char *name, size_t def, size_t max, size_t *out)
+{
+    const msgpack_object *v = sb_mp_get(args, name);
+    if (v == NULL || v->type == MSGPACK_OBJECT_NIL) {
+        *out = def;
+        return SB_OK;
+    }
+    if (v->type != MSGPACK_OBJECT_POSITIVE_INTEGER || v->via.u64 > max) {
+        if (v->type == MSGPACK_OBJECT_POSITIVE_INTEGER && strcmp(name, "limit") == 0) {
+            *out = max; /* page size is clamped, not refused */
+            return SB_OK;
+        }
+        return fail(b, "%s must be an integer from 0 to %zu", name, max);
+    }
+    *out = (size_t)v->via.u64;
+    return SB_OK;
+}
+
+static sb_status_t check_keys(build_t *b, const msgpack_object *args, const char *const *allowed, const char *op)
+{
+    if (args == NULL || args->type == MSGPACK_OBJECT_NIL)
+        return SB_OK;
+    if (args->type != MSGPACK_OBJECT_MAP)
+        return fail(b, "%s args must be an object", op);
+    for (uint32_t i = 0; i < args->via.map.size; ++i) {
+        const msgpack_object *k = &args->via.map.ptr[i].key;
+        size_t j = 0;
+        while (allowed[j] != NULL && !sb_mp_str_is(k, allowed[j]))
+            ++j;
+        if (allowed[j] == NULL)
+            return fail(b, "%s takes no argument \"%.*s\"", op, (int)(k->via.str.size > 32 ? 32 : k->via.str.size), k->via.str.ptr);
+    }
+    return SB_OK;
+}
+
+/* the rows an update or delete may touch: the guest's where, clamped, capped at max_limit keys */
+static sb_status_t emit_target_rows(build_t *b, const msgpack_object *where, const sb_token_t *tok, const char *store_ns)
+{
+    sb_status_t st;
+    emit(b, " WHERE \"%s\" IN (SELECT \"%s\" FROM %s WHERE ", b->c->key, b->c->key, b->c->table);
+    if ((st = where != NULL && where->type != MSGPACK_OBJECT_NIL ? where_expr(b, where, 0) : (emit(b, "TRUE"), SB_OK)) != SB_OK)
+        return st;
+    if ((st = emit_clamp(b, tok, store_ns)) != SB_OK)
+        return st;
+    emit(b, " ORDER BY \"%s\" LIMIT %zu)", b->c->key, b->c->max_limit);
+    /* the outer statement is clamped too: the subquery's keys could collide across tenants */
+    return emit_clamp(b, tok, store_ns);
+}
+
+static sb_status_t build_data(build_t *b, const msgpack_object *data, const sb_token_t *tok, const char *store_ns, int insert)
+{
+    sb_status_t st;
+    int first = 1;
+
+    if (data == NULL || data->type != MSGPACK_OBJECT_MAP || (data->via.map.size == 0 && !insert))
+        return fail(b, "data must be a non-empty object");
+    for (uint32_t i = 0; i < data->via.map.size; ++i) {
+        const msgpack_object *k = &data->via.map.ptr[i].key, *v = &data->via.map.ptr[i].val;
+        const sb_pg_col_t *col = find_col(b->c, k->via.str.ptr, k->via.str.size);
+        if (col == NULL)
+            return fail(b, "unknown field \"%.*s\"", (int)(k->via.str.size > 64 ? 64 : k->via.str.size), k->via.str.ptr);
+        if (is_scope_col(b->c, col->name)) {
+            /* create may restate the bound value; nothing may change it */
+            const char *bound = NULL;
+            for (size_t s = 0; s < b->c->nscope; ++s)
+                if (strcmp(b->c->scope[s].column, col->name) == 0)
+                    bound = sb_token_scope_value(tok, b->c->scope[s].scope_key);
+            if (b->c->is_docstore && strcmp(col->name, "store") == 0)
+                bound = store_ns;
+            if (!insert || bound == NULL || v->type != MSGPACK_OBJECT_STR || strlen(bound) != v->via.str.size ||
+                memcmp(bound, v->via.str.ptr, v->via.str.size) != 0) {
+                snprintf(b->err, b->errsz, "field \"%s\" is bound to the run's scope and cannot be %s", col->name,
+                         insert ? "set to another value" : "changed");
+                return SB_E_FORBIDDEN;
+            }
+            continue; /* the clamp sets it */
+        }
+        if (insert) {
+            emit(b, "%s\"%s\"", first ? "" : ", ", col->name);
+        } else {
+            emit(b, "%s\"%s\" = ", first ? "" : ", ", col->name);
+            if (v->type == MSGPACK_OBJECT_NIL)
+                emit(b, "NULL");
+            else if ((st = emit_param(b, col, v)) != SB_OK)
+                return st;
+        }
+        first = 0;
+    }
+    if (!insert && first)
+        return fail(b, "data sets no writable field");
+    return SB_OK;
+}
+
+static sb_status_t build_insert(build_t *b, const msgpack_object *data, const sb_token_t *tok, const char *store_ns)
+{
+    sb_status_t st;
+    int first = 1;
+
+    emit(b, "INSERT INTO %s (", b->c->table);
+    /* columns: the guest's (minus scope columns), then the clamp's */
+    if ((st = build_data(b, data, tok, store_ns, 1)) != SB_OK)
+        return st;
+    for (uint32_t i = 0; i < data->via.map.size; ++i)
+        if (!is_scope_col(b->c, find_col(b->c, data->via.map.ptr[i].key.via.str.ptr, data->via.map.ptr[i].key.via.str.size)->name))
+            first = 0;
+    for (size_t s = 0; s < b->c->nscope; ++s) {
+        emit(b, "%s\"%s\"", first ? "" : ", ", b->c->scope[s].column);
+        first = 0;
+    }
+    if (b->c->is_docstore) {
+        emit(b, "%s\"store\"", first ? "" : ", ");
+        first = 0;
+    }
+    if (first) {
+        /* nothing to set: every column takes its default */
+        b->q->len = 0;
+        emit(b, "INSERT INTO %s DEFAULT VALUES RETURNING ", b->c->table);
+        emit_columns(b, NULL);
+        return SB_OK;
+    }
+    emit(b, ") VALUES (");
+    first = 1;
+    for (uint32_t i = 0; i < data->via.map.size; ++i) {
+        const msgpack_object *k = &data->via.map.ptr[i].key, *v = &data->via.map.ptr[i].val;
+        const sb_pg_col_t *col = find_col(b->c, k->via.str.ptr, k->via.str.size);
+        if (is_scope_col(b->c, col->name))
+            continue;
+        emit(b, "%s", first ? "" : ", ");
+        first = 0;
+        if (v->type == MSGPACK_OBJECT_NIL)
+            emit(b, "NULL");
+        else if ((st = emit_param(b, col, v)) != SB_OK)
+            return st;
+    }
+    for (size_t s = 0; s < b->c->nscope; ++s) {
+        const char *v = sb_token_scope_value(tok, b->c->scope[s].scope_key);
+        int n;
+        if (v == NULL) {
+            snprintf(b->err, b->errsz, "the token binds no \"%s\" scope value", b->c->scope[s].scope_key);
+            return SB_E_FORBIDDEN;
+        }
+        if ((n = add_param(b, sb_mem_strdup(v))) == 0)
+            return fail(b, "too many parameters");
+        emit(b, "%s$%d::text", first ? "" : ", ", n);
+        first = 0;
+    }
+    if (b->c->is_docstore) {
+        int n;
+        if (store_ns == NULL) {
+            snprintf(b->err, b->errsz, "document_store namespace is missing or invalid");
+            return SB_E_FORBIDDEN;
+        }
+        if ((n = add_param(b, sb_mem_strdup(store_ns))) == 0)
+            return fail(b, "too many parameters");
+        emit(b, "%s$%d::text", first ? "" : ", ", n);
+    }
+    emit(b, ") RETURNING ");
+    emit_columns(b, NULL);
+    return SB_OK;
+}
+
+sb_status_t sb_pg_build(const sb_pg_coll_t *c, sb_method_op_t op, const msgpack_object *args, const sb_token_t *tok,
+                        const char *store_ns, int binary, sb_sql_t *q, char *err, size_t errsz)
+{
+    static const char *const find_keys[] = {"where", "limit", "offset", "sort", "select", NULL};
+    static const char *const find_one_keys[] = {"where", "sort", "select", NULL};
+    static const char *const create_keys[] = {"data", NULL};
+    static const char *const update_keys[] = {"where", "data", NULL};
+    static const char *const delete_keys[] = {"where", NULL};
+    build_t b = {c, q, binary, err, errsz, 0, 0};
+    const msgpack_object *where = sb_mp_get(args, "where");
+    sb_status_t st;
+
+    err[0] = '\0';
+    switch (op) {
+    case SB_OP_FIND:
+    case SB_OP_FIND_ONE: {
+        const msgpack_object *select = sb_mp_get(args, "select");
+        if ((st = check_keys(&b, args, op == SB_OP_FIND ? find_keys : find_one_keys, op == SB_OP_FIND ? "find" : "findOne")) !=
+                SB_OK ||
+            (st = check_select(&b, select)) != SB_OK)
+            return st;
+        if (op == SB_OP_FIND) {
+            if ((st = get_uint_arg(&b, args, "limit", 10 < c->max_limit ? 10 : c->max_limit, c->max_limit, &q->limit)) != SB_OK ||
+                (st = get_uint_arg(&b, args, "offset", 0, SB_PG_MAX_OFFSET, &q->offset)) != SB_OK)
+                return st;
+        } else {
+            q->limit = 1;
+            q->offset = 0;
+        }
+        emit(&b, "SELECT ");
+        emit_columns(&b, select != NULL && select->type != MSGPACK_OBJECT_NIL ? select : NULL);
+        emit(&b, " FROM %s WHERE ", c->table);
+        if (where != NULL && where->type != MSGPACK_OBJECT_NIL) {
+            if ((st = where_expr(&b, where, 0)) != SB_OK)
+                return st;
+        } else {
+            emit(&b, "TRUE");
+        }
+        if ((st = emit_clamp(&b, tok, store_ns)) != SB_OK)
+            return st;
+        if ((st = emit_sort(&b, sb_mp_get(args, "sort"))) != SB_OK)
+            return st;
+        /* one row more than the page tells whether there is a next page */
+        emit(&b, " LIMIT %zu OFFSET %zu", q->limit + 1, q->offset);
+        break;
+    }
+    case SB_OP_CREATE:
+        if ((st = check_keys(&b, args, create_keys, "create")) != SB_OK)
+            return st;
+        if ((st = build_insert(&b, sb_mp_get(args, "data"), tok, store_ns)) != SB_OK)
+            return st;
+        break;
+    case SB_OP_UPDATE:
+        if ((st = check_keys(&b, args, update_keys, "update")) != SB_OK)
+            return st;
+        emit(&b, "UPDATE %s SET ", c->table);
+        if ((st = build_data(&b, sb_mp_get(args, "data"), tok, store_ns, 0)) != SB_OK)
+            return st;
+        if ((st = emit_target_rows(&b, where, tok, store_ns)) != SB_OK)
+            return st;
+        emit(&b, " RETURNING ");
+        emit_columns(&b, NULL);
+        break;
+    case SB_OP_DELETE:
+        if ((st = check_keys(&b, args, delete_keys, "delete")) != SB_OK)
+            return st;
+        emit(&b, "DELETE FROM %s", c->table);
+        if ((st = emit_target_rows(&b, where, tok, store_ns)) != SB_OK)
+            return st;
+        emit(&b, " RETURNING ");
+        emit_columns(&b, NULL);
+        break;
+    default:
+        return fail(&b, "unsupported operation");
+    }
+    if (b.overflow)
+        return fail(&b, "the statement exceeds %u bytes", SB_PG_MAX_SQL);
+    return SB_OK;
+}
+
+/* ---- rows --------------------------------------------------------------------------------------------------------- */
+
+static void pack_text_value(msgpack_packer *pk, unsigned oid, const char *v, int len)
+{
+    switch (oid) {
+    case OID_BOOL:
+        if (v[0] == 't')
+            msgpack_pack_true(pk);
+        else
+            msgpack_pack_false(pk);
+        return;
+    case OID_INT2:
+    case OID_INT4:
+    case OID_INT8:
+        msgpack_pack_int64(pk, strtoll(v, NULL, 10));
+        return;
+    case OID_FLOAT4:
+    case OID_FLOAT8: {
+        double d = strtod(v, NULL);
+        if (isfinite(d)) {
+            msgpack_pack_double(pk, d);
+            return;
+        }
+        break; /* NaN and Infinity travel as text */
+    }
+    case OID_JSON:
+    case OID_JSONB: {
+        json_t *j = json_loadb(v, (size_t)len, JSON_DECODE_ANY, NULL);
+        if (j != NULL) {
+            /* PostgreSQL JSON nests at most as deep as it accepted; still, the cap applies */
+            const char *why;
+            msgpack_sbuffer tmp;
+            msgpack_packer tpk;
+            msgpack_sbuffer_init(&tmp);
+            msgpack_packer_init(&tpk, &tmp, msgpack_sbuffer_write);
+            if (sb_mp_pack_json(&tpk, j, &why) == SB_OK) {
+                /* the packer writes into an sbuffer: append the packed value as it is */
+                msgpack_sbuffer_write(pk->data, tmp.data, tmp.size);
+                msgpack_sbuffer_destroy(&tmp);
+                json_decref(j);
+                return;
+            }
+            msgpack_sbuffer_destroy(&tmp);
+            json_decref(j);
+        }
+        break;
+    }
+    case OID_BYTEA: {
+        size_t n;
+        unsigned char *raw = PQunescapeBytea((const unsigned char *)v, &n);
+        if (raw != NULL) {
+            msgpack_pack_bin_with_body(pk, raw, n);
+            PQfreemem(raw);
+            return;
+        }
+        break;
+    }
+    case OID_TIMESTAMP:
+    case OID_TIMESTAMPTZ: {
+        /* ISO 8601: the session runs with DateStyle=ISO and TimeZone=UTC */
+        char buf[64];
+        int n = len < (int)sizeof(buf) - 2 ? len : (int)sizeof(buf) - 2;
+        memcpy(buf, v, (size_t)n);
+        buf[n] = '\0';
+        if (n > 10 && buf[10] == ' ')
+            buf[10] = 'T';
+        if (oid == OID_TIMESTAMPTZ && n > 3 && strcmp(buf + n - 3, "+00") == 0) {
+            buf[n - 3] = 'Z';
+            n -= 2;
+            buf[n] = '\0';
+        }
+        msgpack_pack_str_with_body(pk, buf, (size_t)n);
+        return;
+    }
+    default:
+        break;
+    }
+    msgpack_pack_str_with_body(pk, v, (size_t)len);
+}
+
+sb_status_t sb_pg_pack_row(const PGresult *res, int row, msgpack_packer *pk)
+{
+    int nf = PQnfields(res);
+    msgpack_pack_map(pk, (size_t)nf);
+    for (int f = 0; f < nf; ++f) {
+        const char *name = PQfname(res, f);
+        msgpack_pack_str_with_body(pk, name, strlen(name));
+        if (PQgetisnull(res, row, f))
+            msgpack_pack_nil(pk);
+        else
+            pack_text_value(pk, (unsigned)PQftype(res, f), PQgetvalue(res, row, f), PQgetlength(res, row, f));
+    }
+    return SB_OK;
+}
+
+sb_status_t sb_pg_pack_rows(const PGresult *res, int max_rows, msgpack_packer *pk, size_t cap, msgpack_sbuffer *sb)
+{
+    int n = PQntuples(res);
+    if (n > max_rows)
+        n = max_rows;
+    msgpack_pack_array(pk, (size_t)n);
+    for (int r = 0; r < n; ++r) {
+        sb_status_t st = sb_pg_pack_row(res, r, pk);
+        if (st != SB_OK)
+            return st;
+        /* never a truncated success: over the cap is an error */
+        if (sb->size > cap)
+            return SB_E_EXECUTION;
+    }
+    return SB_OK;
+}
