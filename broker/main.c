@@ -18,6 +18,7 @@
 #include "store/store.h"
 #include "fetch/fetch.h"
 #include "svc/target.h"
+#include "svc/handlers.h"
 
 int sb_egress_check_main(int argc, char **argv);
 
@@ -112,6 +113,25 @@ int main(int argc, char **argv)
             sb_fetch_conf_free(fetch_conf);
             sb_config_free(conf);
             return 1;
+        }
+    }
+    {
+        char perr[600];
+        int reachable = 0;
+        sb_status_t st = sb_pg_check_schema(conf->database_url, targets, &reachable, perr, sizeof(perr));
+        if (st == SB_E_BAD_ARGS || (st != SB_OK && check_only)) {
+            fprintf(stderr, "sandbox-broker: invalid configuration:\n%s\n", perr);
+            sb_targets_free(targets);
+            sb_fetch_conf_free(fetch_conf);
+            sb_config_free(conf);
+            return 1;
+        }
+        if (st != SB_OK) {
+            /* not reachable now: start anyway; data calls answer unavailable until it is */
+            sb_logline_t l;
+            sb_log_begin(&l, SB_LOG_WARN, "pg.unreachable_at_start");
+            sb_log_cstr(&l, "reason", perr);
+            sb_log_end(&l);
         }
     }
     if (check_only) {

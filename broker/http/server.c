@@ -329,11 +329,15 @@ int sb_health_on_req(h2o_handler_t *self, h2o_req_t *req)
         if (w->stopping)
             sb_send_bytes(req, 503, "Service Unavailable", "application/json",
                           H2O_STRLIT("{\"ok\":false,\"tokenStore\":\"up\",\"draining\":true}"));
-        else if (sb_store_conn_healthy(w->store))
-            sb_send_bytes(req, 200, "OK", "application/json", H2O_STRLIT("{\"ok\":true,\"tokenStore\":\"up\"}"));
-        else
-            sb_send_bytes(req, 503, "Service Unavailable", "application/json",
-                          H2O_STRLIT("{\"ok\":false,\"tokenStore\":\"down\"}"));
+        else {
+            /* the database counts only when a target uses one */
+            int store_up = sb_store_conn_healthy(w->store), db_up = w->svc.pg == NULL || sb_pg_pool_healthy(w->svc.pg);
+            char body[128];
+            int n = snprintf(body, sizeof(body), "{\"ok\":%s,\"tokenStore\":\"%s\"%s}", store_up && db_up ? "true" : "false",
+                             store_up ? "up" : "down", w->svc.pg == NULL ? "" : db_up ? ",\"database\":\"up\"" : ",\"database\":\"down\"");
+            sb_send_bytes(req, store_up && db_up ? 200 : 503, store_up && db_up ? "OK" : "Service Unavailable", "application/json",
+                          body, (size_t)n);
+        }
         return 0;
     }
     return -1;

@@ -17,7 +17,7 @@ static _Atomic uint64_t denials[SB_DENY_COUNT_];
 static _Atomic uint64_t admin_ops[4][6]; /* op x status class (1xx..5xx) */
 static long long (*live_tokens_fn)(void);
 
-#define MAX_EGRESS_RULES 64
+#define MAX_EGRESS_RULES 128
 static struct {
     const char *_Atomic rule;
     _Atomic uint64_t allowed, denied;

@@ -26,7 +26,7 @@ void sb_metrics_admin(const char *op, int http_status);
 /**
  * counts one egress decision; `rule` must be a static string (the address
  * policy's rule names and a few fixed failure names), so the label set stays
- * bounded (at most 64 distinct rules are counted)
+ * bounded (at most 128 distinct rules are counted)
  */
 void sb_metrics_egress(const char *rule, int allowed);
 /** sets the function that reports live tokens (-1 when unknown) */

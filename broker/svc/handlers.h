@@ -29,6 +29,14 @@ typedef struct st_sb_pg_pool_t sb_pg_pool_t;
 /** per-worker connection pool; NULL database_url means no pool (data calls answer not_implemented) */
 sb_pg_pool_t *sb_pg_pool_create(h2o_loop_t *loop, const char *database_url, const sb_targets_t *targets);
 void sb_pg_pool_destroy(sb_pg_pool_t *pool);
+/**
+ * Blocking check of the targets' collections against the database (start-up
+ * and --check-config): tables, key, allowlisted and scope columns must exist.
+ * @param reachable set to 1 when the database answered
+ * @return SB_OK, SB_E_BAD_ARGS (err names the path) or SB_E_UNAVAILABLE (not reachable)
+ */
+SB_WARN_UNUSED sb_status_t sb_pg_check_schema(const char *database_url, const sb_targets_t *targets, int *reachable, char *err,
+                                              size_t errsz);
 /** 1 when a connection is up (readiness) */
 int sb_pg_pool_healthy(sb_pg_pool_t *pool);
 void sb_pg_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok, const sb_method_t *m,

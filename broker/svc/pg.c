@@ -815,3 +815,52 @@ void sb_pg_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok
     ++p->queued;
     pump(p);
 }
+
+/* ---- start-up and --check-config --------------------------------------------------------------------------------- */
+
+sb_status_t sb_pg_check_schema(const char *database_url, const sb_targets_t *targets, int *reachable, char *err, size_t errsz)
+{
+    static const char *const keys[] = {"dbname", "connect_timeout", "application_name", NULL};
+    const char *values[] = {database_url, "3", "sandbox-broker-check", NULL};
+    sb_pg_pool_t tmp;
+    PGconn *pg;
+    PGresult *res;
+    const char *params[1];
+    sb_status_t st = SB_OK;
+    int any = 0;
+
+    *reachable = 0;
+    for (size_t i = 0; targets != NULL && i < targets->n; ++i)
+        any |= targets->v[i].ncollections != 0 || targets->v[i].document_store != NULL;
+    if (!any)
+        return SB_OK;
+    if (database_url == NULL) {
+        snprintf(err, errsz, "database_url: targets declare collections or a document store, but no database is configured");
+        return SB_E_BAD_ARGS;
+    }
+    pg = PQconnectdbParams(keys, values, 1);
+    if (pg == NULL || PQstatus(pg) != CONNECTION_OK) {
+        snprintf(err, errsz, "database_url: cannot connect: %s", pg != NULL ? PQerrorMessage(pg) : "out of memory");
+        for (char *p = err; *p != '\0'; ++p)
+            if (*p == '\n')
+                *p = ' ';
+        PQfinish(pg);
+        return SB_E_UNAVAILABLE;
+    }
+    *reachable = 1;
+    memset(&tmp, 0, sizeof(tmp));
+    tmp.targets = targets;
+    params[0] = table_list(targets);
+    res = PQexecParams(pg, introspect_sql, 1, NULL, params, NULL, NULL, 0);
+    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+        snprintf(err, errsz, "database_url: introspection failed: %s", PQresultErrorMessage(res));
+        st = SB_E_UNAVAILABLE;
+    } else if (build_schemas(&tmp, res, err, errsz) != 0) {
+        st = SB_E_BAD_ARGS;
+    }
+    free_schemas(&tmp);
+    PQclear(res);
+    free((char *)params[0]);
+    PQfinish(pg);
+    return st;
+}
