@@ -13,13 +13,42 @@ cmake --build build -j"$(nproc)" --target sandbox-broker >/dev/null
 
 PUB=${SB_DEMO_PORT:-18080}
 ADM=${SB_DEMO_ADMIN_PORT:-18081}
+PGPORT=${SB_DEMO_PG_PORT:-15432}
 export SANDBOX_BROKER_ADMIN_SECRET="demo-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 export SANDBOX_BROKER_LISTEN=127.0.0.1:$PUB SANDBOX_BROKER_ADMIN_LISTEN=127.0.0.1:$ADM
-LOG=$(mktemp)
-./build/bin/sandbox-broker 2>"$LOG" &
+DEMO=$(mktemp -d /tmp/sb-demo.XXXXXX)
+chmod 755 "$DEMO"
+LOG=$DEMO/broker.log
+BROKER=
+cleanup() {
+    [ -n "$BROKER" ] && kill "$BROKER" 2>/dev/null && wait "$BROKER" 2>/dev/null
+    [ -d "$DEMO/pg/data" ] && run_pg pg_ctl -D "$DEMO/pg/data" -m fast -w -s stop >/dev/null 2>&1
+    rm -rf "$DEMO"
+}
+trap cleanup EXIT
+
+# A throwaway PostgreSQL for the demo target: a posts collection and the document store.
+PGBIN=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
+run_pg() { local cmd=$1; shift; if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$PGBIN/$cmd" "$@"; else "$PGBIN/$cmd" "$@"; fi; }
+mkdir -p "$DEMO/pg"
+[ "$(id -u)" = 0 ] && chown postgres: "$DEMO/pg"
+run_pg initdb -D "$DEMO/pg/data" -A trust -U postgres --no-sync -E UTF8 --locale=C.UTF-8 >/dev/null
+run_pg pg_ctl -D "$DEMO/pg/data" -l "$DEMO/pg/log" -w -s \
+    -o "-p $PGPORT -k $DEMO/pg -c listen_addresses=127.0.0.1 -c fsync=off" start
+DB="postgresql://postgres@127.0.0.1:$PGPORT/postgres"
+psql "$DB" -qAt -c 'CREATE TABLE posts (id bigserial PRIMARY KEY, tenant_id text NOT NULL, title text, views int)' \
+    -f deploy/sql/document_store.sql
+cat > "$DEMO/broker.json" <<JSON
+{"database_url": "$DB",
+ "targets": {"app": {
+   "collections": {"posts": {"table": "posts", "key": "id", "max_limit": 100, "scope": {"tenant_id": "tenantId"}}},
+   "document_store": {"table": "document_store", "scope": {"tenant_id": "tenantId"}},
+   "globals": {"site": {"value": {"name": "Demo"}}}}}}
+JSON
+
+./build/bin/sandbox-broker --config "$DEMO/broker.json" 2>"$LOG" &
 BROKER=$!
-trap 'kill $BROKER 2>/dev/null; wait $BROKER 2>/dev/null; rm -f "$LOG"' EXIT
-for _ in $(seq 50); do curl -sf "http://127.0.0.1:$ADM/healthz" >/dev/null && break; sleep 0.1; done
+for _ in $(seq 100); do curl -sf "http://127.0.0.1:$ADM/readyz" >/dev/null && break; sleep 0.1; done
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 rpc() {
@@ -28,15 +57,29 @@ rpc() {
         -H "x-questpie-sandbox-token: $TOKEN" -H 'content-type: application/json' -d "$1"
 }
 
-say "mint a token for run demo-1 (services: [\"billing\"], collections.posts: [\"read\"])"
-MINT=$(curl -s -X POST "http://127.0.0.1:$ADM/admin/v1/tokens" -H "Authorization: Bearer $SANDBOX_BROKER_ADMIN_SECRET" \
-    -d '{"runId":"demo-1","capabilities":{"services":["billing"],"data":{"collections":{"posts":["read"]}},"timeoutMs":5000}}')
-echo "$MINT"
-TOKEN=$(printf '%s' "$MINT" | python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])')
+mint() {
+    curl -s -X POST "http://127.0.0.1:$ADM/admin/v1/tokens" -H "Authorization: Bearer $SANDBOX_BROKER_ADMIN_SECRET" -d "$1"
+}
+token_of() { python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])'; }
 
-say "granted: the manifest allows it; no handler is wired, so the broker answers not_implemented"
+say "tenant t2 writes a post (a run of its own, target app, scope tenantId=t2)"
+T2=$(mint '{"runId":"demo-0","target":"app","scope":{"tenantId":"t2"},"capabilities":{"data":{"collections":{"posts":["create"]}}}}' | token_of)
+TOKEN=$T2 rpc '{"method":"collections.posts.create","args":{"data":{"title":"t2 only","views":1}}}'
+
+say "mint a token for run demo-1 (tenant t1; posts: read+create; store notes: write; services: billing)"
+MINT=$(mint '{"runId":"demo-1","target":"app","scope":{"tenantId":"t1"},"capabilities":{"services":["billing"],"data":{"collections":{"posts":["read","create"]},"stores":{"notes":["write"]},"globals":{"site":["read"]}},"timeoutMs":5000}}')
+echo "$MINT"
+TOKEN=$(printf '%s' "$MINT" | token_of)
+
+say "granted: the target wires them"
+rpc '{"method":"collections.posts.create","args":{"data":{"title":"hello from t1","views":3}}}'
+rpc '{"method":"collections.posts.find","args":{"where":{"views":{"gte":1}},"limit":5}}'
+rpc '{"method":"store.notes.create","args":{"data":{"key":"k1","data":{"hello":"world"}}}}'
+rpc '{"method":"globals.site.get"}'
+say "granted, but services are never dispatched: not_implemented"
 rpc '{"method":"services.billing.charge","args":{"amount":5}}'
-rpc '{"method":"collections.posts.find","args":{"limit":5}}'
+say "clamped: t1 cannot write into t2's scope"
+rpc '{"method":"collections.posts.create","args":{"data":{"title":"sneaky","tenant_id":"t2"}}}'
 say "denied: not in the manifest"
 rpc '{"method":"services.payroll.run","args":{}}'
 rpc '{"method":"collections.posts.delete","args":{"where":{"id":{"equals":1}}}}'
@@ -49,6 +92,6 @@ rpc '{"method":"services.billing.charge","args":{"amount":5}}'
 say "metrics (excerpt)"
 curl -s "http://127.0.0.1:$ADM/metrics" | grep -E '^sb_(calls_total|denials_total\{reason="(token|axis_services))' || true
 say "broker log (tokens appear only as a hash prefix)"
-kill -TERM $BROKER; wait $BROKER || true
-trap - EXIT
-cat "$LOG"; rm -f "$LOG"
+kill -TERM "$BROKER"; wait "$BROKER" || true
+BROKER=
+cat "$LOG"
