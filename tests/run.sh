@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs test needs, builds (plain and ASan+UBSan), starts every server the
-# tests use on loopback, runs the whole suite in both builds plus a short fuzz
+# tests use on loopback (Redis, PostgreSQL), runs the whole suite in both builds plus a short fuzz
 # smoke, and stops the servers. Exit status: 0 only when everything passed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,8 +17,11 @@ cmake --build build-asan -j"$JOBS"
 # --- servers ---------------------------------------------------------------
 WORK=$(mktemp -d /tmp/sb-tests.XXXXXX)
 REDIS_PORT=${SB_TEST_REDIS_PORT:-6390}
+PG_PORT=${SB_TEST_PG_PORT:-6432}
+PGBIN=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
 cleanup() {
     redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
+    [ -d "$WORK/pg/data" ] && runuser -u postgres -- "$PGBIN/pg_ctl" -D "$WORK/pg/data" -m immediate -w -s stop >/dev/null 2>&1
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -28,6 +31,14 @@ redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no --d
 for _ in $(seq 100); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.05; done
 redis-cli -p "$REDIS_PORT" ping >/dev/null
 export SB_TEST_REDIS_URL="redis://127.0.0.1:$REDIS_PORT"
+
+# PostgreSQL: initdb and pg_ctl refuse to run as root, so they run as postgres
+chmod 755 "$WORK"
+mkdir -p "$WORK/pg" && chown postgres: "$WORK/pg"
+runuser -u postgres -- "$PGBIN/initdb" -D "$WORK/pg/data" -A trust -U postgres --no-sync -E UTF8 --locale=C.UTF-8 >/dev/null
+runuser -u postgres -- "$PGBIN/pg_ctl" -D "$WORK/pg/data" -l "$WORK/pg/log" -w -s \
+    -o "-p $PG_PORT -k $WORK/pg -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200" start
+export SB_TEST_PG_URL="postgresql://postgres@127.0.0.1:$PG_PORT/postgres"
 
 # --- suites ----------------------------------------------------------------
 status=0
@@ -41,6 +52,7 @@ fi
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$ROOT/tests/lsan.supp:print_suppressions=0}
 echo "== tests under ASan+UBSan"
 (cd build-asan && ctest --output-on-failure -j"$JOBS") || status=1
 echo "== tests"

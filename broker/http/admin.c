@@ -85,12 +85,19 @@ static int hexval(char h)
     return -1;
 }
 
-/* strict percent-decoding of one path segment; refuses '/', NUL, control bytes and malformed escapes */
+/*
+ * strict percent-decoding of one path segment: a literal '/' ends the segment
+ * and is refused, while "%2F" decodes to '/' (run ids may contain it, and every
+ * mintable run id must be revocable); NUL, control bytes and malformed escapes
+ * are refused
+ */
 static int decode_segment(const char *s, size_t len, char *out, size_t outsz)
 {
     size_t o = 0;
     for (size_t i = 0; i < len; ++i) {
         int c = (unsigned char)s[i];
+        if (c == '/')
+            return -1;
         if (c == '%') {
             int v1, v2;
             if (len - i < 3 || (v1 = hexval(s[i + 1])) < 0 || (v2 = hexval(s[i + 2])) < 0)
@@ -98,7 +105,7 @@ static int decode_segment(const char *s, size_t len, char *out, size_t outsz)
             c = v1 << 4 | v2;
             i += 2;
         }
-        if (c < 0x20 || c == 0x7f || c == '/' || o + 1 >= outsz)
+        if (c < 0x20 || c == 0x7f || o + 1 >= outsz)
             return -1;
         out[o++] = (char)c;
     }
@@ -243,12 +250,12 @@ static void mint(h2o_req_t *req)
 
     op = (admin_op_t *)sb_async_attach(req, sizeof(*op), op_dispose);
     op->op = "mint";
-    if (given != NULL) {
+    if (given != NULL)
         memcpy(op->token_hex, json_string_value(given), 65);
-    } else {
+    else
         sb_hex(raw, sizeof(raw), op->token_hex);
-        sb_sha256(op->token_hex, 64, hash);
-    }
+    /* the store knows tokens only by hash, registered and minted alike */
+    sb_sha256(op->token_hex, 64, hash);
     explicit_bzero(raw, sizeof(raw));
     {
         char h[13];

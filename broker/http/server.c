@@ -201,10 +201,23 @@ static void *worker_main(void *arg)
     while (!w->stopping)
         h2o_evloop_run(w->loop, INT32_MAX);
 
-    /* drain: answer everything already accepted */
-    deadline = sb_mono_us() + s->conf->drain_timeout_ms * 1000u;
-    while (w->inflight != 0 && sb_mono_us() < deadline)
-        h2o_evloop_run(w->loop, 10);
+    /*
+     * drain: answer everything accepted, including requests that still arrive
+     * on open keep-alive connections (h2o closes each after its current
+     * response), until the worker has been idle for 50 ms, which also lets the
+     * last responses leave the socket buffers; the stores are torn down only
+     * then, so no call is failed by the shutdown itself
+     */
+    {
+        uint64_t now = sb_mono_us(), idle_since = now;
+        deadline = now + s->conf->drain_timeout_ms * 1000u;
+        while (now < deadline && (w->inflight != 0 || now - idle_since < 50000)) {
+            h2o_evloop_run(w->loop, 10);
+            now = sb_mono_us();
+            if (w->inflight != 0)
+                idle_since = now;
+        }
+    }
     if (w->inflight != 0) {
         sb_logline_t l;
         sb_log_begin(&l, SB_LOG_WARN, "drain.timeout");
@@ -212,10 +225,6 @@ static void *worker_main(void *arg)
         sb_log_int(&l, "inflight", (long long)w->inflight);
         sb_log_end(&l);
     }
-    /* let the last responses leave the socket buffers */
-    deadline = sb_mono_us() + 50000;
-    while (sb_mono_us() < deadline)
-        h2o_evloop_run(w->loop, 10);
 
     h2o_multithread_unregister_receiver(w->queue, &w->shutdown_receiver);
     sb_fetch_ctx_destroy(w->svc.fetch);
@@ -224,6 +233,11 @@ static void *worker_main(void *arg)
     sb_pg_pool_destroy(w->svc.pg);
     sb_store_conn_destroy(w->store);
     w->store = NULL;
+    /*
+     * The loop, its contexts and queue stay: idle keep-alive connections still
+     * hold timeouts on them (h2o_context_dispose asserts there are none), and
+     * the process exits next. They remain reachable through the server object.
+     */
     return NULL;
 }
 
@@ -258,7 +272,7 @@ void sb_server_dispose(sb_server_t *s)
         close(s->listen_fd);
     if (s->admin_fd >= 0)
         close(s->admin_fd);
-    free(s->workers);
+    /* workers, loops and h2o configuration live until exit (see worker_main) */
 }
 
 /* --- helpers for the handlers --- */
