@@ -1,0 +1,142 @@
+"""The production shape: real nginx in front of two broker instances sharing one real Redis.
+
+nginx runs with deploy/nginx/sandbox-broker.conf, rewritten only for its ports,
+so what is tested is the file operators deploy. Everything listens on 127.0.0.1.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+import unittest
+
+import sbtest
+
+NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
+CONF = os.path.join(sbtest.SOURCE_DIR, "deploy", "nginx", "sandbox-broker.conf")
+
+
+class Nginx:
+    def __init__(self, upstream_ports):
+        self.port = sbtest.free_port()
+        self.dir = tempfile.mkdtemp(prefix="sb-nginx-")
+        # started as root, nginx's workers run as nobody: they must be able to spool large bodies here
+        os.chmod(self.dir, 0o755)
+        for sub in ("body", "proxy", "fcgi", "uwsgi", "scgi"):
+            os.mkdir(os.path.join(self.dir, sub))
+            os.chmod(os.path.join(self.dir, sub), 0o777)
+        site = open(CONF).read()
+        servers = "".join("    server 127.0.0.1:%d max_fails=0;\n" % p for p in upstream_ports)
+        site = re.sub(r"(    server 127\.0\.0\.1:\d+ max_fails=0;\n)+", servers, site, count=1)
+        site = site.replace("listen 127.0.0.1:8443;", "listen 127.0.0.1:%d;" % self.port)
+        with open(os.path.join(self.dir, "nginx.conf"), "w") as f:
+            f.write("daemon off;\nworker_processes 1;\npid %s/nginx.pid;\nerror_log %s/error.log warn;\n"
+                    "events { worker_connections 256; }\n"
+                    "http {\n  access_log %s/access.log;\n  client_body_temp_path %s/body;\n"
+                    "  proxy_temp_path %s/proxy;\n  fastcgi_temp_path %s/fcgi;\n  uwsgi_temp_path %s/uwsgi;\n"
+                    "  scgi_temp_path %s/scgi;\n%s\n}\n" % ((self.dir,) * 8 + (site,)))
+        self.proc = subprocess.Popen([NGINX, "-p", self.dir, "-c", os.path.join(self.dir, "nginx.conf")],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                sbtest.http_request(self.port, "GET", "/healthz", timeout=1)
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise AssertionError("nginx did not start: %s" % open(os.path.join(self.dir, "error.log")).read()[-2000:])
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@unittest.skipUnless(os.path.exists(NGINX), "nginx is not installed")
+class ThroughNginx(sbtest.BrokerTestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.redis = sbtest.RedisServer()
+        cls.redis.start()
+        env = {"SANDBOX_BROKER_TOKEN_STORE": cls.redis.url, "SANDBOX_BROKER_REDIS_PREFIX": "sbnginx:"}
+        cls.a = sbtest.Broker(env=env).start()
+        cls.b = sbtest.Broker(env=env).start()
+        for br in (cls.a, cls.b):
+            br.wait_store_up(2)
+        cls.nginx = Nginx([cls.a.port, cls.b.port])
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.nginx.stop()
+        for br in (cls.a, cls.b):
+            br.stop()
+        cls.redis.stop()
+
+    def rpc(self, token, method, args=None, headers=None):
+        hdrs = {"Content-Type": "application/json", sbtest.TOKEN_HEADER: token}
+        hdrs.update(headers or {})
+        return sbtest.http_request(self.nginx.port, "POST", sbtest.RPC_PATH,
+                                   sbtest.encode({"method": method, "args": args or {}}, "json"), hdrs)
+
+    def served_by(self, broker, before):
+        return broker.log().count('"event":"rpc"') - before
+
+    def test_calls_reach_both_instances_and_revocation_holds_everywhere(self):
+        token = self.a.mint_ok("nginx-run", {"services": ["billing"]})
+        a0, b0 = self.a.log().count('"event":"rpc"'), self.b.log().count('"event":"rpc"')
+        for _ in range(20):
+            r = self.rpc(token, "services.billing.charge")
+            self.assertError(r, 501, "not_implemented", "services dispatch is not implemented")
+        # nginx spreads keep-alive requests over the pool: both instances answered
+        self.assertGreater(self.served_by(self.a, a0), 0)
+        self.assertGreater(self.served_by(self.b, b0), 0)
+        # revoked through instance A's admin endpoint: refused on every instance, at once
+        self.assertEqual(self.a.revoke_run("nginx-run").status, 204)
+        a1, b1 = self.a.log().count('"event":"rpc"'), self.b.log().count('"event":"rpc"')
+        for _ in range(20):
+            r = self.rpc(token, "services.billing.charge")
+            self.assertError(r, 401, "unauthorized", sbtest.MSG_UNAUTHORIZED)
+        self.assertGreater(self.served_by(self.a, a1), 0)
+        self.assertGreater(self.served_by(self.b, b1), 0)
+
+    def test_admin_paths_and_metrics_are_not_exposed(self):
+        for method, path in (("POST", "/admin/v1/tokens"), ("DELETE", "/admin/v1/runs/x"), ("GET", "/metrics"),
+                             ("GET", "/readyz"), ("GET", "/api/sandbox/rpc/../../admin/v1/tokens")):
+            with self.subTest(path=path):
+                r = sbtest.http_request(self.nginx.port, method, path, b"{}" if method == "POST" else None,
+                                        {"Authorization": "Bearer " + sbtest.ADMIN_SECRET})
+                self.assertEqual(r.status, 404, r)
+
+    def test_only_post_reaches_the_route(self):
+        r = sbtest.http_request(self.nginx.port, "GET", sbtest.RPC_PATH)
+        self.assertEqual(r.status, 403, r)
+
+    def test_request_id_is_forwarded_and_echoed(self):
+        token = self.a.mint_ok("nginx-rid", {"services": ["billing"]})
+        r = self.rpc(token, "services.billing.charge", headers={"X-Request-Id": "rid-123"})
+        self.assertEqual(r.headers.get("x-request-id"), "rid-123", r.headers)
+        r = self.rpc(token, "services.billing.charge")
+        self.assertRegex(r.headers.get("x-request-id", ""), r"^[0-9a-f]{32}$")
+
+    def test_body_cap_matches_the_protocol(self):
+        token = self.a.mint_ok("nginx-cap", {"services": ["billing"]})
+        # 7,121,580 bytes pass nginx and reach the broker's per-method cap (65,536 for services: 413 bad_args)
+        prefix = b'{"method":"services.billing.charge","args":{"p":"'
+        body = prefix + b"x" * (7121580 - len(prefix) - 3) + b'"}}'
+        self.assertEqual(len(body), 7121580)
+        r = sbtest.http_request(self.nginx.port, "POST", sbtest.RPC_PATH, body,
+                                {"Content-Type": "application/json", sbtest.TOKEN_HEADER: token}, timeout=30)
+        self.assertError(r, 413, "bad_args", sbtest.MSG_TOO_LARGE)
+        # one byte more is nginx's own 413
+        r = sbtest.http_request(self.nginx.port, "POST", sbtest.RPC_PATH, body + b" ",
+                                {"Content-Type": "application/json", sbtest.TOKEN_HEADER: token}, timeout=30)
+        self.assertEqual(r.status, 413, r)
+
+
+if __name__ == "__main__":
+    sbtest.main()
