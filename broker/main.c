@@ -71,6 +71,7 @@ int main(int argc, char **argv)
     sb_fetch_conf_t *fetch_conf = NULL;
     sb_targets_t *targets = NULL;
     char errbuf[8192];
+    int rc = 1;
     sigset_t set;
     pthread_t sigtid;
 
@@ -98,67 +99,39 @@ int main(int argc, char **argv)
         fprintf(stderr, "sandbox-broker: invalid configuration:\n%s", errbuf);
         return 1;
     }
-    {
-        char ferr[512];
-        if (sb_fetch_conf_create(conf->egress, &fetch_conf, ferr, sizeof(ferr)) != SB_OK) {
-            fprintf(stderr, "sandbox-broker: invalid configuration:\n%s\n", ferr);
-            sb_config_free(conf);
-            return 1;
-        }
+    if (sb_fetch_conf_create(conf->egress, &fetch_conf, errbuf, sizeof(errbuf)) != SB_OK ||
+        sb_targets_parse(conf->targets, &targets, errbuf, sizeof(errbuf)) != SB_OK) {
+        fprintf(stderr, "sandbox-broker: invalid configuration:\n%s\n", errbuf);
+        goto Exit;
     }
     {
-        char terr[512];
-        if (sb_targets_parse(conf->targets, &targets, terr, sizeof(terr)) != SB_OK) {
-            fprintf(stderr, "sandbox-broker: invalid configuration:\n%s\n", terr);
-            sb_fetch_conf_free(fetch_conf);
-            sb_config_free(conf);
-            return 1;
-        }
-    }
-    {
-        char perr[600];
         int reachable = 0;
-        sb_status_t st = sb_pg_check_schema(conf->database_url, targets, &reachable, perr, sizeof(perr));
+        sb_status_t st = sb_pg_check_schema(conf->database_url, targets, &reachable, errbuf, sizeof(errbuf));
         if (st == SB_E_BAD_ARGS || (st != SB_OK && check_only)) {
-            fprintf(stderr, "sandbox-broker: invalid configuration:\n%s\n", perr);
-            sb_targets_free(targets);
-            sb_fetch_conf_free(fetch_conf);
-            sb_config_free(conf);
-            return 1;
+            fprintf(stderr, "sandbox-broker: invalid configuration:\n%s\n", errbuf);
+            goto Exit;
         }
         if (st != SB_OK) {
             /* not reachable now: start anyway; data calls answer unavailable until it is */
             sb_logline_t l;
             sb_log_begin(&l, SB_LOG_WARN, "pg.unreachable_at_start");
-            sb_log_cstr(&l, "reason", perr);
+            sb_log_cstr(&l, "reason", errbuf);
             sb_log_end(&l);
         }
     }
-    if (check_only) {
-        sb_store_t *probe;
-        sb_store_config_t sc = {conf->token_store, conf->redis_prefix, conf->max_tokens, conf->store_timeout_ms};
-        if (sb_store_create(&sc, &probe, &err) != SB_OK) {
-            fprintf(stderr, "sandbox-broker: invalid configuration:\n%s\n", err);
-            sb_config_free(conf);
-            return 1;
-        }
-        sb_store_destroy(probe);
-        sb_fetch_conf_free(fetch_conf);
-        sb_targets_free(targets);
-        printf("configuration OK\n");
-        sb_config_free(conf);
-        return 0;
-    }
-    sb_log_set_level((sb_log_level_t)sb_log_parse_level(conf->log_level));
-
     {
         sb_store_config_t sc = {conf->token_store, conf->redis_prefix, conf->max_tokens, conf->store_timeout_ms};
         if (sb_store_create(&sc, &the_store, &err) != SB_OK) {
             fprintf(stderr, "sandbox-broker: invalid configuration:\n%s\n", err);
-            sb_config_free(conf);
-            return 1;
+            goto Exit;
         }
     }
+    if (check_only) {
+        printf("configuration OK\n");
+        rc = 0;
+        goto Exit;
+    }
+    sb_log_set_level((sb_log_level_t)sb_log_parse_level(conf->log_level));
     sb_metrics_set_live_tokens_fn(live_tokens);
     sb_metrics_set_store_up_fn(store_up);
 
@@ -169,11 +142,8 @@ int main(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    if (sb_server_init(&server, conf, the_store, fetch_conf, targets) != SB_OK) {
-        sb_store_destroy(the_store);
-        sb_config_free(conf);
-        return 1;
-    }
+    if (sb_server_init(&server, conf, the_store, fetch_conf, targets) != SB_OK)
+        goto Exit;
     {
         sb_logline_t l;
         sb_log_begin(&l, SB_LOG_INFO, "started");
@@ -188,9 +158,11 @@ int main(int argc, char **argv)
     pthread_join(sigtid, NULL);
     sb_log_msg(SB_LOG_INFO, "stopped", "drained and stopped");
     sb_server_dispose(&server);
+    rc = 0;
+Exit:
     sb_store_destroy(the_store);
     sb_fetch_conf_free(fetch_conf);
     sb_targets_free(targets);
     sb_config_free(conf);
-    return 0;
+    return rc;
 }

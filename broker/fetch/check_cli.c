@@ -50,7 +50,7 @@ int sb_egress_check_main(int argc, char **argv)
     sb_fetch_conf_t *fc = NULL;
     sb_manifest_t *m = NULL;
     sb_fetch_ctx_t *ctx = NULL;
-    h2o_loop_t *loop;
+    h2o_loop_t *loop = NULL;
     check_state_t st = {0, 0};
     char errbuf[4096];
     int rc = 2;
@@ -99,6 +99,11 @@ Exit:
     if (rc == 2 && url == NULL && argc != 0)
         usage();
     sb_fetch_ctx_destroy(ctx);
+    if (loop != NULL) {
+        /* closed sockets are released on the next turn of the loop */
+        h2o_evloop_run(loop, 0);
+        h2o_evloop_destroy(loop);
+    }
     sb_manifest_free(m);
     sb_fetch_conf_free(fc);
     sb_config_free(conf);
