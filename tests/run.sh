@@ -9,6 +9,13 @@ JOBS=$(nproc)
 
 ./scripts/install-deps.sh --test
 
+# npm packages the tests run for real: Deno (the guest runtime) and an MCP server
+export SB_NODE_PREFIX=${SB_NODE_PREFIX:-$ROOT/.cache/node}
+if [ ! -x "$SB_NODE_PREFIX/node_modules/.bin/deno" ]; then
+    mkdir -p "$SB_NODE_PREFIX"
+    npm install --prefix "$SB_NODE_PREFIX" --no-audit --no-fund --loglevel=error deno@2.9.6 >/dev/null
+fi
+
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j"$JOBS"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DSB_SANITIZE=ON >/dev/null

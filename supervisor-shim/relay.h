@@ -1,0 +1,60 @@
+/*
+ * sandbox-shim: the relay loop.
+ *
+ * One thread, one poll() loop: guest frames in on the child's stdout, broker
+ * calls out over kept-alive HTTP/1.1 connections, replies back on the child's
+ * stdin in completion order (proto/PROTOCOL.md section 2). The loop ends when the guest has been
+ * reaped; it then hands back the run's outcome as the JSON object the shim
+ * prints.
+ */
+#ifndef SB_SHIM_RELAY_H
+#define SB_SHIM_RELAY_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <jansson.h>
+#include "sb/status.h"
+#include "child.h"
+#include "url.h"
+
+/* defaults (README.md, "Flags") */
+#define SB_SHIM_DEFAULT_TIMEOUT_MS 30000
+#define SB_SHIM_DEFAULT_CALL_TIMEOUT_MS 10000
+#define SB_SHIM_DEFAULT_MAX_CALLS 256u
+#define SB_SHIM_DEFAULT_MAX_INFLIGHT 16u
+#define SB_SHIM_MAX_INFLIGHT_LIMIT 256u
+/* result frame budgets (questpie-wire.md section 1.3) */
+#define SB_SHIM_MAX_LOGS 1000u
+#define SB_SHIM_MAX_LOG_BYTES 4000u
+#define SB_SHIM_MAX_OUTPUT (1024u * 1024u)
+#define SB_SHIM_MAX_ERROR_BYTES 65536u
+/* the guest's stderr we keep (the rest is read and dropped) */
+#define SB_SHIM_MAX_STDERR (256u * 1024u)
+/* a guest that received SIGTERM gets this long before SIGKILL */
+#define SB_SHIM_KILL_GRACE_MS 250
+/* after a valid result, the guest gets this long to exit by itself */
+#define SB_SHIM_EXIT_GRACE_MS 1000
+
+typedef struct st_sb_shim_config_t {
+    sb_shim_url_t url;
+    struct sockaddr_storage addr; /* the broker, resolved once before the guest starts */
+    socklen_t addr_len;
+    char token[65];               /* never logged, never given to the guest */
+    int64_t timeout_ms;           /* wall clock for the whole run */
+    int64_t call_timeout_ms;      /* per broker call */
+    unsigned max_calls;
+    unsigned max_inflight;
+    int denial_reply;             /* 1: hand broker errors to the guest; 0: end the run */
+} sb_shim_config_t;
+
+/**
+ * Runs the relay until the guest is gone.
+ * @param init the whole init frame (header included) written to the guest first
+ * @param out receives the outcome object {ok, output?, error?, logs, timedOut?, ms, calls} (new reference)
+ * @return SB_OK, or SB_E_NOMEM when the outcome could not be built
+ */
+SB_WARN_UNUSED sb_status_t sb_shim_relay_run(const sb_shim_config_t *cfg, sb_shim_child_t *child, const uint8_t *init,
+                                             size_t init_len, json_t **out);
+
+#endif

@@ -1,0 +1,600 @@
+/*
+ * sandbox-shim: the supervisor-side relay between a guest speaking length-
+ * prefixed msgpack frames on stdio and the broker (README.md, proto/PROTOCOL.md section 2).
+ *
+ *   sandbox-shim run   --broker-url URL (--token-env NAME | --token-fd N) --source FILE [options]
+ *   sandbox-shim relay --broker-url URL (--token-env NAME | --token-fd N) [options] -- CMD ARGS...
+ *
+ * This file parses the command line, reads the token, resolves the broker,
+ * prepares the guest (for `run`: a private temporary directory holding the
+ * embedded Deno runtime) and prints the one JSON line of the outcome.
+ * It links proto/ only; nothing from broker/.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <limits.h>
+#include <netdb.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <jansson.h>
+#include <msgpack.h>
+#include "sb/frame.h"
+#include "sb/limits.h"
+#include "sb/value.h"
+#include "buf.h"
+#include "child.h"
+#include "relay.h"
+#include "runtime_js.h"
+#include "url.h"
+
+#define EXIT_USAGE 2
+/* guest source and input travel in the init frame; both fit in SB_MAX_FRAME with room to spare */
+#define SB_SHIM_MAX_SOURCE (4u * 1024u * 1024u)
+#define SB_SHIM_MAX_INPUT (1024u * 1024u)
+/* descriptors the guest may hold (Deno needs a few dozen for its runtime threads) */
+#define SB_SHIM_GUEST_NOFILE 64u
+#define SB_SHIM_DEFAULT_MEMORY_MB 256u
+
+extern char **environ;
+
+typedef struct st_opts_t {
+    int run; /* 1: run (spawn Deno), 0: relay */
+    const char *broker_url;
+    const char *token_env;
+    long token_fd;
+    const char *source;
+    const char *input;
+    const char *input_file;
+    const char *deno;
+    unsigned long memory_mb;
+    char **cmd; /* relay: CMD ARGS... */
+} opts_t;
+
+static void usage(FILE *f)
+{
+    fputs("usage:\n"
+          "  sandbox-shim run   --broker-url URL (--token-env NAME | --token-fd N) --source FILE\n"
+          "                     [--input JSON | --input-file F] [--memory-mb N] [--deno PATH] [limits]\n"
+          "  sandbox-shim relay --broker-url URL (--token-env NAME | --token-fd N)\n"
+          "                     [--source FILE] [--input JSON | --input-file F] [limits] -- CMD ARGS...\n"
+          "limits: [--timeout-ms N] [--max-calls N] [--max-inflight N] [--call-timeout-ms N]\n"
+          "        [--on-denial terminate|reply]\n"
+          "Prints one JSON line {ok, output?, error?, logs, timedOut?, ms, calls}; exit 0 when a run completed,\n"
+          "2 for usage or configuration errors.\n",
+          f);
+}
+
+static int fail_usage(const char *fmt, const char *arg)
+{
+    fputs("sandbox-shim: ", stderr);
+    fprintf(stderr, fmt, arg != NULL ? arg : "");
+    fputc('\n', stderr);
+    return EXIT_USAGE;
+}
+
+/* strict decimal in [min, max]; no sign, no spaces, no trailing bytes */
+static int parse_num(const char *s, unsigned long long min, unsigned long long max, unsigned long long *out)
+{
+    unsigned long long v = 0;
+
+    if (s == NULL || *s == '\0' || strlen(s) > 12)
+        return -1;
+    for (const char *p = s; *p != '\0'; ++p) {
+        if (*p < '0' || *p > '9')
+            return -1;
+        v = v * 10 + (unsigned long long)(*p - '0');
+    }
+    if (v < min || v > max)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int valid_token(const char *t, size_t n)
+{
+    if (n != 64)
+        return 0;
+    for (size_t i = 0; i < n; ++i)
+        if (!((t[i] >= '0' && t[i] <= '9') || (t[i] >= 'a' && t[i] <= 'f')))
+            return 0;
+    return 1;
+}
+
+/*
+ * Reads the token once. From an environment variable, the value is copied,
+ * then overwritten in place and the variable removed: unsetenv alone would
+ * leave the bytes in the initial environment block that /proc/<pid>/environ
+ * shows. From a descriptor, the descriptor is closed after reading.
+ */
+static int read_token(const opts_t *o, char token[65])
+{
+    char buf[80];
+    size_t n = 0;
+
+    if (o->token_env != NULL) {
+        char *v = getenv(o->token_env);
+        if (v == NULL)
+            return fail_usage("token variable %s is not set", o->token_env);
+        n = strlen(v);
+        if (n < sizeof(buf))
+            memcpy(buf, v, n);
+        explicit_bzero(v, n);
+        if (unsetenv(o->token_env) != 0)
+            return fail_usage("cannot remove %s from the environment", o->token_env);
+    } else {
+        int fd = (int)o->token_fd;
+        ssize_t r;
+        while (n < sizeof(buf)) {
+            r = read(fd, buf + n, sizeof(buf) - n);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r < 0) {
+                close(fd);
+                return fail_usage("cannot read the token descriptor: %s", strerror(errno));
+            }
+            if (r == 0)
+                break;
+            n += (size_t)r;
+        }
+        close(fd);
+        while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
+            --n;
+    }
+    if (n >= sizeof(buf) || !valid_token(buf, n)) {
+        explicit_bzero(buf, sizeof(buf));
+        return fail_usage("the token must be 64 lowercase hex characters%s", "");
+    }
+    memcpy(token, buf, 64);
+    token[64] = '\0';
+    explicit_bzero(buf, sizeof(buf));
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, opts_t *o, sb_shim_config_t *cfg)
+{
+    unsigned long long v;
+    int i;
+
+    memset(o, 0, sizeof(*o));
+    o->token_fd = -1;
+    o->memory_mb = SB_SHIM_DEFAULT_MEMORY_MB;
+    cfg->timeout_ms = SB_SHIM_DEFAULT_TIMEOUT_MS;
+    cfg->call_timeout_ms = SB_SHIM_DEFAULT_CALL_TIMEOUT_MS;
+    cfg->max_calls = SB_SHIM_DEFAULT_MAX_CALLS;
+    cfg->max_inflight = SB_SHIM_DEFAULT_MAX_INFLIGHT;
+    if (argc < 2) {
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        usage(stdout);
+        return -1;
+    }
+    if (strcmp(argv[1], "run") == 0)
+        o->run = 1;
+    else if (strcmp(argv[1], "relay") != 0)
+        return fail_usage("unknown mode \"%s\" (want run or relay)", argv[1]);
+
+    for (i = 2; i < argc; ++i) {
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--") == 0) {
+            ++i;
+            break;
+        }
+        if (strcmp(a, "--help") == 0) {
+            usage(stdout);
+            return -1;
+        }
+        if (strncmp(a, "--", 2) != 0)
+            return fail_usage("unexpected argument \"%s\"", a);
+        if (val == NULL)
+            return fail_usage("%s needs a value", a);
+        ++i;
+        if (strcmp(a, "--broker-url") == 0) {
+            o->broker_url = val;
+        } else if (strcmp(a, "--token-env") == 0) {
+            o->token_env = val;
+        } else if (strcmp(a, "--token-fd") == 0) {
+            if (parse_num(val, 0, INT_MAX, &v) != 0)
+                return fail_usage("--token-fd wants a descriptor number, not \"%s\"", val);
+            o->token_fd = (long)v;
+        } else if (strcmp(a, "--timeout-ms") == 0) {
+            if (parse_num(val, 1, 3600000, &v) != 0)
+                return fail_usage("--timeout-ms wants 1..3600000, not \"%s\"", val);
+            cfg->timeout_ms = (int64_t)v;
+        } else if (strcmp(a, "--call-timeout-ms") == 0) {
+            if (parse_num(val, 1, 600000, &v) != 0)
+                return fail_usage("--call-timeout-ms wants 1..600000, not \"%s\"", val);
+            cfg->call_timeout_ms = (int64_t)v;
+        } else if (strcmp(a, "--max-calls") == 0) {
+            if (parse_num(val, 0, 1000000, &v) != 0)
+                return fail_usage("--max-calls wants 0..1000000, not \"%s\"", val);
+            cfg->max_calls = (unsigned)v;
+        } else if (strcmp(a, "--max-inflight") == 0) {
+            if (parse_num(val, 1, SB_SHIM_MAX_INFLIGHT_LIMIT, &v) != 0)
+                return fail_usage("--max-inflight wants 1..256, not \"%s\"", val);
+            cfg->max_inflight = (unsigned)v;
+        } else if (strcmp(a, "--on-denial") == 0) {
+            if (strcmp(val, "terminate") == 0)
+                cfg->denial_reply = 0;
+            else if (strcmp(val, "reply") == 0)
+                cfg->denial_reply = 1;
+            else
+                return fail_usage("--on-denial wants terminate or reply, not \"%s\"", val);
+        } else if (strcmp(a, "--source") == 0) {
+            o->source = val;
+        } else if (strcmp(a, "--input") == 0) {
+            o->input = val;
+        } else if (strcmp(a, "--input-file") == 0) {
+            o->input_file = val;
+        } else if (strcmp(a, "--memory-mb") == 0 && o->run) {
+            if (parse_num(val, 16, 16384, &v) != 0)
+                return fail_usage("--memory-mb wants 16..16384, not \"%s\"", val);
+            o->memory_mb = (unsigned long)v;
+        } else if (strcmp(a, "--deno") == 0 && o->run) {
+            o->deno = val;
+        } else {
+            return fail_usage("unknown option %s", a);
+        }
+    }
+    if (o->run && i < argc)
+        return fail_usage("run takes no command%s", "");
+    if (!o->run) {
+        if (i >= argc)
+            return fail_usage("relay needs -- CMD ARGS...%s", "");
+        o->cmd = &argv[i];
+    }
+    if (o->broker_url == NULL)
+        return fail_usage("--broker-url is required%s", "");
+    if ((o->token_env != NULL) == (o->token_fd >= 0))
+        return fail_usage("exactly one of --token-env and --token-fd is required%s", "");
+    if (o->run && o->source == NULL)
+        return fail_usage("run needs --source FILE%s", "");
+    if (o->input != NULL && o->input_file != NULL)
+        return fail_usage("--input and --input-file are exclusive%s", "");
+    return 0;
+}
+
+/* reads a whole file of at most `cap` bytes into `out` */
+static int read_file(const char *path, size_t cap, sb_shim_buf_t *out, const char *what)
+{
+    uint8_t tmp[65536];
+    int fd = open(path, O_RDONLY | O_CLOEXEC), rc = 0;
+
+    if (fd < 0)
+        return fail_usage("cannot open %s", path);
+    sb_shim_buf_init(out, cap);
+    for (;;) {
+        ssize_t n = read(fd, tmp, sizeof(tmp));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            rc = fail_usage("cannot read %s", path);
+            break;
+        }
+        if (n == 0)
+            break;
+        if (sb_shim_buf_append(out, tmp, (size_t)n) != SB_OK) {
+            fprintf(stderr, "sandbox-shim: %s %s is larger than %zu bytes\n", what, path, cap);
+            rc = EXIT_USAGE;
+            break;
+        }
+    }
+    close(fd);
+    return rc;
+}
+
+/*
+ * Resolves the broker once, before the guest starts. This is the shim's one
+ * blocking name lookup (the house rule prefers c-ares, which the shim does
+ * not link): the name is operator configuration, not guest input, and
+ * nothing else runs yet.
+ */
+static int resolve_broker(sb_shim_config_t *cfg)
+{
+    struct addrinfo hints, *res = NULL;
+    char port[8];
+    int e;
+
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    snprintf(port, sizeof(port), "%u", (unsigned)cfg->url.port);
+    if ((e = getaddrinfo(cfg->url.host, port, &hints, &res)) != 0 || res == NULL) /* checksrc:allow (see above) */
+        return fail_usage("cannot resolve the broker host: %s", gai_strerror(e));
+    memcpy(&cfg->addr, res->ai_addr, res->ai_addrlen);
+    cfg->addr_len = res->ai_addrlen;
+    freeaddrinfo(res);
+    return 0;
+}
+
+static void pack_cstr(msgpack_packer *pk, const char *s)
+{
+    size_t n = strlen(s);
+    (void)msgpack_pack_str(pk, n);
+    (void)msgpack_pack_str_body(pk, s, n);
+}
+
+/* init frame: {t:"init", source?: str, input: any} (proto/PROTOCOL.md section 2) */
+static int build_init(const opts_t *o, msgpack_sbuffer *frame)
+{
+    sb_shim_buf_t src, in;
+    msgpack_sbuffer input;
+    msgpack_packer pk;
+    const char *why = NULL;
+    int rc = EXIT_USAGE;
+
+    memset(&src, 0, sizeof(src));
+    memset(&in, 0, sizeof(in));
+    msgpack_sbuffer_init(&input);
+    msgpack_sbuffer_init(frame);
+    if (o->source != NULL && read_file(o->source, SB_SHIM_MAX_SOURCE, &src, "source") != 0)
+        goto Exit;
+    if (o->source != NULL && !sb_utf8_valid(src.p, src.len)) {
+        fail_usage("source %s is not valid UTF-8", o->source);
+        goto Exit;
+    }
+    if (o->input_file != NULL && read_file(o->input_file, SB_SHIM_MAX_INPUT, &in, "input") != 0)
+        goto Exit;
+    if (o->input != NULL) {
+        if (strlen(o->input) > SB_SHIM_MAX_INPUT) {
+            fail_usage("--input is larger than 1 MiB%s", "");
+            goto Exit;
+        }
+        if (sb_shim_buf_init(&in, SB_SHIM_MAX_INPUT), sb_shim_buf_appends(&in, o->input) != SB_OK) {
+            fail_usage("out of memory%s", "");
+            goto Exit;
+        }
+    }
+    if (o->input != NULL || o->input_file != NULL) {
+        if (sb_json_decode((const char *)in.p, in.len, &input, &why) != SB_OK) {
+            fail_usage("input is not valid JSON (%s)", why != NULL ? why : "parse error");
+            goto Exit;
+        }
+    }
+    (void)msgpack_sbuffer_write(frame, "\0\0\0\0", 4);
+    msgpack_packer_init(&pk, frame, msgpack_sbuffer_write);
+    (void)msgpack_pack_map(&pk, o->source != NULL ? 3 : 2);
+    pack_cstr(&pk, "t");
+    pack_cstr(&pk, "init");
+    if (o->source != NULL) {
+        pack_cstr(&pk, "source");
+        (void)msgpack_pack_str(&pk, src.len);
+        (void)msgpack_pack_str_body(&pk, src.len != 0 ? (const char *)src.p : "", src.len);
+    }
+    pack_cstr(&pk, "input");
+    if (input.size != 0)
+        (void)msgpack_sbuffer_write(frame, input.data, input.size);
+    else
+        (void)msgpack_pack_nil(&pk);
+    if (frame->data == NULL || frame->size - 4 > SB_MAX_FRAME) {
+        fail_usage("source and input do not fit in one frame%s", "");
+        goto Exit;
+    }
+    sb_frame_header((uint32_t)(frame->size - 4), (uint8_t *)frame->data);
+    rc = 0;
+Exit:
+    msgpack_sbuffer_destroy(&input);
+    sb_shim_buf_dispose(&src);
+    sb_shim_buf_dispose(&in);
+    return rc;
+}
+
+/* finds an executable the way execvp would, but before fork */
+static char *find_exe(const char *name)
+{
+    const char *path = getenv("PATH");
+    char *buf;
+
+    if (strchr(name, '/') != NULL)
+        return strdup(name);
+    if (path == NULL)
+        path = "/usr/local/bin:/usr/bin:/bin";
+    if ((buf = malloc(PATH_MAX)) == NULL)
+        return NULL;
+    while (*path != '\0') {
+        const char *end = strchr(path, ':');
+        size_t n = end != NULL ? (size_t)(end - path) : strlen(path);
+        if (n != 0 && n + 1 + strlen(name) < PATH_MAX) {
+            memcpy(buf, path, n);
+            buf[n] = '/';
+            memcpy(buf + n + 1, name, strlen(name) + 1);
+            if (access(buf, X_OK) == 0)
+                return buf;
+        }
+        path += n;
+        if (*path == ':')
+            ++path;
+    }
+    free(buf);
+    return NULL;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    (void)remove(path);
+    return 0;
+}
+
+/* the private directory Deno gets as HOME and DENO_DIR; it also holds the runtime */
+static int make_workdir(char *dir, size_t dirsz, char *runtime, size_t rtsz)
+{
+    const char *base = getenv("TMPDIR");
+    int fd;
+    size_t off = 0;
+
+    if (base == NULL || base[0] != '/' || strlen(base) > 200)
+        base = "/tmp";
+    snprintf(dir, dirsz, "%s/sb-shim-XXXXXX", base);
+    if (mkdtemp(dir) == NULL)
+        return fail_usage("cannot create a private temporary directory: %s", strerror(errno));
+    snprintf(runtime, rtsz, "%s/runtime.js", dir);
+    if ((fd = open(runtime, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0400)) < 0)
+        return fail_usage("cannot write the guest runtime: %s", strerror(errno));
+    while (off < sizeof(sb_shim_runtime_js)) {
+        ssize_t n = write(fd, sb_shim_runtime_js + off, sizeof(sb_shim_runtime_js) - off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            close(fd);
+            return fail_usage("cannot write the guest runtime: %s", strerror(errno));
+        }
+        off += (size_t)n;
+    }
+    close(fd);
+    return 0;
+}
+
+/* relay mode: the shim's environment minus anything that carries the token */
+static char **relay_env(const char *token)
+{
+    size_t n = 0, k = 0;
+    char **env;
+
+    while (environ[n] != NULL)
+        ++n;
+    if ((env = calloc(n + 1, sizeof(*env))) == NULL)
+        return NULL;
+    for (size_t i = 0; i < n; ++i)
+        if (strstr(environ[i], token) == NULL)
+            env[k++] = environ[i];
+    return env;
+}
+
+int main(int argc, char **argv)
+{
+    opts_t o;
+    sb_shim_config_t cfg;
+    msgpack_sbuffer init;
+    sb_shim_child_t child;
+    sb_shim_spawn_t sp;
+    json_t *outcome = NULL;
+    char *exe = NULL, **env = NULL, *dump = NULL;
+    char workdir[256] = "", runtime[300], v8flags[64], e_home[300], e_denodir[320], e_tmp[300], err[512];
+    char *deno_argv[32], *deno_env[16];
+    const char *why = NULL;
+    int rc;
+
+    /* no core dumps of the token, and /proc/<pid>/{environ,mem} closed to same-uid processes */
+    (void)prctl(PR_SET_DUMPABLE, 0);
+    signal(SIGPIPE, SIG_IGN);
+    memset(&cfg, 0, sizeof(cfg));
+    memset(&child, 0, sizeof(child));
+    child.pid = -1;
+    msgpack_sbuffer_init(&init);
+
+    if ((rc = parse_args(argc, argv, &o, &cfg)) != 0)
+        return rc < 0 ? 0 : rc;
+    /* the token is read (and scrubbed) first, so that no early exit leaves it in the environment */
+    if ((rc = read_token(&o, cfg.token)) != 0)
+        goto Exit;
+    if (sb_shim_url_parse(o.broker_url, &cfg.url, &why) != SB_OK) {
+        rc = fail_usage("%s", why);
+        goto Exit;
+    }
+    if (cfg.url.https) {
+        rc = fail_usage("https broker URLs are not supported yet%s", "");
+        goto Exit;
+    }
+    if ((rc = resolve_broker(&cfg)) != 0 || (rc = build_init(&o, &init)) != 0)
+        goto Exit;
+
+    memset(&sp, 0, sizeof(sp));
+    sp.nofile = SB_SHIM_GUEST_NOFILE;
+    if (o.run) {
+        size_t a = 0, e = 0;
+        if ((exe = find_exe(o.deno != NULL ? o.deno : "deno")) == NULL) {
+            rc = fail_usage("cannot find deno (use --deno PATH)%s", "");
+            goto Exit;
+        }
+        if ((rc = make_workdir(workdir, sizeof(workdir), runtime, sizeof(runtime))) != 0)
+            goto Exit;
+        snprintf(v8flags, sizeof(v8flags), "--v8-flags=--max-old-space-size=%lu", o.memory_mb);
+        /*
+         * No --allow-* at all: with --no-prompt every permission check fails.
+         * The explicit --deny-* flags keep it that way should a config file or
+         * a future default grant something; --no-remote/--no-npm stop module
+         * fetches, --no-config/--no-lock stop Deno from reading project files.
+         */
+        deno_argv[a++] = exe;
+        deno_argv[a++] = "run";
+        deno_argv[a++] = "--no-prompt";
+        deno_argv[a++] = "--no-config";
+        deno_argv[a++] = "--no-lock";
+        deno_argv[a++] = "--no-npm";
+        deno_argv[a++] = "--no-remote";
+        deno_argv[a++] = "--no-code-cache";
+        deno_argv[a++] = "--deny-read";
+        deno_argv[a++] = "--deny-write";
+        deno_argv[a++] = "--deny-net";
+        deno_argv[a++] = "--deny-env";
+        deno_argv[a++] = "--deny-run";
+        deno_argv[a++] = "--deny-ffi";
+        deno_argv[a++] = "--deny-sys";
+        deno_argv[a++] = v8flags;
+        deno_argv[a++] = runtime;
+        deno_argv[a] = NULL;
+        snprintf(e_home, sizeof(e_home), "HOME=%s", workdir);
+        snprintf(e_denodir, sizeof(e_denodir), "DENO_DIR=%s/deno", workdir);
+        snprintf(e_tmp, sizeof(e_tmp), "TMPDIR=%s", workdir);
+        deno_env[e++] = e_home;
+        deno_env[e++] = e_denodir;
+        deno_env[e++] = e_tmp;
+        deno_env[e++] = "NO_COLOR=1";
+        deno_env[e++] = "DENO_NO_UPDATE_CHECK=1";
+        deno_env[e++] = "DENO_NO_PROMPT=1";
+        deno_env[e] = NULL;
+        sp.path = exe;
+        sp.argv = deno_argv;
+        sp.envp = deno_env;
+        sp.cwd = "/";
+    } else {
+        if ((exe = find_exe(o.cmd[0])) == NULL) {
+            rc = fail_usage("cannot find %s", o.cmd[0]);
+            goto Exit;
+        }
+        if ((env = relay_env(cfg.token)) == NULL) {
+            rc = fail_usage("out of memory%s", "");
+            goto Exit;
+        }
+        sp.path = exe;
+        sp.argv = o.cmd;
+        sp.envp = env;
+    }
+    if (sb_shim_child_spawn(&sp, &child, err, sizeof(err)) != SB_OK) {
+        rc = fail_usage("%s", err);
+        goto Exit;
+    }
+    if (sb_shim_relay_run(&cfg, &child, (const uint8_t *)init.data, init.size, &outcome) != SB_OK) {
+        rc = fail_usage("out of memory building the outcome%s", "");
+        goto Exit;
+    }
+    if ((dump = json_dumps(outcome, JSON_COMPACT)) == NULL) {
+        rc = fail_usage("out of memory building the outcome%s", "");
+        goto Exit;
+    }
+    fputs(dump, stdout);
+    fputc('\n', stdout);
+    rc = fflush(stdout) == 0 ? 0 : 1;
+Exit:
+    sb_shim_child_close(&child);
+    explicit_bzero(cfg.token, sizeof(cfg.token));
+    if (workdir[0] != '\0')
+        (void)nftw(workdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+    free(dump);
+    json_decref(outcome);
+    free(env);
+    free(exe);
+    msgpack_sbuffer_destroy(&init);
+    return rc;
+}
