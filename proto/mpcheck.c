@@ -70,6 +70,11 @@ static sb_status_t walk_map(cursor_t *c, unsigned depth, uint64_t n)
         c->why = "msgpack map count exceeds the bytes left";
         return SB_E_BAD_ARGS;
     }
+    /* a map with more values than the node cap is refused before its key list is allocated */
+    if (n > SB_MAX_NODES - c->nodes) {
+        c->why = "value has too many nodes";
+        return SB_E_TOO_LARGE;
+    }
     if (n > sizeof(small) / sizeof(small[0]) && (keys = malloc((size_t)n * sizeof(*keys))) == NULL)
         return SB_E_NOMEM;
     for (uint64_t i = 0; i < n; ++i) {

@@ -30,6 +30,9 @@ static const struct key {
     {"max_tokens", K_UINT, offsetof(sb_config_t, max_tokens), 1, 10000000},
     {"store_timeout_ms", K_UINT, offsetof(sb_config_t, store_timeout_ms), 10, 60000},
     {"drain_timeout_ms", K_UINT, offsetof(sb_config_t, drain_timeout_ms), 0, 600000},
+    {"quota_calls", K_INT, offsetof(sb_config_t, quota_calls), 1, 1000000},
+    {"quota_concurrent", K_INT, offsetof(sb_config_t, quota_concurrent), 1, 1024},
+    {"quota_fetch_bytes", K_INT, offsetof(sb_config_t, quota_fetch_bytes), 1, 1LL << 40},
     {"log_level", K_STR, offsetof(sb_config_t, log_level), 0, 0},
     {"log_calls", K_BOOL, offsetof(sb_config_t, log_calls), 0, 0},
     {"targets", K_OBJ, offsetof(sb_config_t, targets), 0, 0},
@@ -249,6 +252,9 @@ sb_status_t sb_config_load(const char *path, int require_secret, sb_config_t **o
     c->max_tokens = 100000;
     c->store_timeout_ms = 1000;
     c->drain_timeout_ms = 10000;
+    c->quota_calls = 1024;
+    c->quota_concurrent = 16;
+    c->quota_fetch_bytes = 64LL * 1024 * 1024;
     c->log_level = sb_mem_strdup("info");
     c->log_calls = 1;
     c->targets = json_object();

@@ -29,6 +29,9 @@ typedef struct st_sb_config_t {
     size_t max_tokens;        /* memory store capacity */
     uint64_t store_timeout_ms;/* redis connect and command timeout */
     uint64_t drain_timeout_ms;/* how long SIGTERM waits for in-flight calls */
+    int64_t quota_calls;      /* default per-run quotas (a mint may override them) */
+    int64_t quota_concurrent;
+    int64_t quota_fetch_bytes;
     char *log_level;          /* debug | info | warn | error */
     int log_calls;            /* one log line per RPC */
     json_t *targets;          /* targets.<name> (owned) */

@@ -176,6 +176,7 @@ typedef struct st_req_header_t {
 
 typedef struct st_fetch_t {
     sb_fetch_ctx_t *ctx;
+    sb_store_conn_t *store; /* quotas; NULL in egress-check */
     sb_token_t *tok;
     int binary;
     sb_dispatch_cb cb;
@@ -539,6 +540,8 @@ static void succeed(fetch_t *f, sb_http_response_t *res)
     msgpack_pack_bin_with_body(&pk, res->body != NULL ? (const char *)res->body : "", res->body_len);
     msgpack_pack_str_with_body(&pk, "truncated", 9);
     msgpack_pack_false(&pk);
+    if (f->store != NULL)
+        sb_store_quota_fetch_add(f->store, f->tok, res->body_len);
     f->cb(f->arg, &out);
     msgpack_sbuffer_destroy(&out.value);
     free_fetch(f);
@@ -772,12 +775,29 @@ static void start_hop(fetch_t *f)
     }
 }
 
-void sb_fetch_start(sb_fetch_ctx_t *ctx, sb_token_t *tok, const msgpack_object *args, int binary, sb_dispatch_cb cb, void *arg)
+static void on_fetch_quota(void *arg, sb_status_t st, const char *why)
+{
+    fetch_t *f = arg;
+    if (st != SB_OK) {
+        if (st == SB_E_RATE_LIMITED)
+            fail(f, SB_E_RATE_LIMITED, "run quota exceeded: %s", why != NULL ? why : "fetched bytes per run");
+        else
+            fail(f, SB_E_UNAVAILABLE, "%s", why != NULL ? why : "the token store is unavailable");
+        return;
+    }
+    /* one deadline for the whole exchange: every hop, every connect, every byte */
+    h2o_timeout_link(f->ctx->loop, &f->ctx->deadline, &f->deadline);
+    start_hop(f);
+}
+
+void sb_fetch_start(sb_fetch_ctx_t *ctx, sb_store_conn_t *store, sb_token_t *tok, const msgpack_object *args, int binary,
+                    sb_dispatch_cb cb, void *arg)
 {
     fetch_t *f = sb_mem_calloc(1, sizeof(*f));
     sb_result_t res;
 
     f->ctx = ctx;
+    f->store = store;
     f->binary = binary;
     f->cb = cb;
     f->arg = arg;
@@ -793,9 +813,11 @@ void sb_fetch_start(sb_fetch_ctx_t *ctx, sb_token_t *tok, const msgpack_object *
         free_fetch(f);
         return;
     }
-    /* one deadline for the whole exchange: every hop, every connect, every byte */
-    h2o_timeout_link(ctx->loop, &ctx->deadline, &f->deadline);
-    start_hop(f);
+    if (store != NULL) {
+        sb_store_quota_fetch_check(store, tok, on_fetch_quota, f);
+        return;
+    }
+    on_fetch_quota(f, SB_OK, NULL);
 }
 
 void sb_egress_check(sb_fetch_ctx_t *ctx, const sb_manifest_t *m, const char *url, size_t len, sb_egress_check_cb cb, void *arg)

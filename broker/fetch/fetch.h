@@ -48,9 +48,12 @@ void sb_fetch_ctx_destroy(sb_fetch_ctx_t *ctx);
 /**
  * Runs http.fetch for a call that passed the capability check. The token is
  * referenced for the whole exchange (its net allowlist is rechecked on every
- * hop). The callback runs once, possibly before this returns.
+ * hop). The run's fetched-bytes quota is checked before the first byte is
+ * sent and charged with every response body. The callback runs once, possibly
+ * before this returns.
  */
-void sb_fetch_start(sb_fetch_ctx_t *ctx, sb_token_t *tok, const msgpack_object *args, int binary, sb_dispatch_cb cb, void *arg);
+void sb_fetch_start(sb_fetch_ctx_t *ctx, sb_store_conn_t *store, sb_token_t *tok, const msgpack_object *args, int binary,
+                    sb_dispatch_cb cb, void *arg);
 
 /** one answer of an egress-check decision */
 typedef struct st_sb_egress_answer_t {

@@ -197,7 +197,7 @@ static void mint(h2o_req_t *req)
     }
     json_object_foreach(body, k, v) {
         if (strcmp(k, "runId") != 0 && strcmp(k, "capabilities") != 0 && strcmp(k, "target") != 0 && strcmp(k, "scope") != 0 &&
-            strcmp(k, "ttlMs") != 0 && strcmp(k, "token") != 0) {
+            strcmp(k, "ttlMs") != 0 && strcmp(k, "token") != 0 && strcmp(k, "quotas") != 0) {
             snprintf(err, sizeof(err), "%s: unknown key", k);
             goto BadArgs;
         }
@@ -267,6 +267,43 @@ static void mint(h2o_req_t *req)
         json_decref(body);
         send_error(req, "mint", 400, "Bad Request", "bad_args", err);
         return;
+    }
+    /* quotas: the configured defaults, unless the host sets them for this run */
+    tok->quota.calls = conf->quota_calls;
+    tok->quota.concurrent = conf->quota_concurrent;
+    tok->quota.fetch_bytes = conf->quota_fetch_bytes;
+    {
+        json_t *q = json_object_get(body, "quotas");
+        static const struct {
+            const char *key;
+            int64_t max;
+        } qk[] = {{"calls", 1000000}, {"concurrent", 1024}, {"fetchBytes", 1LL << 40}};
+        if (q != NULL) {
+            const char *qkey;
+            json_t *qv;
+            if (!json_is_object(q)) {
+                snprintf(err, sizeof(err), "quotas: expected an object");
+                sb_token_release(tok);
+                goto BadArgs;
+            }
+            json_object_foreach(q, qkey, qv) {
+                size_t i = 0;
+                while (i < 3 && strcmp(qk[i].key, qkey) != 0)
+                    ++i;
+                if (i == 3) {
+                    snprintf(err, sizeof(err), "quotas.%.64s: unknown key", qkey);
+                    sb_token_release(tok);
+                    goto BadArgs;
+                }
+                if (!json_is_integer(qv) || json_integer_value(qv) < 1 || json_integer_value(qv) > qk[i].max) {
+                    snprintf(err, sizeof(err), "quotas.%s: expected an integer from 1 to %lld", qkey, (long long)qk[i].max);
+                    sb_token_release(tok);
+                    goto BadArgs;
+                }
+                *(i == 0 ? &tok->quota.calls : i == 1 ? &tok->quota.concurrent : &tok->quota.fetch_bytes) =
+                    (int64_t)json_integer_value(qv);
+            }
+        }
     }
     /* TTL: explicit, else timeoutMs + 30 s, else the default; never above max_ttl_ms */
     if (ttl != NULL)

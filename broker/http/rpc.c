@@ -34,13 +34,28 @@ typedef struct st_rpc_call_t {
     char run_id[SB_MAX_RUN_ID + 1];
     char cid[37];
     uint64_t started_us;
+    sb_token_t *tok;   /* referenced from the token lookup on */
+    int quota_held;    /* a concurrency slot to give back */
 } rpc_call_t;
 
 static void call_dispose(sb_async_t *a)
 {
     rpc_call_t *c = (rpc_call_t *)a;
+    if (c->quota_held)
+        sb_store_quota_release(c->super.worker->store, c->tok);
+    if (c->tok != NULL)
+        sb_token_release(c->tok);
     msgpack_zone_destroy(&c->zone);
     msgpack_sbuffer_destroy(&c->packed);
+}
+
+/* the slot goes back as soon as the answer is decided, not when the connection lets go of the request */
+static void release_quota(rpc_call_t *c)
+{
+    if (c->quota_held) {
+        c->quota_held = 0;
+        sb_store_quota_release(sb_current_worker->store, c->tok);
+    }
 }
 
 static void log_call(rpc_call_t *c, sb_status_t st, const char *message)
@@ -108,6 +123,7 @@ static void reply_error(rpc_call_t *c, sb_status_t st, const char *message)
 
     if (redact)
         st = SB_E_EXECUTION;
+    release_quota(c);
     log_call(c, st, message);
     sb_metrics_call(c->kind, st, sb_mono_us() - c->started_us);
     if (st == SB_E_UNAUTHORIZED)
@@ -158,6 +174,7 @@ static void reply_value(rpc_call_t *c, const char *packed, size_t len)
     msgpack_object value;
     const char *why = NULL;
 
+    release_quota(c);
     if (c->binary) {
         msgpack_sbuffer sb;
         msgpack_packer pk;
@@ -223,19 +240,24 @@ static void on_dispatched(void *arg, sb_result_t *res)
     sb_async_release(&c->super);
 }
 
-static void on_token(void *arg, sb_status_t st, sb_token_t *tok)
+static void on_quota(void *arg, sb_status_t st, const char *why)
 {
     rpc_call_t *c = arg;
     char reason[512];
 
-    if (c->super.req == NULL)
-        goto Exit;
-    if (st != SB_OK) {
-        reply_error(c, st == SB_E_UNAUTHORIZED ? SB_E_UNAUTHORIZED : SB_E_UNAVAILABLE,
-                    st == SB_E_UNAUTHORIZED ? NULL : "sandbox token store is unavailable");
+    if (c->super.req == NULL) {
+        /* nobody to answer: hand a slot taken for nothing straight back */
+        if (st == SB_OK)
+            sb_store_quota_release(sb_current_worker->store, c->tok);
         goto Exit;
     }
-    memcpy(c->run_id, tok->run_id, sizeof(c->run_id));
+    if (st != SB_OK) {
+        snprintf(reason, sizeof(reason), "run quota exceeded: %s", why != NULL ? why : "unknown");
+        reply_error(c, st == SB_E_RATE_LIMITED ? SB_E_RATE_LIMITED : SB_E_UNAVAILABLE,
+                    st == SB_E_RATE_LIMITED ? reason : "sandbox token store is unavailable");
+        goto Exit;
+    }
+    c->quota_held = 1;
     if (sb_method_parse(c->method, c->method_len, &c->m) != SB_OK) {
         char msg[300];
         snprintf(msg, sizeof(msg), "unrecognized method \"%.*s\"", (int)c->method_len, c->method);
@@ -245,16 +267,36 @@ static void on_token(void *arg, sb_status_t st, sb_token_t *tok)
     c->kind = c->m.kind;
     /* the manifest is checked on every call: nothing about a grant is cached */
     reason[0] = '\0';
-    if ((st = sb_authz_check(tok->manifest, &c->m, c->args, reason, sizeof(reason))) != SB_OK) {
+    if ((st = sb_authz_check(c->tok->manifest, &c->m, c->args, reason, sizeof(reason))) != SB_OK) {
         reply_error(c, st, reason[0] != '\0' ? reason : NULL);
         goto Exit;
     }
     /* the handler's callback holds its own reference: it may run long after this one is dropped */
     sb_async_retain(&c->super);
-    sb_dispatch(&sb_current_worker->svc, tok, &c->m, c->method, c->method_len, c->args, c->binary, on_dispatched, c);
+    sb_dispatch(&sb_current_worker->svc, c->tok, &c->m, c->method, c->method_len, c->args, c->binary, on_dispatched, c);
 Exit:
-    sb_token_release(tok);
     sb_async_release(&c->super);
+}
+
+static void on_token(void *arg, sb_status_t st, sb_token_t *tok)
+{
+    rpc_call_t *c = arg;
+
+    if (c->super.req == NULL) {
+        sb_token_release(tok);
+        sb_async_release(&c->super);
+        return;
+    }
+    if (st != SB_OK) {
+        reply_error(c, st == SB_E_UNAUTHORIZED ? SB_E_UNAUTHORIZED : SB_E_UNAVAILABLE,
+                    st == SB_E_UNAUTHORIZED ? NULL : "sandbox token store is unavailable");
+        sb_async_release(&c->super);
+        return;
+    }
+    memcpy(c->run_id, tok->run_id, sizeof(c->run_id));
+    c->tok = tok; /* the lookup's reference, released with the call */
+    /* every call counts against the run's quotas, denied ones included (reference section 5.6) */
+    sb_store_quota_acquire(sb_current_worker->store, tok, on_quota, c);
 }
 
 static int is_msgpack(h2o_req_t *req)

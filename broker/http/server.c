@@ -178,6 +178,7 @@ static void *worker_main(void *arg)
     }
     w->store = sb_store_conn_create(s->store, w->loop);
     w->svc.loop = w->loop;
+    w->svc.store = w->store;
     w->svc.targets = s->targets;
     w->svc.tools = sb_tools_ctx_create(w->loop);
     w->svc.pg = sb_pg_pool_create(w->loop, s->conf->database_url, s->targets);

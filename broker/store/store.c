@@ -14,6 +14,15 @@ struct st_mem_entry_t {
     mem_entry_t *next;
 };
 
+struct st_quota_entry_t {
+    quota_entry_t *next;
+    int64_t calls, inflight, fetched;
+    int64_t expires_at_ms; /* the latest expiry of the run's tokens seen */
+    char run_id[SB_MAX_RUN_ID + 1];
+};
+
+static size_t run_bucket(const sb_store_t *s, const char *run_id);
+
 sb_status_t sb_store_create(const sb_store_config_t *conf, sb_store_t **out, const char **err)
 {
     sb_store_t *s = sb_mem_calloc(1, sizeof(*s));
@@ -27,6 +36,7 @@ sb_status_t sb_store_create(const sb_store_config_t *conf, sb_store_t **out, con
         while (s->nbuckets < s->max_tokens)
             s->nbuckets <<= 1;
         s->buckets = sb_mem_calloc(s->nbuckets, sizeof(*s->buckets));
+        s->qbuckets = sb_mem_calloc(s->nbuckets, sizeof(*s->qbuckets));
     } else {
         sb_status_t st;
         s->is_redis = 1;
@@ -53,6 +63,15 @@ void sb_store_destroy(sb_store_t *s)
         }
     }
     free(s->buckets);
+    for (size_t i = 0; i < s->nbuckets && s->qbuckets != NULL; ++i) {
+        quota_entry_t *q = s->qbuckets[i];
+        while (q != NULL) {
+            quota_entry_t *next = q->next;
+            free(q);
+            q = next;
+        }
+    }
+    free(s->qbuckets);
     free(s->prefix);
     free(s->unix_path);
     free(s->password);
@@ -228,6 +247,20 @@ void sb_store_revoke_run(sb_store_conn_t *c, const char *run_id, sb_store_done_c
     }
     /* a full scan: the table is capped at max_tokens, and run revocation is rare (once per run) */
     pthread_mutex_lock(&s->mu);
+    {
+        /* the run is over: its counters go too, unless calls are still in flight */
+        quota_entry_t **qp = &s->qbuckets[run_bucket(s, run_id)];
+        while (*qp != NULL) {
+            quota_entry_t *q = *qp;
+            if (strcmp(q->run_id, run_id) == 0 && q->inflight == 0) {
+                *qp = q->next;
+                free(q);
+                --s->qcount;
+            } else {
+                qp = &q->next;
+            }
+        }
+    }
     for (size_t i = 0; i < s->nbuckets; ++i) {
         mem_entry_t **pp = &s->buckets[i];
         while (*pp != NULL) {
@@ -244,4 +277,144 @@ void sb_store_revoke_run(sb_store_conn_t *c, const char *run_id, sb_store_done_c
     }
     pthread_mutex_unlock(&s->mu);
     cb(arg, SB_OK);
+}
+
+/* ---- per-run quotas (memory backend) --------------------------------------------------------------------------------- */
+
+static size_t run_bucket(const sb_store_t *s, const char *run_id)
+{
+    /* FNV-1a: run ids come from the host, not the guest */
+    uint64_t h = 1469598103934665603ull;
+    for (const char *p = run_id; *p != '\0'; ++p)
+        h = (h ^ (uint8_t)*p) * 1099511628211ull;
+    return (size_t)(h & (s->nbuckets - 1));
+}
+
+/* finds (or creates) the run's counters; called with the lock held; NULL when the table is full */
+static quota_entry_t *quota_entry(sb_store_t *s, const sb_token_t *tok, int create)
+{
+    size_t b = run_bucket(s, tok->run_id);
+    int64_t now = sb_now_ms();
+    quota_entry_t **pp = &s->qbuckets[b];
+
+    while (*pp != NULL) {
+        quota_entry_t *q = *pp;
+        if (q->expires_at_ms <= now && q->inflight == 0) {
+            /* the run's tokens are all gone: so are its counters */
+            *pp = q->next;
+            free(q);
+            --s->qcount;
+            continue;
+        }
+        if (strcmp(q->run_id, tok->run_id) == 0) {
+            if (q->expires_at_ms < tok->expires_at_ms)
+                q->expires_at_ms = tok->expires_at_ms;
+            return q;
+        }
+        pp = &q->next;
+    }
+    if (!create)
+        return NULL;
+    if (s->qcount >= 2 * s->max_tokens) {
+        /* full: drop the counters of runs whose tokens have all expired, then try once more */
+        for (size_t i = 0; i < s->nbuckets; ++i) {
+            quota_entry_t **qp = &s->qbuckets[i];
+            while (*qp != NULL) {
+                quota_entry_t *q = *qp;
+                if (q->expires_at_ms <= now && q->inflight == 0) {
+                    *qp = q->next;
+                    free(q);
+                    --s->qcount;
+                } else {
+                    qp = &q->next;
+                }
+            }
+        }
+        if (s->qcount >= 2 * s->max_tokens)
+            return NULL;
+    }
+    {
+        quota_entry_t *q = sb_mem_calloc(1, sizeof(*q));
+        memcpy(q->run_id, tok->run_id, strlen(tok->run_id) + 1);
+        q->expires_at_ms = tok->expires_at_ms;
+        q->next = s->qbuckets[b];
+        s->qbuckets[b] = q;
+        ++s->qcount;
+        return q;
+    }
+}
+
+void sb_store_quota_acquire(sb_store_conn_t *c, const sb_token_t *tok, sb_quota_cb cb, void *arg)
+{
+    sb_store_t *s = c->store;
+    quota_entry_t *q;
+    sb_status_t st = SB_OK;
+    const char *why = NULL;
+
+    if (s->is_redis) {
+        sb_store__redis_quota_acquire(c->redis, tok, cb, arg);
+        return;
+    }
+    pthread_mutex_lock(&s->mu);
+    if ((q = quota_entry(s, tok, 1)) == NULL) {
+        st = SB_E_UNAVAILABLE;
+        why = "the quota table is full";
+    } else if (++q->calls > tok->quota.calls) {
+        st = SB_E_RATE_LIMITED;
+        why = "calls per run";
+    } else if (q->inflight >= tok->quota.concurrent) {
+        st = SB_E_RATE_LIMITED;
+        why = "concurrent calls per run";
+    } else {
+        ++q->inflight;
+    }
+    pthread_mutex_unlock(&s->mu);
+    cb(arg, st, why);
+}
+
+void sb_store_quota_release(sb_store_conn_t *c, const sb_token_t *tok)
+{
+    sb_store_t *s = c->store;
+    quota_entry_t *q;
+
+    if (s->is_redis) {
+        sb_store__redis_quota_release(c->redis, tok);
+        return;
+    }
+    pthread_mutex_lock(&s->mu);
+    if ((q = quota_entry(s, tok, 0)) != NULL && q->inflight > 0)
+        --q->inflight;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void sb_store_quota_fetch_check(sb_store_conn_t *c, const sb_token_t *tok, sb_quota_cb cb, void *arg)
+{
+    sb_store_t *s = c->store;
+    quota_entry_t *q;
+    int over;
+
+    if (s->is_redis) {
+        sb_store__redis_quota_fetch_check(c->redis, tok, cb, arg);
+        return;
+    }
+    pthread_mutex_lock(&s->mu);
+    q = quota_entry(s, tok, 0);
+    over = q != NULL && q->fetched >= tok->quota.fetch_bytes;
+    pthread_mutex_unlock(&s->mu);
+    cb(arg, over ? SB_E_RATE_LIMITED : SB_OK, over ? "fetched bytes per run" : NULL);
+}
+
+void sb_store_quota_fetch_add(sb_store_conn_t *c, const sb_token_t *tok, uint64_t bytes)
+{
+    sb_store_t *s = c->store;
+    quota_entry_t *q;
+
+    if (s->is_redis) {
+        sb_store__redis_quota_fetch_add(c->redis, tok, bytes);
+        return;
+    }
+    pthread_mutex_lock(&s->mu);
+    if ((q = quota_entry(s, tok, 1)) != NULL)
+        q->fetched += (int64_t)bytes;
+    pthread_mutex_unlock(&s->mu);
 }

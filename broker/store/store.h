@@ -27,6 +27,13 @@ typedef struct st_sb_scope_kv_t {
     char *value;
 } sb_scope_kv_t;
 
+/** per-run limits, resolved at mint (the config's defaults unless the mint overrides them) */
+typedef struct st_sb_quota_t {
+    int64_t calls;       /* RPCs per run, denied ones included */
+    int64_t concurrent;  /* RPCs of the run in flight at once */
+    int64_t fetch_bytes; /* http.fetch response bytes per run */
+} sb_quota_t;
+
 /**
  * A token record. Immutable once built and reference-counted, so worker
  * threads share it without locks; release with sb_token_release.
@@ -39,6 +46,7 @@ typedef struct st_sb_token_t {
     sb_scope_kv_t scope[SB_MAX_SCOPE_ENTRIES];
     size_t scope_len;
     int64_t expires_at_ms;
+    sb_quota_t quota;
     sb_manifest_t *manifest;
 } sb_token_t;
 
@@ -100,5 +108,20 @@ void sb_store_get(sb_store_conn_t *c, const uint8_t hash[32], sb_store_get_cb cb
 void sb_store_put(sb_store_conn_t *c, sb_token_t *tok, const json_t *capabilities, sb_store_done_cb cb, void *arg);
 void sb_store_revoke_token(sb_store_conn_t *c, const uint8_t hash[32], sb_store_done_cb cb, void *arg);
 void sb_store_revoke_run(sb_store_conn_t *c, const char *run_id, sb_store_done_cb cb, void *arg);
+
+/*
+ * Per-run quotas (PROTOCOL.md, "Quotas"), kept where the tokens are: in the
+ * memory store's table, or in Redis counters shared by every instance, which
+ * expire with the run's tokens. Counting is keyed by run id.
+ */
+typedef void (*sb_quota_cb)(void *arg, sb_status_t st, const char *why);
+/** counts one call and takes a concurrency slot: SB_OK, SB_E_RATE_LIMITED (why names the quota) or SB_E_UNAVAILABLE */
+void sb_store_quota_acquire(sb_store_conn_t *c, const sb_token_t *tok, sb_quota_cb cb, void *arg);
+/** gives the slot back (after the reply); fire and forget */
+void sb_store_quota_release(sb_store_conn_t *c, const sb_token_t *tok);
+/** SB_OK while the run's fetched bytes are below its quota */
+void sb_store_quota_fetch_check(sb_store_conn_t *c, const sb_token_t *tok, sb_quota_cb cb, void *arg);
+/** adds fetched bytes; fire and forget */
+void sb_store_quota_fetch_add(sb_store_conn_t *c, const sb_token_t *tok, uint64_t bytes);
 
 #endif

@@ -6,6 +6,7 @@
 #include "store/store.h"
 
 typedef struct st_mem_entry_t mem_entry_t;
+typedef struct st_quota_entry_t quota_entry_t;
 
 struct st_sb_store_t {
     int is_redis;
@@ -15,6 +16,8 @@ struct st_sb_store_t {
     size_t nbuckets;
     size_t count;
     size_t max_tokens;
+    quota_entry_t **qbuckets; /* per-run counters, same bucket count as tokens */
+    size_t qcount;
     /* redis backend */
     char *prefix;
     char host[64];
@@ -39,5 +42,9 @@ void sb_store__redis_get(void *rc, const uint8_t hash[32], sb_store_get_cb cb, v
 void sb_store__redis_put(void *rc, sb_token_t *tok, const json_t *caps, sb_store_done_cb cb, void *arg);
 void sb_store__redis_revoke_token(void *rc, const uint8_t hash[32], sb_store_done_cb cb, void *arg);
 void sb_store__redis_revoke_run(void *rc, const char *run_id, sb_store_done_cb cb, void *arg);
+void sb_store__redis_quota_acquire(void *rc, const sb_token_t *tok, sb_quota_cb cb, void *arg);
+void sb_store__redis_quota_release(void *rc, const sb_token_t *tok);
+void sb_store__redis_quota_fetch_check(void *rc, const sb_token_t *tok, sb_quota_cb cb, void *arg);
+void sb_store__redis_quota_fetch_add(void *rc, const sb_token_t *tok, uint64_t bytes);
 
 #endif

@@ -547,3 +547,151 @@ void sb_store__redis_revoke_run(void *rcp, const char *run_id, sb_store_done_cb 
     plen = (size_t)snprintf(tprefix, sizeof(tprefix), "%stok:", rc->store->prefix);
     redisAsyncCommand(rc->ac, on_done, p, "EVAL %s 1 %b %b", revoke_run_script, rkey, rlen, tprefix, plen);
 }
+
+/* ---- per-run quotas --------------------------------------------------------------------------------------------------- */
+
+/*
+ * One round trip, atomic: count the call (denied ones too), then take a
+ * concurrency slot. Counters expire with the run's latest token.
+ */
+static const char quota_acquire_script[] = "local calls = redis.call('INCR', KEYS[1]) "
+                                           "if redis.call('PEXPIRETIME', KEYS[1]) < tonumber(ARGV[3]) then "
+                                           "redis.call('PEXPIREAT', KEYS[1], ARGV[3]) end "
+                                           "if calls > tonumber(ARGV[1]) then return 1 end "
+                                           "local inflight = redis.call('INCR', KEYS[2]) "
+                                           "redis.call('PEXPIREAT', KEYS[2], ARGV[3]) "
+                                           "if inflight > tonumber(ARGV[2]) then redis.call('DECR', KEYS[2]) return 2 end "
+                                           "return 0";
+static const char quota_release_script[] = "if tonumber(redis.call('GET', KEYS[1]) or '0') > 0 then "
+                                           "redis.call('DECR', KEYS[1]) end return 0";
+
+typedef struct st_quota_op_t {
+    sb_quota_cb cb;
+    void *arg;
+    int64_t limit;
+} quota_op_t;
+
+static void quota_key(const sb_store_t *s, const sb_token_t *tok, const char *what, char *out, size_t outsz, size_t *len)
+{
+    int n = snprintf(out, outsz, "%sq:%s:%s", s->prefix, what, tok->run_id);
+    *len = (size_t)n < outsz ? (size_t)n : outsz - 1;
+}
+
+static void on_quota_acquire(void *arg, sb_status_t st, sb_token_t *unused)
+{
+    quota_op_t *op = arg;
+    (void)unused;
+    op->cb(op->arg, st, st == SB_E_RATE_LIMITED ? (op->limit == 1 ? "calls per run" : "concurrent calls per run")
+                                                 : st == SB_E_UNAVAILABLE ? "the token store is unavailable" : NULL);
+    free(op);
+}
+
+static void on_quota_reply(redisAsyncContext *ac, void *r, void *privdata)
+{
+    redisReply *reply = r;
+    pending_t *p = privdata;
+    quota_op_t *op = p->arg;
+    sb_status_t st = SB_E_UNAVAILABLE;
+    if (reply != NULL && reply->type == REDIS_REPLY_INTEGER) {
+        st = reply->integer == 0 ? SB_OK : SB_E_RATE_LIMITED;
+        op->limit = reply->integer;
+    }
+    finish(p, st, NULL);
+}
+
+void sb_store__redis_quota_acquire(void *rcp, const sb_token_t *tok, sb_quota_cb cb, void *arg)
+{
+    redis_conn_t *rc = rcp;
+    char ck[512], ik[512], a1[32], a2[32], a3[32];
+    size_t cl, il;
+    quota_op_t *op = sb_mem_calloc(1, sizeof(*op));
+    pending_t *p;
+
+    op->cb = cb;
+    op->arg = arg;
+    if ((p = begin(rc, on_quota_acquire, NULL, op)) == NULL)
+        return;
+    quota_key(rc->store, tok, "calls", ck, sizeof(ck), &cl);
+    quota_key(rc->store, tok, "inflight", ik, sizeof(ik), &il);
+    snprintf(a1, sizeof(a1), "%lld", (long long)tok->quota.calls);
+    snprintf(a2, sizeof(a2), "%lld", (long long)tok->quota.concurrent);
+    snprintf(a3, sizeof(a3), "%lld", (long long)tok->expires_at_ms);
+    redisAsyncCommand(rc->ac, on_quota_reply, p, "EVAL %s 2 %b %b %s %s %s", quota_acquire_script, ck, cl, ik, il, a1, a2, a3);
+}
+
+static void on_ignored(redisAsyncContext *ac, void *r, void *privdata)
+{
+    finish(privdata, SB_OK, NULL);
+}
+
+static void ignore_done(void *arg, sb_status_t st)
+{
+}
+
+void sb_store__redis_quota_release(void *rcp, const sb_token_t *tok)
+{
+    redis_conn_t *rc = rcp;
+    char ik[512];
+    size_t il;
+    pending_t *p;
+
+    /* Redis down: the slot expires with the run's tokens */
+    if ((p = begin(rc, NULL, ignore_done, NULL)) == NULL)
+        return;
+    quota_key(rc->store, tok, "inflight", ik, sizeof(ik), &il);
+    redisAsyncCommand(rc->ac, on_ignored, p, "EVAL %s 1 %b", quota_release_script, ik, il);
+}
+
+static void on_fetch_check(redisAsyncContext *ac, void *r, void *privdata)
+{
+    redisReply *reply = r;
+    pending_t *p = privdata;
+    quota_op_t *op = p->arg;
+    sb_status_t st = SB_E_UNAVAILABLE;
+    if (reply != NULL && (reply->type == REDIS_REPLY_NIL || reply->type == REDIS_REPLY_STRING))
+        st = reply->type == REDIS_REPLY_STRING && strtoll(reply->str, NULL, 10) >= op->limit ? SB_E_RATE_LIMITED : SB_OK;
+    finish(p, st, NULL);
+}
+
+static void on_fetch_checked(void *arg, sb_status_t st, sb_token_t *unused)
+{
+    quota_op_t *op = arg;
+    (void)unused;
+    op->cb(op->arg, st, st == SB_E_RATE_LIMITED ? "fetched bytes per run"
+                                                 : st == SB_E_UNAVAILABLE ? "the token store is unavailable" : NULL);
+    free(op);
+}
+
+void sb_store__redis_quota_fetch_check(void *rcp, const sb_token_t *tok, sb_quota_cb cb, void *arg)
+{
+    redis_conn_t *rc = rcp;
+    char bk[512];
+    size_t bl;
+    quota_op_t *op = sb_mem_calloc(1, sizeof(*op));
+    pending_t *p;
+
+    op->cb = cb;
+    op->arg = arg;
+    op->limit = tok->quota.fetch_bytes;
+    if ((p = begin(rc, on_fetch_checked, NULL, op)) == NULL)
+        return;
+    quota_key(rc->store, tok, "bytes", bk, sizeof(bk), &bl);
+    redisAsyncCommand(rc->ac, on_fetch_check, p, "GET %b", bk, bl);
+}
+
+void sb_store__redis_quota_fetch_add(void *rcp, const sb_token_t *tok, uint64_t bytes)
+{
+    redis_conn_t *rc = rcp;
+    char bk[512], n[32], exp[32];
+    size_t bl;
+    pending_t *p;
+
+    if ((p = begin(rc, NULL, ignore_done, NULL)) == NULL)
+        return;
+    quota_key(rc->store, tok, "bytes", bk, sizeof(bk), &bl);
+    snprintf(n, sizeof(n), "%llu", (unsigned long long)bytes);
+    snprintf(exp, sizeof(exp), "%lld", (long long)tok->expires_at_ms);
+    redisAsyncCommand(rc->ac, on_ignored, p,
+                      "EVAL %s 1 %b %s %s", "redis.call('INCRBY', KEYS[1], ARGV[1]) redis.call('PEXPIREAT', KEYS[1], ARGV[2]) return 0",
+                      bk, bl, n, exp);
+}

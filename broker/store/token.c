@@ -128,6 +128,8 @@ char *sb_token_serialize(const sb_token_t *t, const json_t *capabilities)
     json_object_set_new(o, "target", json_string(t->target));
     json_object_set_new(o, "scope", scope);
     json_object_set_new(o, "expiresAt", json_integer(t->expires_at_ms));
+    json_object_set_new(o, "quota", json_pack("{s:I, s:I, s:I}", "calls", (json_int_t)t->quota.calls, "concurrent",
+                                              (json_int_t)t->quota.concurrent, "fetchBytes", (json_int_t)t->quota.fetch_bytes));
     json_object_set(o, "capabilities", capabilities != NULL ? (json_t *)capabilities : json_null());
     s = json_dumps(o, JSON_COMPACT);
     json_decref(o);
@@ -152,8 +154,19 @@ sb_status_t sb_token_deserialize(const uint8_t hash[32], const char *s, size_t l
         goto Exit;
     if (sb_token_build(hash, json_string_value(run), json_object_get(o, "capabilities"),
                        json_string_length(target) != 0 ? json_string_value(target) : NULL, json_object_get(o, "scope"),
-                       json_integer_value(exp), out, err, sizeof(err)) == SB_OK)
-        st = SB_OK;
+                       json_integer_value(exp), out, err, sizeof(err)) == SB_OK) {
+        json_t *q = json_object_get(o, "quota");
+        (*out)->quota.calls = json_integer_value(json_object_get(q, "calls"));
+        (*out)->quota.concurrent = json_integer_value(json_object_get(q, "concurrent"));
+        (*out)->quota.fetch_bytes = json_integer_value(json_object_get(q, "fetchBytes"));
+        /* a record without quotas is not ours to guess about */
+        if ((*out)->quota.calls <= 0 || (*out)->quota.concurrent <= 0 || (*out)->quota.fetch_bytes <= 0) {
+            sb_token_release(*out);
+            *out = NULL;
+        } else {
+            st = SB_OK;
+        }
+    }
 Exit:
     json_decref(o);
     return st;

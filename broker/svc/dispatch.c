@@ -71,7 +71,7 @@ void sb_dispatch(const sb_svc_env_t *env, sb_token_t *tok, const sb_method_t *m,
     case SB_MK_HTTP:
         /* egress is the broker's own handler, for every run whose manifest grants net */
         if (env->fetch != NULL) {
-            sb_fetch_start(env->fetch, tok, args, binary, cb, arg);
+            sb_fetch_start(env->fetch, env->store, tok, args, binary, cb, arg);
             return;
         }
         break;

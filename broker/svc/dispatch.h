@@ -35,6 +35,7 @@ typedef struct st_sb_svc_env_t {
     struct st_sb_fetch_ctx_t *fetch; /* NULL when egress could not be set up */
     struct st_sb_tools_ctx_t *tools;
     struct st_sb_pg_pool_t *pg;      /* NULL without database_url */
+    sb_store_conn_t *store;          /* the worker's token store connection (quotas) */
 } sb_svc_env_t;
 
 /**

@@ -433,8 +433,11 @@ static sb_status_t check_select(build_t *b, const msgpack_object *select)
     if (select->type == MSGPACK_OBJECT_ARRAY) {
         for (uint32_t i = 0; i < select->via.array.size; ++i) {
             const msgpack_object *s = &select->via.array.ptr[i];
-            if (s->type != MSGPACK_OBJECT_STR || find_col(b->c, s->via.str.ptr, s->via.str.size) == NULL)
-                return fail(b, "select names an unknown field");
+            if (s->type != MSGPACK_OBJECT_STR)
+                return fail(b, "select entries must be field names");
+            if (find_col(b->c, s->via.str.ptr, s->via.str.size) == NULL)
+                return fail(b, "select names an unknown field \"%.*s\"", (int)(s->via.str.size > 64 ? 64 : s->via.str.size),
+                            s->via.str.ptr);
         }
         return SB_OK;
     }
@@ -442,7 +445,8 @@ static sb_status_t check_select(build_t *b, const msgpack_object *select)
         for (uint32_t i = 0; i < select->via.map.size; ++i) {
             const msgpack_object *k = &select->via.map.ptr[i].key;
             if (k->type != MSGPACK_OBJECT_STR || find_col(b->c, k->via.str.ptr, k->via.str.size) == NULL)
-                return fail(b, "select names an unknown field");
+                return fail(b, "select names an unknown field \"%.*s\"", (int)(k->via.str.size > 64 ? 64 : k->via.str.size),
+                            k->via.str.ptr);
         }
         return SB_OK;
     }
@@ -481,7 +485,7 @@ static sb_status_t emit_sort(build_t *b, const msgpack_object *sort)
             --len;
         }
         if ((col = find_col(b->c, p, len)) == NULL)
-            return fail(b, "sort names an unknown field");
+            return fail(b, "sort names an unknown field \"%.*s\"", (int)(len > 64 ? 64 : len), p);
         emit(b, "%s\"%s\"%s", i ? ", " : "", col->name, desc ? " DESC" : "");
     }
     /* a stable page order: the key breaks ties */

@@ -18,6 +18,8 @@ import msgpack  # noqa: E402
 import sbtest  # noqa: E402
 
 CAPS = {"services": ["mailer"]}
+# a load test is not a quota test: lift the run's limits well above what it sends
+LOAD_QUOTAS = {"calls": 1000000, "concurrent": 1024}
 CLIENTS = 50
 HAMMER_SECONDS = 0.8
 
@@ -163,7 +165,7 @@ class Lifecycle(sbtest.BrokerTestCase):
     def test_sigterm_under_load_memory(self):
         b = sbtest.Broker(env={"SANDBOX_BROKER_THREADS": "2"}).start()
         try:
-            tok = b.mint_ok("run-load", CAPS)
+            tok = b.mint_ok("run-load", CAPS, quotas=LOAD_QUOTAS)
             self.hammer_then_sigterm(b, tok)
         finally:
             b.kill()
@@ -173,7 +175,7 @@ class Lifecycle(sbtest.BrokerTestCase):
         b = sbtest.Broker(env={"SANDBOX_BROKER_THREADS": "2", "SANDBOX_BROKER_TOKEN_STORE": redis.url}).start()
         try:
             self.assertTrue(b.wait_store_up(2), b.log())
-            tok = b.mint_ok("run-load", CAPS)
+            tok = b.mint_ok("run-load", CAPS, quotas=LOAD_QUOTAS)
             self.hammer_then_sigterm(b, tok)
         finally:
             b.kill()
