@@ -13,6 +13,7 @@
 #include <openssl/ssl.h>
 #include "conf/config.h"
 #include "http/server.h"
+#include "obs/audit.h"
 #include "obs/log.h"
 #include "obs/metrics.h"
 #include "store/store.h"
@@ -132,15 +133,23 @@ int main(int argc, char **argv)
         goto Exit;
     }
     sb_log_set_level((sb_log_level_t)sb_log_parse_level(conf->log_level));
-    sb_metrics_set_live_tokens_fn(live_tokens);
-    sb_metrics_set_store_up_fn(store_up);
 
-    /* every thread inherits this mask; only the signal thread takes SIGTERM and SIGINT */
+    /*
+     * Every thread inherits this mask, the audit writer included, so only the
+     * signal thread ever takes SIGTERM and SIGINT.
+     */
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
+
+    if (sb_audit_open(conf->audit, &err) != SB_OK) {
+        fprintf(stderr, "sandbox-broker: invalid configuration:\n%s\n", err);
+        goto Exit;
+    }
+    sb_metrics_set_live_tokens_fn(live_tokens);
+    sb_metrics_set_store_up_fn(store_up);
 
     if (sb_server_init(&server, conf, the_store, fetch_conf, targets) != SB_OK)
         goto Exit;
@@ -160,6 +169,7 @@ int main(int argc, char **argv)
     sb_server_dispose(&server);
     rc = 0;
 Exit:
+    sb_audit_close();
     sb_store_destroy(the_store);
     sb_fetch_conf_free(fetch_conf);
     sb_targets_free(targets);

@@ -35,6 +35,7 @@ static const struct key {
     {"quota_fetch_bytes", K_INT, offsetof(sb_config_t, quota_fetch_bytes), 1, 1LL << 40},
     {"log_level", K_STR, offsetof(sb_config_t, log_level), 0, 0},
     {"log_calls", K_BOOL, offsetof(sb_config_t, log_calls), 0, 0},
+    {"audit", K_STR, offsetof(sb_config_t, audit), 0, 0},
     {"targets", K_OBJ, offsetof(sb_config_t, targets), 0, 0},
     {"database_url", K_STR, offsetof(sb_config_t, database_url), 0, 0},
     {"egress", K_OBJ, offsetof(sb_config_t, egress), 0, 0},
@@ -257,6 +258,7 @@ sb_status_t sb_config_load(const char *path, int require_secret, sb_config_t **o
     c->quota_fetch_bytes = 64LL * 1024 * 1024;
     c->log_level = sb_mem_strdup("info");
     c->log_calls = 1;
+    c->audit = sb_mem_strdup("off");
     c->targets = json_object();
     c->egress = json_object();
 
@@ -331,6 +333,7 @@ void sb_config_free(sb_config_t *c)
     free(c->token_store);
     free(c->redis_prefix);
     free(c->log_level);
+    free(c->audit);
     free(c->database_url);
     json_decref(c->targets);
     json_decref(c->egress);

@@ -34,6 +34,7 @@ typedef struct st_sb_config_t {
     int64_t quota_fetch_bytes;
     char *log_level;          /* debug | info | warn | error */
     int log_calls;            /* one log line per RPC */
+    char *audit;              /* "off", "stderr" or a file path */
     json_t *targets;          /* targets.<name> (owned) */
     char *database_url;       /* PostgreSQL, for targets that use it */
     json_t *egress;           /* egress policy (owned) */

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "http/server.h"
+#include "obs/audit.h"
 #include "obs/log.h"
 #include "obs/metrics.h"
 #include "sb/limits.h"
@@ -36,6 +37,7 @@ typedef struct st_rpc_call_t {
     uint64_t started_us;
     sb_token_t *tok;   /* referenced from the token lookup on */
     int quota_held;    /* a concurrency slot to give back */
+    int granted;       /* the capability check passed */
 } rpc_call_t;
 
 static void call_dispose(sb_async_t *a)
@@ -58,25 +60,40 @@ static void release_quota(rpc_call_t *c)
     }
 }
 
-static void log_call(rpc_call_t *c, sb_status_t st, const char *message)
+static void describe_call(sb_logline_t *l, rpc_call_t *c, sb_status_t st, const char *message, size_t bytes_out)
+{
+    sb_log_cstr(l, "cid", c->cid);
+    if (c->run_id[0] != '\0')
+        sb_log_cstr(l, "runId", c->run_id);
+    if (c->tokref[0] != '\0')
+        sb_log_cstr(l, "token", c->tokref);
+    if (c->method != NULL)
+        sb_log_str(l, "method", c->method, c->method_len);
+    sb_log_cstr(l, "code", sb_status_code(st));
+    sb_log_int(l, "status", sb_status_http(st));
+    if (message != NULL && st != SB_OK)
+        sb_log_cstr(l, "reason", message);
+    sb_log_int(l, "us", (long long)(sb_mono_us() - c->started_us));
+    sb_log_int(l, "bytesIn", c->super.req != NULL ? (long long)c->super.req->entity.len : 0);
+    sb_log_int(l, "bytesOut", (long long)bytes_out);
+}
+
+/* one log line (log_calls) and one audit line (audit sink) per call */
+static void log_call(rpc_call_t *c, sb_status_t st, const char *message, size_t bytes_out)
 {
     sb_logline_t l;
-    if (!sb_current_worker->server->conf->log_calls)
-        return;
-    sb_log_begin(&l, st == SB_OK ? SB_LOG_INFO : SB_LOG_WARN, "rpc");
-    sb_log_cstr(&l, "cid", c->cid);
-    if (c->run_id[0] != '\0')
-        sb_log_cstr(&l, "runId", c->run_id);
-    if (c->tokref[0] != '\0')
-        sb_log_cstr(&l, "token", c->tokref);
-    if (c->method != NULL)
-        sb_log_str(&l, "method", c->method, c->method_len);
-    sb_log_cstr(&l, "code", sb_status_code(st));
-    sb_log_int(&l, "status", sb_status_http(st));
-    if (message != NULL && st != SB_OK)
-        sb_log_cstr(&l, "reason", message);
-    sb_log_int(&l, "us", (long long)(sb_mono_us() - c->started_us));
-    sb_log_end(&l);
+    if (sb_current_worker->server->conf->log_calls) {
+        sb_log_begin(&l, st == SB_OK ? SB_LOG_INFO : SB_LOG_WARN, "rpc");
+        describe_call(&l, c, st, message, bytes_out);
+        sb_log_end(&l);
+    }
+    if (sb_audit_enabled()) {
+        sb_log_begin_always(&l, "audit");
+        describe_call(&l, c, st, message, bytes_out);
+        /* the capability decision; the outcome of a granted call is in code/status */
+        sb_log_cstr(&l, "decision", c->granted ? "allow" : "deny");
+        sb_log_end_audit(&l);
+    }
 }
 
 static const char *reason_phrase(int status)
@@ -103,9 +120,10 @@ static const char *reason_phrase(int status)
     }
 }
 
-static void send_body(rpc_call_t *c, sb_status_t st, const char *body, size_t len)
+static void send_body(rpc_call_t *c, sb_status_t st, const char *message, const char *body, size_t len)
 {
     int status = sb_status_http(st);
+    log_call(c, st, message, len);
     sb_send_bytes(c->super.req, status, reason_phrase(status), c->binary ? "application/msgpack" : "application/json", body,
                   len);
 }
@@ -124,7 +142,6 @@ static void reply_error(rpc_call_t *c, sb_status_t st, const char *message)
     if (redact)
         st = SB_E_EXECUTION;
     release_quota(c);
-    log_call(c, st, message);
     sb_metrics_call(c->kind, st, sb_mono_us() - c->started_us);
     if (st == SB_E_UNAUTHORIZED)
         sb_metrics_deny(c->tokref[0] == '\0' ? SB_DENY_TOKEN_MISSING : SB_DENY_TOKEN_INVALID);
@@ -149,7 +166,7 @@ static void reply_error(rpc_call_t *c, sb_status_t st, const char *message)
             msgpack_pack_str_with_body(&pk, "correlationId", 13);
             msgpack_pack_str_with_body(&pk, c->cid, strlen(c->cid));
         }
-        send_body(c, st, sb.data, sb.size);
+        send_body(c, st, message, sb.data, sb.size);
         msgpack_sbuffer_destroy(&sb);
     } else {
         json_t *err = json_pack("{s:s, s:s}", "code", code, "message", wire_msg), *o;
@@ -160,7 +177,7 @@ static void reply_error(rpc_call_t *c, sb_status_t st, const char *message)
         text = json_dumps(o, JSON_COMPACT);
         if (text == NULL)
             sb_fatal(__FILE__, __LINE__, "out of memory");
-        send_body(c, st, text, strlen(text));
+        send_body(c, st, message, text, strlen(text));
         free(text);
         json_decref(o);
     }
@@ -190,9 +207,8 @@ static void reply_value(rpc_call_t *c, const char *packed, size_t len)
             reply_error(c, SB_E_EXECUTION, "result exceeds the method's response cap");
             return;
         }
-        log_call(c, SB_OK, NULL);
         sb_metrics_call(c->kind, SB_OK, sb_mono_us() - c->started_us);
-        send_body(c, SB_OK, sb.data, sb.size);
+        send_body(c, SB_OK, NULL, sb.data, sb.size);
         msgpack_sbuffer_destroy(&sb);
         return;
     }
@@ -221,9 +237,8 @@ static void reply_value(rpc_call_t *c, const char *packed, size_t len)
             reply_error(c, SB_E_EXECUTION, "result exceeds the method's response cap");
             return;
         }
-        log_call(c, SB_OK, NULL);
         sb_metrics_call(c->kind, SB_OK, sb_mono_us() - c->started_us);
-        send_body(c, SB_OK, text, strlen(text));
+        send_body(c, SB_OK, NULL, text, strlen(text));
         free(text);
     }
 }
@@ -271,6 +286,7 @@ static void on_quota(void *arg, sb_status_t st, const char *why)
         reply_error(c, st, reason[0] != '\0' ? reason : NULL);
         goto Exit;
     }
+    c->granted = 1;
     /* the handler's callback holds its own reference: it may run long after this one is dropped */
     sb_async_retain(&c->super);
     sb_dispatch(&sb_current_worker->svc, c->tok, &c->m, c->method, c->method_len, c->args, c->binary, on_dispatched, c);

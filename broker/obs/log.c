@@ -3,6 +3,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include "obs/audit.h"
 #include "obs/log.h"
 
 static _Atomic int min_level = SB_LOG_INFO;
@@ -117,6 +118,40 @@ void sb_log_end(sb_logline_t *l)
     /* one write per line: lines from several threads never interleave */
     r = write(2, l->buf, l->len);
     (void)r;
+}
+
+void sb_log_begin_always(sb_logline_t *l, const char *event)
+{
+    /* the level check is the only difference: build the line as a log line would be */
+    l->len = 0;
+    l->truncated = 0;
+    l->enabled = 1;
+    {
+        struct timespec ts;
+        struct tm tm;
+        char head[96];
+        int n;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        gmtime_r(&ts.tv_sec, &tm);
+        n = snprintf(head, sizeof(head), "{\"ts\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"event\":\"", tm.tm_year + 1900,
+                     tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
+        raw(l, head, (size_t)n);
+        escaped(l, event, strlen(event));
+        raw(l, "\"", 1);
+    }
+}
+
+void sb_log_end_audit(sb_logline_t *l)
+{
+    if (!l->enabled)
+        return;
+    if (l->truncated) {
+        static const char mark[] = ",\"truncated\":true";
+        memcpy(l->buf + l->len, mark, sizeof(mark) - 1);
+        l->len += sizeof(mark) - 1;
+    }
+    l->buf[l->len++] = '}';
+    sb_audit_write(l->buf, l->len);
 }
 
 void sb_log_msg(sb_log_level_t level, const char *event, const char *msg)

@@ -36,6 +36,10 @@ void sb_log_str(sb_logline_t *l, const char *key, const char *val, size_t len);
 void sb_log_cstr(sb_logline_t *l, const char *key, const char *val);
 void sb_log_int(sb_logline_t *l, const char *key, long long v);
 void sb_log_end(sb_logline_t *l);
+/** closes the line like sb_log_end but hands it to the audit stream instead of stderr */
+void sb_log_end_audit(sb_logline_t *l);
+/** starts a line regardless of the log level (audit lines are not logs) */
+void sb_log_begin_always(sb_logline_t *l, const char *event);
 /** one-line helper: {"level", "event", "msg"} */
 void sb_log_msg(sb_log_level_t level, const char *event, const char *msg);
 

@@ -1,0 +1,116 @@
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "obs/audit.h"
+#include "util/util.h"
+
+static struct {
+    int fd;
+    int enabled;
+    pthread_t tid;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    char *buf; /* lines, newline-terminated, [0, len) */
+    size_t len;
+    int stopping;
+    _Atomic uint64_t dropped;
+} A = {.fd = -1, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static void write_all(const char *p, size_t n)
+{
+    while (n != 0) {
+        ssize_t r = write(A.fd, p, n);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return; /* the sink failed: the lines are lost, the broker goes on */
+        }
+        p += r;
+        n -= (size_t)r;
+    }
+}
+
+static void *writer(void *arg)
+{
+    char *out = sb_mem_alloc(SB_AUDIT_BUFFER);
+    for (;;) {
+        size_t n;
+        int stop;
+        pthread_mutex_lock(&A.mu);
+        while (A.len == 0 && !A.stopping)
+            pthread_cond_wait(&A.cv, &A.mu);
+        n = A.len;
+        memcpy(out, A.buf, n);
+        A.len = 0;
+        stop = A.stopping;
+        pthread_mutex_unlock(&A.mu);
+        write_all(out, n);
+        if (stop && n == 0)
+            break;
+    }
+    free(out);
+    return NULL;
+}
+
+sb_status_t sb_audit_open(const char *target, const char **err)
+{
+    if (target == NULL || strcmp(target, "off") == 0)
+        return SB_OK;
+    if (strcmp(target, "stderr") == 0) {
+        A.fd = 2;
+    } else if ((A.fd = open(target, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600)) < 0) {
+        *err = "audit: cannot open the audit file";
+        return SB_E_BAD_ARGS;
+    }
+    A.buf = sb_mem_alloc(SB_AUDIT_BUFFER);
+    A.enabled = 1;
+    pthread_create(&A.tid, NULL, writer, NULL);
+    return SB_OK;
+}
+
+void sb_audit_close(void)
+{
+    if (!A.enabled)
+        return;
+    pthread_mutex_lock(&A.mu);
+    A.stopping = 1;
+    pthread_cond_signal(&A.cv);
+    pthread_mutex_unlock(&A.mu);
+    pthread_join(A.tid, NULL);
+    if (A.fd > 2)
+        close(A.fd);
+    free(A.buf);
+    A.buf = NULL;
+    A.enabled = 0;
+}
+
+int sb_audit_enabled(void)
+{
+    return A.enabled;
+}
+
+void sb_audit_write(const char *line, size_t len)
+{
+    if (!A.enabled)
+        return;
+    pthread_mutex_lock(&A.mu);
+    if (A.len + len + 1 > SB_AUDIT_BUFFER) {
+        pthread_mutex_unlock(&A.mu);
+        atomic_fetch_add_explicit(&A.dropped, 1, memory_order_relaxed);
+        return;
+    }
+    memcpy(A.buf + A.len, line, len);
+    A.buf[A.len + len] = '\n';
+    A.len += len + 1;
+    pthread_cond_signal(&A.cv);
+    pthread_mutex_unlock(&A.mu);
+}
+
+uint64_t sb_audit_dropped(void)
+{
+    return atomic_load_explicit(&A.dropped, memory_order_relaxed);
+}

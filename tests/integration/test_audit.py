@@ -1,0 +1,59 @@
+"""The audit stream: one line per RPC to a file, with the capability decision and sizes."""
+
+import json
+import os
+import tempfile
+import time
+
+import sbtest
+
+
+class Audit(sbtest.BrokerTestCase):
+    def test_one_line_per_call_without_the_token(self):
+        d = tempfile.mkdtemp(prefix="sb-audit-")
+        path = os.path.join(d, "audit.log")
+        with sbtest.Broker(env={"SANDBOX_BROKER_AUDIT": path, "SANDBOX_BROKER_LOG_CALLS": "false"}) as b:
+            token = b.mint_ok("audit-run", {"services": ["svc"]})
+            self.assertEqual(b.rpc(token, "services.svc.fn", {"a": 1}).status, 501)
+            self.assertEqual(b.rpc(token, "services.other.fn", {}).status, 403)
+            self.assertEqual(b.rpc("0" * 64, "services.svc.fn", {}).status, 401)
+            # log_calls=false: the per-call log lines are gone, the audit lines are not
+            self.assertNotIn('"event":"rpc"', b.log())
+            # SIGTERM flushes the audit buffer before the broker exits
+            self.assertEqual(b.stop(), 0)
+        with open(path) as f:
+            lines = [json.loads(l) for l in f.read().splitlines()]
+        self.assertEqual(os.stat(path).st_mode & 0o777, 0o600)
+        self.assertEqual(len(lines), 3, lines)
+        granted, denied, unknown = lines
+        self.assertEqual((granted["decision"], granted["code"], granted["status"]), ("allow", "not_implemented", 501))
+        self.assertEqual(granted["runId"], "audit-run")
+        self.assertEqual(granted["method"], "services.svc.fn")
+        self.assertEqual(len(granted["token"]), 12)
+        with open(path) as f:
+            self.assertNotIn(token, f.read())
+        self.assertGreater(granted["bytesIn"], 0)
+        self.assertGreater(granted["bytesOut"], 0)
+        self.assertRegex(granted["cid"], r"^[0-9a-f-]{36}$")
+        self.assertEqual((denied["decision"], denied["code"], denied["reason"]),
+                         ("deny", "forbidden", 'service "other" is not granted'))
+        self.assertEqual((unknown["decision"], unknown["code"]), ("deny", "unauthorized"))
+        self.assertNotIn("runId", unknown)
+
+    def test_dropped_lines_are_counted(self):
+        with sbtest.Broker(env={"SANDBOX_BROKER_AUDIT": "/dev/full"}) as b:
+            token = b.mint_ok("audit-full", {"services": ["svc"]})
+            for _ in range(5):
+                b.rpc(token, "services.svc.fn", {})
+            m = b.admin("GET", "/metrics").raw.decode()
+            # /dev/full fails every write: the lines are lost, the calls are not
+            self.assertIn("sb_audit_dropped_total ", m)
+
+    def test_unwritable_audit_file_refuses_to_start(self):
+        rc, out, err = sbtest.run_broker_once([], sbtest.base_env({"SANDBOX_BROKER_AUDIT": "/nonexistent/dir/audit.log"}))
+        self.assertEqual(rc, 1, err)
+        self.assertIn("audit: cannot open the audit file", err)
+
+
+if __name__ == "__main__":
+    sbtest.main()
