@@ -83,6 +83,8 @@ static void complete(sb_http_t *h, const char *err)
 
 static int append_body(sb_http_t *h, const char *p, size_t n)
 {
+    if (n == 0)
+        return 0;
     if (n > h->o.max_body - h->res.body_len)
         return -1;
     if (h->res.body_len + n > h->body_cap) {
@@ -148,6 +150,9 @@ static const char *parse_head(sb_http_t *h, h2o_buffer_t *in, int *done)
             return in->size > SB_MAX_RESPONSE_HEAD ? "response head exceeds 65536 bytes" : NULL;
         if (rlen < 0)
             return "malformed response head (or more than 100 headers)";
+        /* the cap holds however TCP split the bytes: a head that arrived whole is measured too */
+        if ((size_t)rlen > SB_MAX_RESPONSE_HEAD)
+            return "response head exceeds 65536 bytes";
         if (status >= 100 && status < 200) {
             if (status == 101)
                 return "upstream switched protocols";
@@ -290,14 +295,24 @@ static void send_request(sb_http_t *h)
     h2o_socket_write(h->sock, &buf, 1, on_written);
 }
 
+/*
+ * The verdict of the last certificate check on this thread. OpenSSL calls
+ * verify_cb inside the handshake step that h2o runs from this thread's loop,
+ * and h2o reports the failure right after with only "ssl handshake failure",
+ * so the reason is kept here for the operator's log.
+ */
+static __thread long last_verify_error;
+
 static void on_handshake(h2o_socket_t *sock, const char *err)
 {
     sb_http_t *h = sock->data;
+    long verr = last_verify_error;
+    last_verify_error = 0;
     if (err != NULL) {
         /* a certificate problem is the same on every address of the name: no retry */
-        if (err == h2o_socket_error_ssl_cert_name_mismatch)
+        if (err == h2o_socket_error_ssl_cert_name_mismatch || verr == X509_V_ERR_HOSTNAME_MISMATCH)
             complete(h, "TLS: certificate name mismatch");
-        else if (err == h2o_socket_error_ssl_cert_invalid || err == h2o_socket_error_ssl_no_cert)
+        else if (err == h2o_socket_error_ssl_cert_invalid || err == h2o_socket_error_ssl_no_cert || verr != 0)
             complete(h, "TLS: certificate verification failed");
         else
             complete(h, "TLS handshake failed");
@@ -318,8 +333,10 @@ static void on_connect(h2o_socket_t *sock, const char *err)
         try_connect(h);
         return;
     }
-    if (h->o.ssl_ctx != NULL)
+    if (h->o.ssl_ctx != NULL) {
+        last_verify_error = 0;
         h2o_socket_ssl_handshake(sock, h->o.ssl_ctx, h->o.sni, on_handshake);
+    }
     else
         send_request(h);
 }
@@ -386,7 +403,11 @@ static int verify_cb(int preverify_ok, X509_STORE_CTX *x)
     SSL *ssl;
     const char *name;
 
-    if (!preverify_ok || X509_STORE_CTX_get_error_depth(x) != 0)
+    if (!preverify_ok) {
+        last_verify_error = X509_STORE_CTX_get_error(x);
+        return 0;
+    }
+    if (X509_STORE_CTX_get_error_depth(x) != 0)
         return preverify_ok;
     ssl = X509_STORE_CTX_get_ex_data(x, SSL_get_ex_data_X509_STORE_CTX_idx());
     name = ssl != NULL ? SSL_get_servername(ssl, TLSEXT_NAMETYPE_host_name) : NULL;
@@ -394,6 +415,7 @@ static int verify_cb(int preverify_ok, X509_STORE_CTX *x)
     if (name == NULL ||
         X509_check_host(X509_STORE_CTX_get_current_cert(x), name, 0, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS, NULL) != 1) {
         X509_STORE_CTX_set_error(x, X509_V_ERR_HOSTNAME_MISMATCH);
+        last_verify_error = X509_V_ERR_HOSTNAME_MISMATCH;
         return 0;
     }
     return 1;

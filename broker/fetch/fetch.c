@@ -606,13 +606,10 @@ static void on_response(void *arg, const char *err, sb_http_response_t *res)
         fail(f, SB_E_EXECUTION, "invalid redirect Location: %s", why != NULL ? why : "unparseable");
         return;
     }
-    /* reference section 6.7: 303 -> GET; 301/302 after anything but GET/HEAD -> GET; 307/308 keep both */
+    /* reference section 6.7: 303 -> GET (any method, HEAD too); 301/302 after anything but GET/HEAD -> GET; 307/308 keep both */
     if (res->status == 303 || ((res->status == 301 || res->status == 302) && strcmp(f->method, "GET") != 0 &&
                                strcmp(f->method, "HEAD") != 0)) {
-        if (res->status == 303 && strcmp(f->method, "HEAD") == 0)
-            memcpy(f->method, "HEAD", 5);
-        else
-            memcpy(f->method, "GET", 4);
+        memcpy(f->method, "GET", 4);
         free(f->body);
         f->body = NULL;
         f->body_len = 0;
@@ -700,6 +697,8 @@ static int validate(fetch_t *f, const sb_ip_t *addrs, size_t n)
         sb_log_int(&l, "port", f->url.port);
         sb_log_str(&l, "answers", answers, alen);
         sb_log_cstr(&l, "decision", all_ok ? "allow" : "deny");
+        if (!all_ok)
+            sb_log_cstr(&l, "reason", first_rule);
         sb_log_end(&l);
     }
     if (!all_ok) {

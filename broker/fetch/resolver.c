@@ -129,7 +129,12 @@ sb_resolver_t *sb_resolver_create(h2o_loop_t *loop, const char *servers, unsigne
     o.lookups = (char *)"b"; /* DNS only, never /etc/hosts */
     o.timeout = (int)timeout_ms;
     o.tries = (int)tries;
-    o.flags = ARES_FLAG_NOSEARCH | ARES_FLAG_NOALIASES;
+    /*
+     * NOCHECKRESP: hand SERVFAIL and REFUSED back as such instead of retrying
+     * and ending with "connection refused"; either way the name is rejected,
+     * and the operator reads the real reason
+     */
+    o.flags = ARES_FLAG_NOSEARCH | ARES_FLAG_NOALIASES | ARES_FLAG_NOCHECKRESP;
     r->loop = loop;
     if (ares_init_options(&r->ch, &o, mask) != ARES_SUCCESS) {
         *err = "c-ares initialisation failed";
