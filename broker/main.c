@@ -20,6 +20,7 @@
 #include "fetch/fetch.h"
 #include "svc/target.h"
 #include "svc/handlers.h"
+#include "util/util.h"
 
 int sb_egress_check_main(int argc, char **argv);
 
@@ -49,11 +50,82 @@ static void usage(FILE *fp)
                 "The admin secret comes from SANDBOX_BROKER_ADMIN_SECRET or admin_secret_file.\n");
 }
 
+static const char *config_path;
+
+static int same_str(const char *a, const char *b)
+{
+    return (a == NULL && b == NULL) || (a != NULL && b != NULL && strcmp(a, b) == 0);
+}
+
+/*
+ * SIGHUP: read the configuration again and, when every part of it is valid,
+ * publish it. A bad file is rejected as a whole and the running
+ * configuration stays. Settings bound at start-up (listeners, threads, the
+ * token store, the RPC path, the audit sink) keep their values until a
+ * restart, and the log says so.
+ */
+static void reload(void)
+{
+    sb_config_t *conf = NULL, *cur = server.conf;
+    sb_fetch_conf_t *fc = NULL;
+    sb_targets_t *targets = NULL;
+    char err[8192];
+    int reachable = 0;
+    sb_logline_t l;
+
+    if (sb_config_load(config_path, 1, &conf, err, sizeof(err)) != SB_OK ||
+        sb_fetch_conf_create(conf->egress, &fc, err, sizeof(err)) != SB_OK ||
+        sb_targets_parse(conf->targets, &targets, err, sizeof(err)) != SB_OK ||
+        sb_pg_check_schema(conf->database_url, targets, &reachable, err, sizeof(err)) == SB_E_BAD_ARGS) {
+        for (char *p = err; *p != '\0'; ++p)
+            if (*p == '\n')
+                *p = ' ';
+        sb_log_begin(&l, SB_LOG_ERROR, "reload.rejected");
+        sb_log_cstr(&l, "reason", err);
+        sb_log_cstr(&l, "msg", "the running configuration stays");
+        sb_log_end(&l);
+        sb_targets_free(targets);
+        sb_fetch_conf_free(fc);
+        sb_config_free(conf);
+        return;
+    }
+    if (strcmp(conf->listen, cur->listen) != 0 || strcmp(conf->admin_listen, cur->admin_listen) != 0 ||
+        conf->threads != cur->threads || strcmp(conf->token_store, cur->token_store) != 0 ||
+        strcmp(conf->redis_prefix, cur->redis_prefix) != 0 || strcmp(conf->rpc_path, cur->rpc_path) != 0 ||
+        !same_str(conf->audit, cur->audit) || conf->max_tokens != cur->max_tokens)
+        sb_log_msg(SB_LOG_WARN, "reload.restart_needed",
+                   "listen, admin_listen, threads, token_store, redis_prefix, rpc_path, audit and max_tokens change only on restart");
+    /* keep what cannot change now, so the published configuration describes what runs */
+    free(conf->listen);
+    conf->listen = sb_mem_strdup(cur->listen);
+    free(conf->admin_listen);
+    conf->admin_listen = sb_mem_strdup(cur->admin_listen);
+    conf->threads = cur->threads;
+    free(conf->token_store);
+    conf->token_store = sb_mem_strdup(cur->token_store);
+    free(conf->redis_prefix);
+    conf->redis_prefix = sb_mem_strdup(cur->redis_prefix);
+    free(conf->rpc_path);
+    conf->rpc_path = sb_mem_strdup(cur->rpc_path);
+    free(conf->audit);
+    conf->audit = sb_mem_strdup(cur->audit != NULL ? cur->audit : "off");
+    conf->max_tokens = cur->max_tokens;
+    sb_server_reload(&server, conf, fc, targets);
+    sb_log_msg(SB_LOG_INFO, "reload.applied", "configuration reloaded");
+}
+
 static void *signal_thread(void *arg)
 {
     sigset_t *set = arg;
     int sig = 0;
-    sigwait(set, &sig);
+    for (;;) {
+        sigwait(set, &sig);
+        if (sig == SIGHUP) {
+            reload();
+            continue;
+        }
+        break;
+    }
     {
         sb_logline_t l;
         sb_log_begin(&l, SB_LOG_INFO, "shutdown");
@@ -66,7 +138,7 @@ static void *signal_thread(void *arg)
 
 int main(int argc, char **argv)
 {
-    const char *config_path = NULL, *err = NULL;
+    const char *err = NULL;
     int check_only = 0;
     sb_config_t *conf;
     sb_fetch_conf_t *fetch_conf = NULL;
@@ -141,6 +213,7 @@ int main(int argc, char **argv)
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
 
@@ -168,6 +241,13 @@ int main(int argc, char **argv)
     sb_log_msg(SB_LOG_INFO, "stopped", "drained and stopped");
     sb_server_dispose(&server);
     rc = 0;
+    if (server.conf != conf) {
+        /* reloads replaced the start-up objects; the replaced ones are on the retired list */
+        conf = server.conf;
+        fetch_conf = server.fetch_conf;
+        targets = server.targets;
+    }
+    sb_server_free_retired(&server);
 Exit:
     sb_audit_close();
     sb_store_destroy(the_store);

@@ -271,7 +271,7 @@ const msgpack_object *sb_mp_get(const msgpack_object *map, const char *key)
     klen = strlen(key);
     for (uint32_t i = 0; i < map->via.map.size; ++i) {
         const msgpack_object *k = &map->via.map.ptr[i].key;
-        if (k->type == MSGPACK_OBJECT_STR && k->via.str.size == klen && memcmp(k->via.str.ptr, key, klen) == 0)
+        if (k->type == MSGPACK_OBJECT_STR && k->via.str.size == klen && (klen == 0 || memcmp(k->via.str.ptr, key, klen) == 0))
             return &map->via.map.ptr[i].val;
     }
     return NULL;
@@ -280,5 +280,5 @@ const msgpack_object *sb_mp_get(const msgpack_object *map, const char *key)
 int sb_mp_str_is(const msgpack_object *o, const char *s)
 {
     size_t n = strlen(s);
-    return o != NULL && o->type == MSGPACK_OBJECT_STR && o->via.str.size == n && memcmp(o->via.str.ptr, s, n) == 0;
+    return o != NULL && o->type == MSGPACK_OBJECT_STR && o->via.str.size == n && (n == 0 || memcmp(o->via.str.ptr, s, n) == 0);
 }

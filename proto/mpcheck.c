@@ -250,6 +250,40 @@ sb_status_t sb_mp_check(const uint8_t *p, size_t len, size_t *obj_len, const cha
     return SB_OK;
 }
 
+/*
+ * msgpack-c leaves the pointer of an empty str or bin NULL when nothing with a
+ * body came before it; every consumer would then hand NULL to memcmp or
+ * memcpy with a length of 0, which is undefined behaviour. One pass here
+ * points them at a static empty string instead, so no consumer has to care.
+ * The tree is at most SB_MAX_DEPTH deep (the pre-check saw to it).
+ */
+static void fix_empty(msgpack_object *o)
+{
+    static const char empty[1] = "";
+    switch (o->type) {
+    case MSGPACK_OBJECT_STR:
+        if (o->via.str.ptr == NULL)
+            o->via.str.ptr = empty;
+        break;
+    case MSGPACK_OBJECT_BIN:
+        if (o->via.bin.ptr == NULL)
+            o->via.bin.ptr = empty;
+        break;
+    case MSGPACK_OBJECT_ARRAY:
+        for (uint32_t i = 0; i < o->via.array.size; ++i)
+            fix_empty(&o->via.array.ptr[i]);
+        break;
+    case MSGPACK_OBJECT_MAP:
+        for (uint32_t i = 0; i < o->via.map.size; ++i) {
+            fix_empty(&o->via.map.ptr[i].key);
+            fix_empty(&o->via.map.ptr[i].val);
+        }
+        break;
+    default:
+        break;
+    }
+}
+
 sb_status_t sb_mp_decode(const uint8_t *p, size_t len, msgpack_zone *zone, msgpack_object *out, const char **why)
 {
     size_t obj_len, off = 0;
@@ -264,6 +298,7 @@ sb_status_t sb_mp_decode(const uint8_t *p, size_t len, msgpack_zone *zone, msgpa
     }
     switch (msgpack_unpack((const char *)p, len, &off, zone, out)) {
     case MSGPACK_UNPACK_SUCCESS:
+        fix_empty(out);
         return SB_OK;
     case MSGPACK_UNPACK_NOMEM_ERROR:
         if (why != NULL)

@@ -31,6 +31,7 @@
 struct st_sb_fetch_ctx_t {
     const sb_fetch_conf_t *conf;
     h2o_loop_t *loop;
+    size_t live; /* exchanges not yet freed (a reload retires the context until this is 0) */
     sb_resolver_t *resolver;
     h2o_timeout_t deadline, connect_timeout;
 };
@@ -157,6 +158,11 @@ sb_fetch_ctx_t *sb_fetch_ctx_create(const sb_fetch_conf_t *conf, h2o_loop_t *loo
     return ctx;
 }
 
+int sb_fetch_ctx_idle(const sb_fetch_ctx_t *ctx)
+{
+    return ctx->live == 0;
+}
+
 void sb_fetch_ctx_destroy(sb_fetch_ctx_t *ctx)
 {
     if (ctx == NULL)
@@ -202,6 +208,7 @@ typedef struct st_fetch_t {
 
 static void free_fetch(fetch_t *f)
 {
+    --f->ctx->live;
     if (h2o_timeout_is_linked(&f->deadline))
         h2o_timeout_unlink(&f->deadline);
     sb_resolve_cancel(f->dns);
@@ -795,6 +802,7 @@ void sb_fetch_start(sb_fetch_ctx_t *ctx, sb_store_conn_t *store, sb_token_t *tok
     fetch_t *f = sb_mem_calloc(1, sizeof(*f));
     sb_result_t res;
 
+    ++ctx->live;
     f->ctx = ctx;
     f->store = store;
     f->binary = binary;
@@ -824,6 +832,7 @@ void sb_egress_check(sb_fetch_ctx_t *ctx, const sb_manifest_t *m, const char *ur
     fetch_t *f = sb_mem_calloc(1, sizeof(*f));
     const char *why = NULL;
 
+    ++ctx->live;
     f->ctx = ctx;
     f->check_cb = cb;
     f->arg = arg;

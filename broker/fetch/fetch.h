@@ -44,6 +44,8 @@ void sb_fetch_conf_free(sb_fetch_conf_t *c);
 typedef struct st_sb_fetch_ctx_t sb_fetch_ctx_t;
 sb_fetch_ctx_t *sb_fetch_ctx_create(const sb_fetch_conf_t *conf, h2o_loop_t *loop, const char **err);
 void sb_fetch_ctx_destroy(sb_fetch_ctx_t *ctx);
+/** 1 when no exchange is running on the context (it can be destroyed) */
+int sb_fetch_ctx_idle(const sb_fetch_ctx_t *ctx);
 
 /**
  * Runs http.fetch for a call that passed the capability check. The token is

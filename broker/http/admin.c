@@ -71,7 +71,11 @@ static int authorized(h2o_req_t *req)
     if (v.len < 7 || !h2o_lcstris(v.base, 7, H2O_STRLIT("bearer ")))
         return 0;
     sb_sha256(v.base + 7, v.len - 7, got);
-    return sb_ct_equal(got, sb_current_worker->server->admin_secret_hash, 32);
+    if (sb_ct_equal(got, sb_current_worker->server->admin_secret_hash, 32))
+        return 1;
+    /* after a reload that rotated the secret, the old one works for five more minutes */
+    return sb_current_worker->previous_secret_until > sb_now_ms() &&
+           sb_ct_equal(got, sb_current_worker->previous_secret_hash, 32);
 }
 
 static int hexval(char h)

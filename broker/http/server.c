@@ -139,15 +139,87 @@ static void close_listeners(sb_worker_t *w)
     }
 }
 
+typedef struct st_worker_msg_t {
+    h2o_multithread_message_t super;
+    int reload;                  /* 0: shutdown */
+    uint8_t new_secret_hash[32]; /* reload: the admin secret (worker 0 owns the copy it checks) */
+} worker_msg_t;
+
+static void retire_or_destroy(sb_worker_t *w, sb_fetch_ctx_t *fetch, sb_pg_pool_t *pg)
+{
+    size_t i;
+    if (fetch != NULL) {
+        for (i = 0; i < 8 && w->retired_fetch[i] != NULL; ++i)
+            ;
+        if (i < 8)
+            w->retired_fetch[i] = fetch;
+        else
+            sb_fetch_ctx_destroy(fetch); /* eight reloads within a deadline: the oldest fetches fail */
+    }
+    if (pg != NULL) {
+        for (i = 0; i < 8 && w->retired_pg[i] != NULL; ++i)
+            ;
+        if (i < 8)
+            w->retired_pg[i] = pg;
+        else
+            sb_pg_pool_destroy(pg);
+    }
+}
+
+static void on_housekeeping(h2o_timeout_entry_t *entry)
+{
+    sb_worker_t *w = H2O_STRUCT_FROM_MEMBER(sb_worker_t, housekeeping, entry);
+    for (size_t i = 0; i < 8; ++i) {
+        if (w->retired_fetch[i] != NULL && sb_fetch_ctx_idle(w->retired_fetch[i])) {
+            sb_fetch_ctx_destroy(w->retired_fetch[i]);
+            w->retired_fetch[i] = NULL;
+        }
+        if (w->retired_pg[i] != NULL && sb_pg_pool_idle(w->retired_pg[i])) {
+            sb_pg_pool_destroy(w->retired_pg[i]);
+            w->retired_pg[i] = NULL;
+        }
+    }
+    h2o_timeout_link(w->loop, &w->housekeeping_timeout, &w->housekeeping);
+}
+
+static void apply_reload(sb_worker_t *w, const worker_msg_t *m)
+{
+    sb_server_t *s = w->server;
+    sb_config_t *conf = s->conf;
+    sb_fetch_ctx_t *fetch;
+    const char *err = NULL;
+
+    /* egress: a fresh context (resolver, timeouts) on the new settings */
+    if ((fetch = sb_fetch_ctx_create(s->fetch_conf, w->loop, &err)) != NULL) {
+        retire_or_destroy(w, w->svc.fetch, NULL);
+        w->svc.fetch = fetch;
+    }
+    w->svc.targets = s->targets;
+    /* the database pool follows database_url and the targets' collections */
+    retire_or_destroy(w, NULL, w->svc.pg);
+    w->svc.pg = sb_pg_pool_create(w->loop, conf->database_url, s->targets);
+    if (w->index == 0 && memcmp(s->admin_secret_hash, m->new_secret_hash, 32) != 0) {
+        /* the secret a reload replaces is honoured a little longer, so a host can switch without a gap */
+        memcpy(w->previous_secret_hash, s->admin_secret_hash, 32);
+        w->previous_secret_until = sb_now_ms() + 300000;
+        memcpy(s->admin_secret_hash, m->new_secret_hash, 32);
+    }
+}
+
 static void on_shutdown_msg(h2o_multithread_receiver_t *receiver, h2o_linklist_t *messages)
 {
     sb_worker_t *w = H2O_STRUCT_FROM_MEMBER(sb_worker_t, shutdown_receiver, receiver);
+    int stop = 0;
     while (!h2o_linklist_is_empty(messages)) {
-        h2o_multithread_message_t *m = H2O_STRUCT_FROM_MEMBER(h2o_multithread_message_t, link, messages->next);
-        h2o_linklist_unlink(&m->link);
+        worker_msg_t *m = (worker_msg_t *)H2O_STRUCT_FROM_MEMBER(h2o_multithread_message_t, link, messages->next);
+        h2o_linklist_unlink(&m->super.link);
+        if (m->reload && !w->stopping)
+            apply_reload(w, m);
+        else if (!m->reload)
+            stop = 1;
         free(m);
     }
-    if (w->stopping)
+    if (!stop || w->stopping)
         return;
     w->stopping = 1;
     close_listeners(w);
@@ -192,6 +264,9 @@ static void *worker_main(void *arg)
             sb_log_end(&l);
         }
     }
+    h2o_timeout_init(w->loop, &w->housekeeping_timeout, 500);
+    w->housekeeping.cb = on_housekeeping;
+    h2o_timeout_link(w->loop, &w->housekeeping_timeout, &w->housekeeping);
     {
         h2o_multithread_queue_t *q = h2o_multithread_create_queue(w->loop);
         h2o_multithread_register_receiver(q, &w->shutdown_receiver, on_shutdown_msg);
@@ -232,6 +307,12 @@ static void *worker_main(void *arg)
     w->svc.fetch = NULL;
     sb_tools_ctx_destroy(w->svc.tools);
     sb_pg_pool_destroy(w->svc.pg);
+    if (h2o_timeout_is_linked(&w->housekeeping))
+        h2o_timeout_unlink(&w->housekeeping);
+    for (size_t i = 0; i < 8; ++i) {
+        sb_fetch_ctx_destroy(w->retired_fetch[i]);
+        sb_pg_pool_destroy(w->retired_pg[i]);
+    }
     sb_store_conn_destroy(w->store);
     w->store = NULL;
     /*
@@ -258,12 +339,61 @@ void sb_server_stop(sb_server_t *s)
     atomic_store(&s->stopping, 1);
     for (unsigned i = 0; i < s->nworkers; ++i) {
         sb_worker_t *w = &s->workers[i];
-        h2o_multithread_message_t *m;
+        void *m;
         /* the worker may still be starting; wait until its queue exists */
         while (__atomic_load_n(&w->queue, __ATOMIC_ACQUIRE) == NULL)
             usleep(1000);
-        m = sb_mem_calloc(1, sizeof(*m));
+        m = sb_mem_calloc(1, sizeof(worker_msg_t));
         h2o_multithread_send_message(&w->shutdown_receiver, m);
+    }
+}
+
+struct st_sb_retired_t {
+    struct st_sb_retired_t *next;
+    sb_config_t *conf;
+    sb_fetch_conf_t *fetch_conf;
+    sb_targets_t *targets;
+};
+
+void sb_server_reload(sb_server_t *s, sb_config_t *conf, sb_fetch_conf_t *fetch_conf, sb_targets_t *targets)
+{
+    uint8_t new_hash[32];
+    struct st_sb_retired_t *r = sb_mem_calloc(1, sizeof(*r));
+
+    /* handlers in flight may still point into these: they live until exit */
+    r->conf = s->conf;
+    r->fetch_conf = s->fetch_conf;
+    r->targets = s->targets;
+    r->next = s->retired;
+    s->retired = r;
+
+    s->fetch_conf = fetch_conf;
+    s->targets = targets;
+    s->conf = conf;
+    sb_log_set_level((sb_log_level_t)sb_log_parse_level(conf->log_level));
+    /* the admin secret is read (and now written) by worker 0 only: it takes the new one from its message */
+    sb_sha256(conf->admin_secret, strlen(conf->admin_secret), new_hash);
+    for (unsigned i = 0; i < s->nworkers; ++i) {
+        sb_worker_t *w = &s->workers[i];
+        worker_msg_t *m;
+        if (__atomic_load_n(&w->queue, __ATOMIC_ACQUIRE) == NULL)
+            continue; /* still starting: it reads the new objects when it does */
+        m = sb_mem_calloc(1, sizeof(*m));
+        m->reload = 1;
+        memcpy(m->new_secret_hash, new_hash, 32);
+        h2o_multithread_send_message(&w->shutdown_receiver, &m->super);
+    }
+}
+
+void sb_server_free_retired(sb_server_t *s)
+{
+    while (s->retired != NULL) {
+        struct st_sb_retired_t *r = s->retired;
+        s->retired = r->next;
+        sb_config_free(r->conf);
+        sb_fetch_conf_free(r->fetch_conf);
+        sb_targets_free(r->targets);
+        free(r);
     }
 }
 

@@ -17,6 +17,7 @@
 #include "svc/dispatch.h"
 #include "fetch/fetch.h"
 #include "svc/target.h"
+#include "svc/handlers.h"
 
 typedef struct st_sb_server_t sb_server_t;
 
@@ -35,13 +36,27 @@ typedef struct st_sb_worker_t {
     h2o_multithread_receiver_t shutdown_receiver;
     size_t inflight; /* requests not yet disposed, loop-local */
     int stopping;
+    /* contexts replaced by a reload, destroyed once they are idle (loop-local) */
+    sb_fetch_ctx_t *retired_fetch[8];
+    sb_pg_pool_t *retired_pg[8];
+    h2o_timeout_t housekeeping_timeout;
+    h2o_timeout_entry_t housekeeping;
+    /* worker 0: the admin secret replaced by the last reload stays valid until this time */
+    uint8_t previous_secret_hash[32];
+    int64_t previous_secret_until;
 } sb_worker_t;
 
 struct st_sb_server_t {
-    sb_config_t *conf;
+    /*
+     * The reloadable part. A reload publishes new objects and never frees the
+     * ones it replaces (they are a few KiB, and handlers in flight may still
+     * hold pointers into them); their per-worker contexts are retired.
+     */
+    sb_config_t *_Atomic conf;
     sb_store_t *store;
-    sb_fetch_conf_t *fetch_conf;
-    sb_targets_t *targets;
+    sb_fetch_conf_t *_Atomic fetch_conf;
+    sb_targets_t *_Atomic targets;
+    struct st_sb_retired_t *retired; /* what reloads replaced: freed by sb_server_free_retired after the workers stop */
     h2o_globalconf_t pub_conf, admin_conf;
     int listen_fd, admin_fd;
     uint8_t admin_secret_hash[32];
@@ -61,6 +76,15 @@ SB_WARN_UNUSED sb_status_t sb_server_init(sb_server_t *s, sb_config_t *conf, sb_
 void sb_server_run(sb_server_t *s);
 /** asks every worker to stop accepting and drain (async-signal-unsafe: call from a normal thread) */
 void sb_server_stop(sb_server_t *s);
+/**
+ * Publishes a new configuration (already validated): every worker swaps its
+ * egress context, targets and database pool at its next turn; calls in flight
+ * finish on what they started with. Listeners, threads and the token store
+ * are not reloadable.
+ */
+void sb_server_reload(sb_server_t *s, sb_config_t *conf, sb_fetch_conf_t *fetch_conf, sb_targets_t *targets);
+/** frees the objects reloads replaced; only once every worker has stopped */
+void sb_server_free_retired(sb_server_t *s);
 void sb_server_dispose(sb_server_t *s);
 
 /* handlers (rpc.c, admin.c) */

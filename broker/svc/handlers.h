@@ -37,6 +37,8 @@ void sb_pg_pool_destroy(sb_pg_pool_t *pool);
  */
 SB_WARN_UNUSED sb_status_t sb_pg_check_schema(const char *database_url, const sb_targets_t *targets, int *reachable, char *err,
                                               size_t errsz);
+/** 1 when nothing is queued or running (a reload retires the pool until then) */
+int sb_pg_pool_idle(const sb_pg_pool_t *pool);
 /** 1 when a connection is up (readiness) */
 int sb_pg_pool_healthy(sb_pg_pool_t *pool);
 void sb_pg_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok, const sb_method_t *m,

@@ -691,6 +691,18 @@ void sb_pg_pool_destroy(sb_pg_pool_t *p)
     free(p);
 }
 
+int sb_pg_pool_idle(const sb_pg_pool_t *p)
+{
+    if (p == NULL)
+        return 1;
+    if (p->queued != 0 || p->introspecting)
+        return 0;
+    for (size_t i = 0; i < POOL_SIZE; ++i)
+        if (p->conns[i].state == C_BUSY)
+            return 0;
+    return 1;
+}
+
 int sb_pg_pool_healthy(sb_pg_pool_t *p)
 {
     if (p == NULL || !p->introspected)
