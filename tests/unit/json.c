@@ -313,54 +313,65 @@ static void test_nodes(void)
     msgpack_sbuffer_destroy(&sb);
 }
 
+/* "{"0":0,...,"<n-1>":0}" */
+static char *object_of(size_t n, size_t *len)
+{
+    size_t cap = n * 16 + 16, k = 0;
+    char *t = malloc(cap);
+
+    if (t == NULL)
+        abort();
+    t[k++] = '{';
+    for (size_t i = 0; i < n; ++i)
+        k += (size_t)snprintf(t + k, cap - k, "%s\"%zu\":0", i != 0 ? "," : "", i);
+    t[k++] = '}';
+    *len = k;
+    return t;
+}
+
 /*
- * Finding 1 (proto/json.c): an object's keys are not nodes for pack_json, but
- * they are for sb_mp_check. {"0":0,...,"49999":0} is 50001 nodes to
- * sb_json_decode and 100001 to sb_mp_check, so the JSON route accepts a value
- * whose packed form the pre-check (and so the msgpack route, and anything that
- * re-checks the packed value) refuses. Expected: every value sb_json_decode
- * accepts passes sb_mp_decode (count keys in pack_json, as the pre-scan and
- * sb_mp_check already do).
+ * Regression (found by these tests, fixed in 9522f65): pack_json did not count
+ * an object's keys as nodes while sb_mp_check did, so {"0":0,...,"49999":0}
+ * passed sb_json_decode and its packed form failed sb_mp_decode. Both now
+ * count values only (keys are not values): whatever the JSON route accepts
+ * passes the msgpack pre-check, and the boundary is the same on both sides.
  */
 static void test_json_output_passes_precheck(void)
 {
+    static const size_t sizes[] = {50000, SB_MAX_NODES - 1};
     msgpack_sbuffer sb;
     msgpack_zone z;
     msgpack_object o;
     const char *why;
-    size_t cap = 50000 * 12 + 16, n = 0;
-    char *t = malloc(cap);
-    sb_status_t st;
+    size_t n;
+    char *t;
 
-    if (t == NULL)
-        abort();
-    t[n++] = '{';
-    for (int i = 0; i < 50000; ++i)
-        n += (size_t)snprintf(t + n, cap - n, "%s\"%d\":0", i != 0 ? "," : "", i);
-    t[n++] = '}';
     msgpack_sbuffer_init(&sb);
-    msgpack_zone_init(&z, 1024);
-    st = decode(t, n, &sb, &why);
-    if (st == SB_OK) {
-        st = sb_mp_decode((const uint8_t *)sb.data, sb.size, &z, &o, &why);
-        ok(st == SB_OK, "object of 50000 keys: sb_json_decode accepts it, so its packed form must pass sb_mp_decode (got %d \"%s\")",
-           (int)st, why ? why : "");
-    } else {
-        is_int(st, SB_E_TOO_LARGE, "object of 50000 keys: refused by sb_json_decode as too large");
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); ++i) {
+        t = object_of(sizes[i], &n);
+        is_int(decode(t, n, &sb, &why), SB_OK, "object of %zu keys (%zu values): sb_json_decode accepts it", sizes[i], sizes[i] + 1);
+        msgpack_zone_init(&z, 1024);
+        is_int(sb_mp_decode((const uint8_t *)sb.data, sb.size, &z, &o, &why), SB_OK, "object of %zu keys: its packed form passes sb_mp_decode",
+               sizes[i]);
+        msgpack_zone_destroy(&z);
+        free(t);
     }
-    msgpack_zone_destroy(&z);
-    msgpack_sbuffer_destroy(&sb);
+    t = object_of(SB_MAX_NODES, &n);
+    counting = 1, jansson_allocs = 0;
+    refuses(t, n, SB_E_TOO_LARGE, "value has too many nodes", "object of 100000 keys (100001 values)");
+    counting = 0;
+    is_int(jansson_allocs, 0, "object of 100000 keys: refused before jansson allocates");
     free(t);
+    msgpack_sbuffer_destroy(&sb);
 }
 
 /*
- * Finding 2 (proto/json.c, prescan): containers are not counted, only ',' and
- * ':'. 4000 elements of 30 nested empty arrays ("[[[...]]]," 61 bytes each)
- * are 4000 nodes to the pre-scan and 120001 to jansson, which builds them all
- * before pack_json refuses. At the 7 MB wire cap that is ~3 million jansson
- * arrays (measured: a 6.1 MB body peaks at ~376 MB RSS). Expected: a value
- * over SB_MAX_NODES is refused before jansson allocates (count '[' and '{' as
- * nodes in the pre-scan, as its own comment says).
+ * Regression (found by these tests, fixed in 9522f65): the pre-scan counted
+ * ',' and ':' but not containers, so 4000 elements of 30 nested empty arrays
+ * ("[[[...]]]," 61 bytes each) were 4000 nodes to the pre-scan and 120001 to
+ * jansson, which built them all before pack_json refused (a 6.1 MB body
+ * peaked at ~376 MB RSS). A value over SB_MAX_NODES must be refused before
+ * jansson allocates.
  */
 static void test_prescan_counts_containers(void)
 {
@@ -386,6 +397,18 @@ static void test_prescan_counts_containers(void)
     counting = 0;
     ok(jansson_allocs == 0, "4000 x 30 nested empty arrays: refused before jansson allocates (jansson made %zu allocations)",
        jansson_allocs);
+    /* and the largest accepted shape of that kind still passes */
+    n = 0;
+    t[n++] = '[';
+    for (int i = 0; i < 3000; ++i) {
+        if (i != 0)
+            t[n++] = ',';
+        memset(t + n, '[', 30);
+        memset(t + n + 30, ']', 30);
+        n += 60;
+    }
+    t[n++] = ']';
+    is_int(decode(t, n, &sb, &why), SB_OK, "3000 x 30 nested empty arrays (90001 nodes): accepted");
     msgpack_sbuffer_destroy(&sb);
     free(t);
 }
@@ -496,13 +519,12 @@ static void test_pack_json(void)
 }
 
 /*
- * Finding 3 (proto/json.c, from_mp, MSGPACK_OBJECT_STR and the map-key branch):
- * msgpack-c 4.0 hands out via.str.ptr == NULL for a zero-length str when no
- * other variable-length item precedes it in the buffer, and jansson's
- * json_stringn_nocheck(NULL, 0) / json_object_setn_new_nocheck(o, NULL, 0, v)
- * fail, so sb_json_from_mp answers SB_E_NOMEM for "" (a5 00: "\xa0") and for
- * {"": 1} ("\x81\xa0\x01"), while ["x", ""] works. Expected: SB_OK with "" and
- * {"": 1} (treat a NULL ptr with size 0 as "").
+ * Regression (found by these tests, fixed in 9522f65): msgpack-c 4.0 leaves
+ * via.str.ptr NULL for a zero-length str when no item with trailing bytes
+ * precedes it in the buffer, and jansson's json_stringn_nocheck(NULL, 0) /
+ * json_object_setn_new_nocheck(o, NULL, 0, v) fail, so sb_json_from_mp
+ * answered SB_E_NOMEM for "" ("\xa0") and {"": 1} ("\x81\xa0\x01") while
+ * ["x", ""] worked.
  */
 static void test_empty_str_from_mp(void)
 {
@@ -534,6 +556,32 @@ static void test_empty_str_from_mp(void)
     }
 }
 
+/*
+ * Open finding (proto/json.c, sb_mp_get line 274 and sb_mp_str_is line 283):
+ * for an empty key or string that msgpack-c left with via.str.ptr == NULL (the
+ * first item with a body in the buffer, as in {"": 1} = "\x81\xa0\x01"),
+ * sb_mp_get(map, "") and sb_mp_str_is(o, "") call memcmp(NULL, "", 0), which
+ * is undefined behaviour (glibc declares memcmp nonnull). The answers are
+ * right in a plain build; under SB_SANITIZE (UBSan, no recover) this test
+ * aborts with "null pointer passed as argument 1". Expected: no memcmp when
+ * the length is 0. Reproducer: fuzz/corpus/mpcheck/empty-str-first.mp.
+ */
+static void test_mp_get_empty_key(void)
+{
+    msgpack_zone z;
+    msgpack_object o;
+    const char *why = NULL;
+
+    msgpack_zone_init(&z, 1024);
+    is_int(sb_mp_decode((const uint8_t *)"\x82\xa0\x01\xa1x\x02", 6, &z, &o, &why), SB_OK, "{\"\": 1, \"x\": 2} decodes");
+    ok(sb_mp_get(&o, "") == &o.via.map.ptr[0].val, "sb_mp_get(map, \"\") finds the empty key");
+    ok(sb_mp_get(&o, "x") == &o.via.map.ptr[1].val, "sb_mp_get(map, \"x\")");
+    is_int(sb_mp_decode((const uint8_t *)"\xa0", 1, &z, &o, &why), SB_OK, "\"\" decodes");
+    ok(sb_mp_str_is(&o, ""), "sb_mp_str_is(\"\", \"\")");
+    ok(!sb_mp_str_is(&o, "a"), "sb_mp_str_is(\"\", \"a\") is false");
+    msgpack_zone_destroy(&z);
+}
+
 int main(void)
 {
     json_set_alloc_funcs(count_malloc, count_free);
@@ -547,5 +595,6 @@ int main(void)
     test_json_output_passes_precheck();
     test_prescan_counts_containers();
     test_empty_str_from_mp();
+    test_mp_get_empty_key();
     return done_testing();
 }

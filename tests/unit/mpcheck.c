@@ -11,6 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <msgpack.h>
 #include "tap.h"
 #include "sb/limits.h"
@@ -439,6 +442,72 @@ static void test_exhaustive_small(void)
     is_int(bad, 0, "exhaustive: msgpack_unpack agrees with every accepted input of 1..3 bytes");
 }
 
+/* address space limits and ASan do not mix: the allocation test below is skipped under ASan */
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+#ifndef UNDER_ASAN
+#define UNDER_ASAN 0
+#endif
+
+/*
+ * Regression (found by this test, fixed in e1cf254; proto/mpcheck.c, walk_map):
+ * a map count was bounded only by the bytes left (n <= left / 2), not by
+ * SB_MAX_NODES, and the key list (16 bytes per pair) was allocated before the
+ * first pair was walked: a 7.1 MB frame holding map32 with 3,560,000 pairs of
+ * "": nil made the pre-check malloc 56,960,000 bytes (8x the input) before it
+ * refused the value for having too many nodes (STYLE.md rule 7, "bound first,
+ * then allocate").
+ *
+ * The test runs the pre-check in a child with 24 MB of address space to spare:
+ * with the bound in place it answers SB_E_TOO_LARGE; without it the malloc
+ * fails and it answers SB_E_NOMEM. (Skipped under ASan.)
+ */
+static void test_map_count_bounded_before_alloc(void)
+{
+    size_t pairs = 3560000, len = 5 + pairs * 2;
+    uint8_t *b;
+    pid_t pid;
+    int status = 0;
+
+    if (UNDER_ASAN) {
+        ok(1, "# SKIP map key list allocation test (address space limits do not work under ASan)");
+        return;
+    }
+    if ((b = malloc(len)) == NULL)
+        abort();
+    b[0] = 0xdf, b[1] = (uint8_t)(pairs >> 24), b[2] = (uint8_t)(pairs >> 16), b[3] = (uint8_t)(pairs >> 8), b[4] = (uint8_t)pairs;
+    for (size_t i = 0; i < pairs; ++i)
+        b[5 + 2 * i] = 0xa0, b[6 + 2 * i] = 0xc0;
+    fflush(stdout);
+    if ((pid = fork()) == 0) {
+        FILE *f = fopen("/proc/self/statm", "r");
+        unsigned long pages = 0;
+        struct rlimit rl;
+        size_t obj_len;
+        const char *why = NULL;
+        sb_status_t st;
+        if (f == NULL || fscanf(f, "%lu", &pages) != 1)
+            _exit(4);
+        fclose(f);
+        rl.rlim_cur = rl.rlim_max = (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + 24u * 1024 * 1024;
+        if (setrlimit(RLIMIT_AS, &rl) != 0)
+            _exit(4);
+        st = sb_mp_check(b, len, &obj_len, &why);
+        /* too many nodes (or, for an implementation that looks at keys first, duplicate keys): anything but NOMEM */
+        _exit(st == SB_E_TOO_LARGE || st == SB_E_BAD_ARGS ? 0 : st == SB_E_NOMEM ? 2 : 3);
+    }
+    if (pid < 0 || waitpid(pid, &status, 0) != pid)
+        status = -1;
+    free(b);
+    is_int(WIFEXITED(status) ? WEXITSTATUS(status) : 99, 0,
+           "map32 of 3.56M pairs in a 7.1 MB frame: too many nodes, refused without a 57 MB key list (2: it answered NOMEM)");
+}
+
 int main(void)
 {
     test_accepts();
@@ -449,5 +518,6 @@ int main(void)
     test_decode();
     test_utf8();
     test_exhaustive_small();
+    test_map_count_bounded_before_alloc();
     return done_testing();
 }
