@@ -93,8 +93,9 @@ static void reload(void)
         conf->threads != cur->threads || strcmp(conf->token_store, cur->token_store) != 0 ||
         strcmp(conf->redis_prefix, cur->redis_prefix) != 0 || strcmp(conf->rpc_path, cur->rpc_path) != 0 ||
         !same_str(conf->audit, cur->audit) || conf->max_tokens != cur->max_tokens)
-        sb_log_msg(SB_LOG_WARN, "reload.restart_needed",
-                   "listen, admin_listen, threads, token_store, redis_prefix, rpc_path, audit and max_tokens change only on restart");
+        sb_log_msg(
+            SB_LOG_WARN, "reload.restart_needed",
+            "listen, admin_listen, threads, token_store, redis_prefix, rpc_path, audit and max_tokens change only on restart");
     /* keep what cannot change now, so the published configuration describes what runs */
     free(conf->listen);
     conf->listen = sb_mem_strdup(cur->listen);

@@ -48,7 +48,7 @@ const char *sb_status_message(sb_status_t st)
 
 sb_status_t sb_status_from_code(const char *code, size_t len)
 {
-    static const sb_status_t wire[] = {SB_E_BAD_METHOD,      SB_E_BAD_ARGS,  SB_E_UNAUTHORIZED,  SB_E_FORBIDDEN,
+    static const sb_status_t wire[] = {SB_E_BAD_METHOD,      SB_E_BAD_ARGS,  SB_E_UNAUTHORIZED, SB_E_FORBIDDEN,
                                        SB_E_NOT_IMPLEMENTED, SB_E_EXECUTION, SB_E_RATE_LIMITED, SB_E_UNAVAILABLE};
     for (size_t i = 0; i < sizeof(wire) / sizeof(wire[0]); ++i) {
         const char *c = table[wire[i]].code;

@@ -42,8 +42,8 @@ int64_t sb_manifest_timeout_ms(const sb_manifest_t *m);
  * @return SB_OK when granted; SB_E_FORBIDDEN when denied; SB_E_BAD_ARGS when the
  *         arguments needed for the decision are malformed (http.fetch url)
  */
-SB_WARN_UNUSED sb_status_t sb_authz_check(const sb_manifest_t *m, const sb_method_t *meth, const msgpack_object *args,
-                                          char *reason, size_t reasonsz);
+SB_WARN_UNUSED sb_status_t sb_authz_check(const sb_manifest_t *m, const sb_method_t *meth, const msgpack_object *args, char *reason,
+                                          size_t reasonsz);
 
 /**
  * Normalises a files path (PROTOCOL.md, "Paths"): non-empty, no NUL, no

@@ -222,7 +222,8 @@ static void validate_targets(const json_t *targets, errs_t *e)
 {
     const char *name;
     json_t *t;
-    json_object_foreach((json_t *)targets, name, t) {
+    json_object_foreach((json_t *)targets, name, t)
+    {
         size_t n = strlen(name);
         int okname = n > 0 && n <= 128;
         for (size_t i = 0; okname && i < n; ++i)
@@ -273,7 +274,8 @@ sb_status_t sb_config_load(const char *path, int require_secret, sb_config_t **o
         } else {
             const char *k;
             json_t *v;
-            json_object_foreach(root, k, v) {
+            json_object_foreach(root, k, v)
+            {
                 size_t i = 0;
                 while (i < NKEYS && strcmp(keys[i].name, k) != 0)
                     ++i;

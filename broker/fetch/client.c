@@ -43,8 +43,8 @@ struct st_sb_http_t {
     char *head; /* copy of the response head, backing res.headers */
     sb_http_response_t res;
     const char *last_connect_error;
-    int starting;         /* inside sb_http_start */
-    int finished_early;   /* every connect failed synchronously */
+    int starting;       /* inside sb_http_start */
+    int finished_early; /* every connect failed synchronously */
     const char *early_err;
 };
 
@@ -336,8 +336,7 @@ static void on_connect(h2o_socket_t *sock, const char *err)
     if (h->o.ssl_ctx != NULL) {
         last_verify_error = 0;
         h2o_socket_ssl_handshake(sock, h->o.ssl_ctx, h->o.sni, on_handshake);
-    }
-    else
+    } else
         send_request(h);
 }
 
@@ -371,7 +370,8 @@ static void try_connect(sb_http_t *h)
     }
     complete(h, h->last_connect_error == h2o_socket_error_conn_fail || h->last_connect_error == NULL
                     ? "connect failed to every validated address"
-                    : h->last_connect_error == h2o_socket_error_closed ? "connection refused" : h->last_connect_error);
+                : h->last_connect_error == h2o_socket_error_closed ? "connection refused"
+                                                                   : h->last_connect_error);
 }
 
 sb_http_t *sb_http_start(const sb_http_opts_t *opts, sb_http_cb cb, void *arg)

@@ -46,11 +46,11 @@ typedef struct st_sb_http_opts_t {
     const sb_ip_t *addrs; /* validated addresses, tried in order */
     size_t naddrs;
     uint16_t port;
-    SSL_CTX *ssl_ctx; /* NULL for plain http */
-    const char *sni;  /* TLS server name (the URL's host name) */
+    SSL_CTX *ssl_ctx;    /* NULL for plain http */
+    const char *sni;     /* TLS server name (the URL's host name) */
     const char *request; /* the whole request: head and body */
     size_t request_len;
-    int head_request;    /* a HEAD request: the response has no body */
+    int head_request; /* a HEAD request: the response has no body */
     size_t max_body;
     h2o_timeout_t *connect_timeout; /* per connect attempt */
 } sb_http_opts_t;

@@ -57,15 +57,16 @@ static int get_uint(const json_t *o, const char *key, uint64_t min, uint64_t max
 
 sb_status_t sb_fetch_conf_create(const json_t *egress, sb_fetch_conf_t **out, char *err, size_t errsz)
 {
-    static const char *known[] = {"dns_servers", "dns_timeout_ms", "dns_tries", "deny_cidrs", "allow_cidrs",
-                                  "deny_local_interfaces", "ca_file", "deadline_ms", "connect_timeout_ms", "max_redirects",
-                                  NULL};
+    static const char *known[] = {"dns_servers",        "dns_timeout_ms",        "dns_tries", "deny_cidrs",
+                                  "allow_cidrs",        "deny_local_interfaces", "ca_file",   "deadline_ms",
+                                  "connect_timeout_ms", "max_redirects",         NULL};
     sb_fetch_conf_t *c = sb_mem_calloc(1, sizeof(*c));
     const char *k, *why = NULL;
     json_t *v, *servers, *dli;
     uint64_t u;
 
-    json_object_foreach((json_t *)egress, k, v) {
+    json_object_foreach((json_t *)egress, k, v)
+    {
         size_t i = 0;
         while (known[i] != NULL && strcmp(known[i], k) != 0)
             ++i;
@@ -82,7 +83,8 @@ sb_status_t sb_fetch_conf_create(const json_t *egress, sb_fetch_conf_t **out, ch
             snprintf(err, errsz, "egress.dns_servers: expected 1-8 \"ip:port\" strings");
             goto Error;
         }
-        json_array_foreach(servers, i, s) {
+        json_array_foreach(servers, i, s)
+        {
             if (!json_is_string(s) || json_string_length(s) > 64) {
                 snprintf(err, errsz, "egress.dns_servers[%zu]: expected an \"ip:port\" string", i);
                 goto Error;
@@ -290,9 +292,18 @@ static int is_field_value(const char *s, size_t n)
 /* headers the broker owns, or that could smuggle a second request (upstream's list, plus te/trailer/expect) */
 static int dropped_header(const char *name)
 {
-    static const char *drop[] = {"host",    "content-length",      "connection",       "transfer-encoding", "keep-alive",
-                                 "upgrade", "proxy-authorization", "proxy-connection", "te",                "trailer",
-                                 "expect",  NULL};
+    static const char *drop[] = {"host",
+                                 "content-length",
+                                 "connection",
+                                 "transfer-encoding",
+                                 "keep-alive",
+                                 "upgrade",
+                                 "proxy-authorization",
+                                 "proxy-connection",
+                                 "te",
+                                 "trailer",
+                                 "expect",
+                                 NULL};
     for (size_t i = 0; drop[i] != NULL; ++i)
         if (strcmp(drop[i], name) == 0)
             return 1;
@@ -334,7 +345,8 @@ static sb_status_t parse_args(fetch_t *f, const msgpack_object *args, char *msg,
         }
     }
     url = sb_mp_get(args, "url");
-    if (url == NULL || url->type != MSGPACK_OBJECT_STR || sb_url_parse(url->via.str.ptr, url->via.str.size, &f->url, &why) != SB_OK) {
+    if (url == NULL || url->type != MSGPACK_OBJECT_STR ||
+        sb_url_parse(url->via.str.ptr, url->via.str.size, &f->url, &why) != SB_OK) {
         snprintf(msg, msgsz, "http.fetch url is invalid: %s", why != NULL ? why : "missing or not a string");
         return SB_E_BAD_ARGS;
     }
@@ -441,8 +453,8 @@ static void build_request(fetch_t *f)
 {
     char host[SB_URL_MAX_HOST + 16];
     size_t cap = strlen(f->method) + f->url.target_len + sizeof(host) + 128 + f->body_len, len = 0;
-    int with_length = f->body_len != 0 || strcmp(f->method, "POST") == 0 || strcmp(f->method, "PUT") == 0 ||
-                      strcmp(f->method, "PATCH") == 0;
+    int with_length =
+        f->body_len != 0 || strcmp(f->method, "POST") == 0 || strcmp(f->method, "PUT") == 0 || strcmp(f->method, "PATCH") == 0;
 
     for (size_t i = 0; i < f->nheaders; ++i)
         cap += strlen(f->headers[i].name) + strlen(f->headers[i].value) + 4;
@@ -614,8 +626,8 @@ static void on_response(void *arg, const char *err, sb_http_response_t *res)
         return;
     }
     /* reference section 6.7: 303 -> GET (any method, HEAD too); 301/302 after anything but GET/HEAD -> GET; 307/308 keep both */
-    if (res->status == 303 || ((res->status == 301 || res->status == 302) && strcmp(f->method, "GET") != 0 &&
-                               strcmp(f->method, "HEAD") != 0)) {
+    if (res->status == 303 ||
+        ((res->status == 301 || res->status == 302) && strcmp(f->method, "GET") != 0 && strcmp(f->method, "HEAD") != 0)) {
         memcpy(f->method, "GET", 4);
         free(f->body);
         f->body = NULL;
@@ -685,8 +697,8 @@ static int validate(fetch_t *f, const sb_ip_t *addrs, size_t n)
             a->rule = rule;
         }
         if (alen < sizeof(answers) - 1)
-            alen += (size_t)snprintf(answers + alen, sizeof(answers) - alen, "%s%s=%s(%s)", i ? "," : "", ip,
-                                     ok ? "allow" : "deny", rule);
+            alen += (size_t)snprintf(answers + alen, sizeof(answers) - alen, "%s%s=%s(%s)", i ? "," : "", ip, ok ? "allow" : "deny",
+                                     rule);
         if (!ok && all_ok) {
             all_ok = 0;
             first_rule = rule;

@@ -103,9 +103,15 @@ typedef struct st_verdict_t {
 
 #define NAT64_PREFIX "nat64 64:ff9b::/96 embeds "
 /* an IPv4-reachable rule: also named through the NAT64 prefix */
-#define RULE4(s) {s, NAT64_PREFIX s}
+#define RULE4(s)                                                                                                                   \
+    {                                                                                                                              \
+        s, NAT64_PREFIX s                                                                                                          \
+    }
 /* an IPv6-only rule */
-#define RULE6(s) {s, s}
+#define RULE6(s)                                                                                                                   \
+    {                                                                                                                              \
+        s, s                                                                                                                       \
+    }
 
 static const rule_t r_global = RULE4("global unicast");
 static const rule_t r_op_allow = RULE4("operator allow_cidrs");
@@ -114,42 +120,42 @@ static const rule_t r_iface = RULE4("broker interface address");
 static const rule_t r_invalid = RULE6("invalid address");
 
 /* IPv4 (issue 4; names, RFCs and "Globally Reachable" from the IANA IPv4 special-purpose registry) */
-static const rule_t r4_this_net = RULE4("this network 0.0.0.0/8");                         /* RFC 791 3.2; RFC 1122 3.2.1.3 */
-static const rule_t r4_private10 = RULE4("private 10.0.0.0/8");                            /* RFC 1918 */
-static const rule_t r4_shared = RULE4("shared address space 100.64.0.0/10");               /* RFC 6598 (CGN) */
-static const rule_t r4_loopback = RULE4("loopback 127.0.0.0/8");                           /* RFC 1122 3.2.1.3 */
-static const rule_t r4_link_local = RULE4("link-local 169.254.0.0/16");                    /* RFC 3927 */
-static const rule_t r4_private172 = RULE4("private 172.16.0.0/12");                        /* RFC 1918 */
-static const rule_t r4_ietf = RULE4("ietf protocol assignments 192.0.0.0/24");             /* RFC 6890 2.1 */
-static const rule_t r4_doc1 = RULE4("documentation 192.0.2.0/24");                         /* RFC 5737 TEST-NET-1 */
-static const rule_t r4_6to4_relay = RULE4("6to4 relay anycast 192.88.99.0/24");            /* RFC 7526 (deprecated) */
-static const rule_t r4_private192 = RULE4("private 192.168.0.0/16");                       /* RFC 1918 */
-static const rule_t r4_bench = RULE4("benchmarking 198.18.0.0/15");                        /* RFC 2544 */
-static const rule_t r4_doc2 = RULE4("documentation 198.51.100.0/24");                      /* RFC 5737 TEST-NET-2 */
-static const rule_t r4_doc3 = RULE4("documentation 203.0.113.0/24");                       /* RFC 5737 TEST-NET-3 */
-static const rule_t r4_multicast = RULE4("multicast 224.0.0.0/4");                         /* RFC 5771 */
-static const rule_t r4_broadcast = RULE4("limited broadcast 255.255.255.255/32");          /* RFC 919, RFC 8190 */
-static const rule_t r4_reserved = RULE4("reserved 240.0.0.0/4");                           /* RFC 1112 4 */
+static const rule_t r4_this_net = RULE4("this network 0.0.0.0/8");                /* RFC 791 3.2; RFC 1122 3.2.1.3 */
+static const rule_t r4_private10 = RULE4("private 10.0.0.0/8");                   /* RFC 1918 */
+static const rule_t r4_shared = RULE4("shared address space 100.64.0.0/10");      /* RFC 6598 (CGN) */
+static const rule_t r4_loopback = RULE4("loopback 127.0.0.0/8");                  /* RFC 1122 3.2.1.3 */
+static const rule_t r4_link_local = RULE4("link-local 169.254.0.0/16");           /* RFC 3927 */
+static const rule_t r4_private172 = RULE4("private 172.16.0.0/12");               /* RFC 1918 */
+static const rule_t r4_ietf = RULE4("ietf protocol assignments 192.0.0.0/24");    /* RFC 6890 2.1 */
+static const rule_t r4_doc1 = RULE4("documentation 192.0.2.0/24");                /* RFC 5737 TEST-NET-1 */
+static const rule_t r4_6to4_relay = RULE4("6to4 relay anycast 192.88.99.0/24");   /* RFC 7526 (deprecated) */
+static const rule_t r4_private192 = RULE4("private 192.168.0.0/16");              /* RFC 1918 */
+static const rule_t r4_bench = RULE4("benchmarking 198.18.0.0/15");               /* RFC 2544 */
+static const rule_t r4_doc2 = RULE4("documentation 198.51.100.0/24");             /* RFC 5737 TEST-NET-2 */
+static const rule_t r4_doc3 = RULE4("documentation 203.0.113.0/24");              /* RFC 5737 TEST-NET-3 */
+static const rule_t r4_multicast = RULE4("multicast 224.0.0.0/4");                /* RFC 5771 */
+static const rule_t r4_broadcast = RULE4("limited broadcast 255.255.255.255/32"); /* RFC 919, RFC 8190 */
+static const rule_t r4_reserved = RULE4("reserved 240.0.0.0/4");                  /* RFC 1112 4 */
 
 /* IPv6 (IANA IPv6 special-purpose registry, plus RFC 4291's scoped and deprecated prefixes) */
-static const rule_t r6_unspecified = RULE6("unspecified ::/128");                          /* RFC 4291 2.5.2 */
-static const rule_t r6_loopback = RULE6("loopback ::1/128");                               /* RFC 4291 2.5.3 */
-static const rule_t r6_mapped = RULE6("ipv4-mapped ::ffff:0:0/96");                        /* RFC 4291 2.5.5.2 */
-static const rule_t r6_compat = RULE6("ipv4-compatible ::/96");                            /* RFC 4291 2.5.5.1 (deprecated) */
-static const rule_t r6_nat64_local = RULE6("local-use nat64 64:ff9b:1::/48");              /* RFC 8215 */
-static const rule_t r6_discard = RULE6("discard-only 100::/64");                           /* RFC 6666 */
-static const rule_t r6_teredo = RULE6("teredo 2001::/32");                                 /* RFC 4380 */
-static const rule_t r6_bench = RULE6("benchmarking 2001:2::/48");                          /* RFC 5180 */
-static const rule_t r6_orchid = RULE6("deprecated orchid 2001:10::/28");                   /* RFC 4843 */
-static const rule_t r6_ietf = RULE6("ietf protocol assignments 2001::/23");                /* RFC 2928 */
-static const rule_t r6_doc = RULE6("documentation 2001:db8::/32");                         /* RFC 3849 */
-static const rule_t r6_6to4 = RULE6("6to4 2002::/16");                                     /* RFC 3056 */
-static const rule_t r6_doc2 = RULE6("documentation 3fff::/20");                            /* RFC 9637 */
-static const rule_t r6_ula = RULE6("unique local fc00::/7");                               /* RFC 4193 */
-static const rule_t r6_link_local = RULE6("link-local fe80::/10");                         /* RFC 4291 2.5.6 */
-static const rule_t r6_site_local = RULE6("site-local fec0::/10");                         /* RFC 3879 (deprecated) */
-static const rule_t r6_multicast = RULE6("multicast ff00::/8");                            /* RFC 4291 2.7 */
-static const rule_t r6_not_global = RULE6("not global unicast (outside 2000::/3)");        /* RFC 4291 2.4 */
+static const rule_t r6_unspecified = RULE6("unspecified ::/128");                   /* RFC 4291 2.5.2 */
+static const rule_t r6_loopback = RULE6("loopback ::1/128");                        /* RFC 4291 2.5.3 */
+static const rule_t r6_mapped = RULE6("ipv4-mapped ::ffff:0:0/96");                 /* RFC 4291 2.5.5.2 */
+static const rule_t r6_compat = RULE6("ipv4-compatible ::/96");                     /* RFC 4291 2.5.5.1 (deprecated) */
+static const rule_t r6_nat64_local = RULE6("local-use nat64 64:ff9b:1::/48");       /* RFC 8215 */
+static const rule_t r6_discard = RULE6("discard-only 100::/64");                    /* RFC 6666 */
+static const rule_t r6_teredo = RULE6("teredo 2001::/32");                          /* RFC 4380 */
+static const rule_t r6_bench = RULE6("benchmarking 2001:2::/48");                   /* RFC 5180 */
+static const rule_t r6_orchid = RULE6("deprecated orchid 2001:10::/28");            /* RFC 4843 */
+static const rule_t r6_ietf = RULE6("ietf protocol assignments 2001::/23");         /* RFC 2928 */
+static const rule_t r6_doc = RULE6("documentation 2001:db8::/32");                  /* RFC 3849 */
+static const rule_t r6_6to4 = RULE6("6to4 2002::/16");                              /* RFC 3056 */
+static const rule_t r6_doc2 = RULE6("documentation 3fff::/20");                     /* RFC 9637 */
+static const rule_t r6_ula = RULE6("unique local fc00::/7");                        /* RFC 4193 */
+static const rule_t r6_link_local = RULE6("link-local fe80::/10");                  /* RFC 4291 2.5.6 */
+static const rule_t r6_site_local = RULE6("site-local fec0::/10");                  /* RFC 3879 (deprecated) */
+static const rule_t r6_multicast = RULE6("multicast ff00::/8");                     /* RFC 4291 2.7 */
+static const rule_t r6_not_global = RULE6("not global unicast (outside 2000::/3)"); /* RFC 4291 2.4 */
 
 /*
  * The carve-outs inside 2001::/23 ("IETF Protocol Assignments", Globally
@@ -158,12 +164,12 @@ static const rule_t r6_not_global = RULE6("not global unicast (outside 2000::/3)
  * parent. Teredo 2001::/32 ("N/A"), benchmarking 2001:2::/48 and the
  * deprecated ORCHID 2001:10::/28 (both False) stay denied.
  */
-static const rule_t r6_pcp = RULE6("globally reachable pcp anycast 2001:1::1/128");         /* RFC 7723 */
-static const rule_t r6_turn = RULE6("globally reachable turn anycast 2001:1::2/128");       /* RFC 8155 */
-static const rule_t r6_srp = RULE6("globally reachable dns-sd srp anycast 2001:1::3/128");  /* RFC 9665 */
+static const rule_t r6_pcp = RULE6("globally reachable pcp anycast 2001:1::1/128");        /* RFC 7723 */
+static const rule_t r6_turn = RULE6("globally reachable turn anycast 2001:1::2/128");      /* RFC 8155 */
+static const rule_t r6_srp = RULE6("globally reachable dns-sd srp anycast 2001:1::3/128"); /* RFC 9665 */
 static const rule_t r6_amt = RULE6("globally reachable amt 2001:3::/32");                  /* RFC 7450 */
 static const rule_t r6_as112 = RULE6("globally reachable as112-v6 2001:4:112::/48");       /* RFC 7535 */
-static const rule_t r6_orchid2 = RULE6("globally reachable orchidv2 2001:20::/28");         /* RFC 7343 */
+static const rule_t r6_orchid2 = RULE6("globally reachable orchidv2 2001:20::/28");        /* RFC 7343 */
 static const rule_t r6_drip = RULE6("globally reachable drip det 2001:30::/28");           /* RFC 9374 */
 
 /*
@@ -189,7 +195,10 @@ static const rule_t r_md_gcp6 = RULE6("metadata fd20:ce::254");
 /* ---- tables -------------------------------------------------------------------------------------------------------- */
 
 #define HX(x) (uint8_t)((unsigned)(x) >> 8), (uint8_t)((unsigned)(x)&0xffu)
-#define V6(a, b, c, d, e, f, g, h) {HX(a), HX(b), HX(c), HX(d), HX(e), HX(f), HX(g), HX(h)}
+#define V6(a, b, c, d, e, f, g, h)                                                                                                 \
+    {                                                                                                                              \
+        HX(a), HX(b), HX(c), HX(d), HX(e), HX(f), HX(g), HX(h)                                                                     \
+    }
 
 static const range_t metadata4[] = {
     {{169, 254, 169, 254}, 32, CLS_EXACT, &r_md_aws},
@@ -302,7 +311,8 @@ static int list_names_exactly(const cidr_list_t *l, int family, const uint8_t *a
     size_t i;
 
     for (i = 0; i != l->n; ++i)
-        if (l->v[i].family == family && l->v[i].plen == max_plen(family) && memcmp(l->v[i].addr, a, family == AF_INET ? 4 : 16) == 0)
+        if (l->v[i].family == family && l->v[i].plen == max_plen(family) &&
+            memcmp(l->v[i].addr, a, family == AF_INET ? 4 : 16) == 0)
             return 1;
     return 0;
 }
@@ -392,7 +402,10 @@ int sb_egress_check_ip(const sb_egress_policy_t *p, const sb_ip_t *ip, const cha
 
 /* ---- names --------------------------------------------------------------------------------------------------------- */
 
-#define MD_NAME(n) {n, "metadata name " n}
+#define MD_NAME(n)                                                                                                                 \
+    {                                                                                                                              \
+        n, "metadata name " n                                                                                                      \
+    }
 
 /*
  * Documented names of cloud metadata services and of the in-cluster
@@ -412,10 +425,14 @@ static const struct st_reserved_name_t {
     const char *name;
     const char *rule;
 } metadata_names[] = {
-    MD_NAME("metadata.google.internal"),  MD_NAME("metadata"),
-    MD_NAME("instance-data"),             MD_NAME("instance-data.ec2.internal"),
-    MD_NAME("metadata.tencentyun.com"),   MD_NAME("api.metadata.cloud.ibm.com"),
-    MD_NAME("kubernetes.default.svc"),    MD_NAME("kubernetes.default.svc.cluster.local"),
+    MD_NAME("metadata.google.internal"),
+    MD_NAME("metadata"),
+    MD_NAME("instance-data"),
+    MD_NAME("instance-data.ec2.internal"),
+    MD_NAME("metadata.tencentyun.com"),
+    MD_NAME("api.metadata.cloud.ibm.com"),
+    MD_NAME("kubernetes.default.svc"),
+    MD_NAME("kubernetes.default.svc.cluster.local"),
 };
 
 static const char rn_allowed[] = "not a reserved name";
@@ -586,7 +603,8 @@ void sb_ip_format(const sb_ip_t *ip, char *out, size_t outsz)
 
     if (outsz == 0)
         return;
-    if (ip == NULL || (ip->family != AF_INET && ip->family != AF_INET6) || inet_ntop(ip->family, ip->addr, buf, sizeof(buf)) == NULL)
+    if (ip == NULL || (ip->family != AF_INET && ip->family != AF_INET6) ||
+        inet_ntop(ip->family, ip->addr, buf, sizeof(buf)) == NULL)
         snprintf(out, outsz, "(invalid)");
     else
         snprintf(out, outsz, "%s", buf);
@@ -787,8 +805,8 @@ static sb_status_t parse_list(const json_t *arr, const char *key, int is_allow, 
                         quote(s, len, q, sizeof(q)), fix, c->plen);
         }
         if (is_allow && (r = final_range_containing(c)) != NULL)
-            return fail(err, errsz, "%s[%zu]: \"%s\" lies inside %s, which is never allowed (allow the IPv4 address instead)", key, i,
-                        quote(s, len, q, sizeof(q)), r->rule->name);
+            return fail(err, errsz, "%s[%zu]: \"%s\" lies inside %s, which is never allowed (allow the IPv4 address instead)", key,
+                        i, quote(s, len, q, sizeof(q)), r->rule->name);
         out->n = i + 1;
     }
     return SB_OK;

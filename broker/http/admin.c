@@ -47,8 +47,7 @@ static void send_json(h2o_req_t *req, const char *op, int status, const char *re
 
 static void send_error(h2o_req_t *req, const char *op, int status, const char *reason, const char *code, const char *message)
 {
-    send_json(req, op, status, reason,
-              json_pack("{s:b, s:{s:s, s:s}}", "ok", 0, "error", "code", code, "message", message));
+    send_json(req, op, status, reason, json_pack("{s:b, s:{s:s, s:s}}", "ok", 0, "error", "code", code, "message", message));
 }
 
 static void send_store_error(h2o_req_t *req, const char *op, sb_status_t st)
@@ -74,8 +73,7 @@ static int authorized(h2o_req_t *req)
     if (sb_ct_equal(got, sb_current_worker->server->admin_secret_hash, 32))
         return 1;
     /* after a reload that rotated the secret, the old one works for five more minutes */
-    return sb_current_worker->previous_secret_until > sb_now_ms() &&
-           sb_ct_equal(got, sb_current_worker->previous_secret_hash, 32);
+    return sb_current_worker->previous_secret_until > sb_now_ms() && sb_ct_equal(got, sb_current_worker->previous_secret_hash, 32);
 }
 
 static int hexval(char h)
@@ -130,7 +128,8 @@ static void on_stored(void *arg, sb_status_t st)
             sb_log_cstr(&l, "token", op->tokref);
             sb_log_int(&l, "expiresAt", op->expires_at);
             sb_log_end(&l);
-            send_json(req, "mint", 201, "Created", json_pack("{s:s, s:I}", "token", op->token_hex, "expiresAt", (json_int_t)op->expires_at));
+            send_json(req, "mint", 201, "Created",
+                      json_pack("{s:s, s:I}", "token", op->token_hex, "expiresAt", (json_int_t)op->expires_at));
         } else if (st == SB_E_BAD_ARGS) {
             send_error(req, "mint", 409, "Conflict", "conflict", "that token is already registered");
         } else {
@@ -199,7 +198,8 @@ static void mint(h2o_req_t *req)
         send_error(req, "mint", 400, "Bad Request", "bad_args", "invalid JSON body");
         return;
     }
-    json_object_foreach(body, k, v) {
+    json_object_foreach(body, k, v)
+    {
         if (strcmp(k, "runId") != 0 && strcmp(k, "capabilities") != 0 && strcmp(k, "target") != 0 && strcmp(k, "scope") != 0 &&
             strcmp(k, "ttlMs") != 0 && strcmp(k, "token") != 0 && strcmp(k, "quotas") != 0) {
             snprintf(err, sizeof(err), "%s: unknown key", k);
@@ -290,7 +290,8 @@ static void mint(h2o_req_t *req)
                 sb_token_release(tok);
                 goto BadArgs;
             }
-            json_object_foreach(q, qkey, qv) {
+            json_object_foreach(q, qkey, qv)
+            {
                 size_t i = 0;
                 while (i < 3 && strcmp(qk[i].key, qkey) != 0)
                     ++i;
@@ -304,8 +305,9 @@ static void mint(h2o_req_t *req)
                     sb_token_release(tok);
                     goto BadArgs;
                 }
-                *(i == 0 ? &tok->quota.calls : i == 1 ? &tok->quota.concurrent : &tok->quota.fetch_bytes) =
-                    (int64_t)json_integer_value(qv);
+                *(i == 0   ? &tok->quota.calls
+                  : i == 1 ? &tok->quota.concurrent
+                           : &tok->quota.fetch_bytes) = (int64_t)json_integer_value(qv);
             }
         }
     }

@@ -35,9 +35,9 @@ typedef struct st_rpc_call_t {
     char run_id[SB_MAX_RUN_ID + 1];
     char cid[37];
     uint64_t started_us;
-    sb_token_t *tok;   /* referenced from the token lookup on */
-    int quota_held;    /* a concurrency slot to give back */
-    int granted;       /* the capability check passed */
+    sb_token_t *tok; /* referenced from the token lookup on */
+    int quota_held;  /* a concurrency slot to give back */
+    int granted;     /* the capability check passed */
 } rpc_call_t;
 
 static void call_dispose(sb_async_t *a)
@@ -124,8 +124,7 @@ static void send_body(rpc_call_t *c, sb_status_t st, const char *message, const 
 {
     int status = sb_status_http(st);
     log_call(c, st, message, len);
-    sb_send_bytes(c->super.req, status, reason_phrase(status), c->binary ? "application/msgpack" : "application/json", body,
-                  len);
+    sb_send_bytes(c->super.req, status, reason_phrase(status), c->binary ? "application/msgpack" : "application/json", body, len);
 }
 
 /*

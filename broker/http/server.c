@@ -91,8 +91,7 @@ static void setup_globalconf(h2o_globalconf_t *gc, size_t max_entity, int (*on_r
     handler->on_req = on_req;
 }
 
-sb_status_t sb_server_init(sb_server_t *s, sb_config_t *conf, sb_store_t *store, sb_fetch_conf_t *fetch_conf,
-                           sb_targets_t *targets)
+sb_status_t sb_server_init(sb_server_t *s, sb_config_t *conf, sb_store_t *store, sb_fetch_conf_t *fetch_conf, sb_targets_t *targets)
 {
     memset(s, 0, sizeof(*s));
     s->conf = conf;
@@ -479,7 +478,10 @@ int sb_health_on_req(h2o_handler_t *self, h2o_req_t *req)
             int store_up = sb_store_conn_healthy(w->store), db_up = w->svc.pg == NULL || sb_pg_pool_healthy(w->svc.pg);
             char body[128];
             int n = snprintf(body, sizeof(body), "{\"ok\":%s,\"tokenStore\":\"%s\"%s}", store_up && db_up ? "true" : "false",
-                             store_up ? "up" : "down", w->svc.pg == NULL ? "" : db_up ? ",\"database\":\"up\"" : ",\"database\":\"down\"");
+                             store_up ? "up" : "down",
+                             w->svc.pg == NULL ? ""
+                             : db_up           ? ",\"database\":\"up\""
+                                               : ",\"database\":\"down\"");
             sb_send_bytes(req, store_up && db_up ? 200 : 503, store_up && db_up ? "OK" : "Service Unavailable", "application/json",
                           body, (size_t)n);
         }

@@ -185,10 +185,12 @@ size_t sb_metrics_render(char **outp)
     if (live_tokens_fn != NULL) {
         long long n = live_tokens_fn();
         if (n >= 0)
-            emit(&o, "# HELP sb_tokens_live Live tokens in the token store.\n# TYPE sb_tokens_live gauge\nsb_tokens_live %lld\n", n);
+            emit(&o, "# HELP sb_tokens_live Live tokens in the token store.\n# TYPE sb_tokens_live gauge\nsb_tokens_live %lld\n",
+                 n);
     }
-    emit(&o, "# HELP sb_audit_dropped_total Audit lines dropped because the audit buffer was full.\n"
-             "# TYPE sb_audit_dropped_total counter\nsb_audit_dropped_total %llu\n",
+    emit(&o,
+         "# HELP sb_audit_dropped_total Audit lines dropped because the audit buffer was full.\n"
+         "# TYPE sb_audit_dropped_total counter\nsb_audit_dropped_total %llu\n",
          (unsigned long long)sb_audit_dropped());
     if (store_up_fn != NULL)
         emit(&o, "# HELP sb_token_store_up 1 when the token store answers.\n# TYPE sb_token_store_up gauge\nsb_token_store_up %d\n",

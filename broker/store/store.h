@@ -74,10 +74,10 @@ typedef void (*sb_store_get_cb)(void *arg, sb_status_t st, sb_token_t *tok);
 typedef void (*sb_store_done_cb)(void *arg, sb_status_t st);
 
 typedef struct st_sb_store_config_t {
-    const char *url;        /* "memory" or "redis://[:password@]host:port[/db]" or "unix:///path[?db=N]" */
-    const char *prefix;     /* redis key prefix, e.g. "sb:" */
-    size_t max_tokens;      /* memory backend: live tokens at most */
-    uint64_t timeout_ms;    /* redis: connect and command timeout */
+    const char *url;     /* "memory" or "redis://[:password@]host:port[/db]" or "unix:///path[?db=N]" */
+    const char *prefix;  /* redis key prefix, e.g. "sb:" */
+    size_t max_tokens;   /* memory backend: live tokens at most */
+    uint64_t timeout_ms; /* redis: connect and command timeout */
 } sb_store_config_t;
 
 /**

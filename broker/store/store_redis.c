@@ -581,8 +581,10 @@ static void on_quota_acquire(void *arg, sb_status_t st, sb_token_t *unused)
 {
     quota_op_t *op = arg;
     (void)unused;
-    op->cb(op->arg, st, st == SB_E_RATE_LIMITED ? (op->limit == 1 ? "calls per run" : "concurrent calls per run")
-                                                 : st == SB_E_UNAVAILABLE ? "the token store is unavailable" : NULL);
+    op->cb(op->arg, st,
+           st == SB_E_RATE_LIMITED  ? (op->limit == 1 ? "calls per run" : "concurrent calls per run")
+           : st == SB_E_UNAVAILABLE ? "the token store is unavailable"
+                                    : NULL);
     free(op);
 }
 
@@ -657,8 +659,10 @@ static void on_fetch_checked(void *arg, sb_status_t st, sb_token_t *unused)
 {
     quota_op_t *op = arg;
     (void)unused;
-    op->cb(op->arg, st, st == SB_E_RATE_LIMITED ? "fetched bytes per run"
-                                                 : st == SB_E_UNAVAILABLE ? "the token store is unavailable" : NULL);
+    op->cb(op->arg, st,
+           st == SB_E_RATE_LIMITED  ? "fetched bytes per run"
+           : st == SB_E_UNAVAILABLE ? "the token store is unavailable"
+                                    : NULL);
     free(op);
 }
 
@@ -691,7 +695,6 @@ void sb_store__redis_quota_fetch_add(void *rcp, const sb_token_t *tok, uint64_t 
     quota_key(rc->store, tok, "bytes", bk, sizeof(bk), &bl);
     snprintf(n, sizeof(n), "%llu", (unsigned long long)bytes);
     snprintf(exp, sizeof(exp), "%lld", (long long)tok->expires_at_ms);
-    redisAsyncCommand(rc->ac, on_ignored, p,
-                      "EVAL %s 1 %b %s %s", "redis.call('INCRBY', KEYS[1], ARGV[1]) redis.call('PEXPIREAT', KEYS[1], ARGV[2]) return 0",
-                      bk, bl, n, exp);
+    redisAsyncCommand(rc->ac, on_ignored, p, "EVAL %s 1 %b %s %s",
+                      "redis.call('INCRBY', KEYS[1], ARGV[1]) redis.call('PEXPIREAT', KEYS[1], ARGV[2]) return 0", bk, bl, n, exp);
 }

@@ -84,7 +84,8 @@ sb_status_t sb_token_build(const uint8_t hash[32], const char *run_id, const jso
     if (scope != NULL && json_is_object(scope)) {
         const char *k;
         json_t *v;
-        json_object_foreach((json_t *)scope, k, v) {
+        json_object_foreach((json_t *)scope, k, v)
+        {
             size_t vlen;
             if (!is_name(k, 64)) {
                 snprintf(err, errsz, "scope.%.64s: expected a key of [A-Za-z0-9_-]{1,64}", k);
@@ -128,8 +129,9 @@ char *sb_token_serialize(const sb_token_t *t, const json_t *capabilities)
     json_object_set_new(o, "target", json_string(t->target));
     json_object_set_new(o, "scope", scope);
     json_object_set_new(o, "expiresAt", json_integer(t->expires_at_ms));
-    json_object_set_new(o, "quota", json_pack("{s:I, s:I, s:I}", "calls", (json_int_t)t->quota.calls, "concurrent",
-                                              (json_int_t)t->quota.concurrent, "fetchBytes", (json_int_t)t->quota.fetch_bytes));
+    json_object_set_new(o, "quota",
+                        json_pack("{s:I, s:I, s:I}", "calls", (json_int_t)t->quota.calls, "concurrent",
+                                  (json_int_t)t->quota.concurrent, "fetchBytes", (json_int_t)t->quota.fetch_bytes));
     json_object_set(o, "capabilities", capabilities != NULL ? (json_t *)capabilities : json_null());
     s = json_dumps(o, JSON_COMPACT);
     json_decref(o);

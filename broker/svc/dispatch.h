@@ -17,8 +17,8 @@
 /** what a handler produced: a packed msgpack value, or an error */
 typedef struct st_sb_result_t {
     sb_status_t status;
-    char message[512];      /* for errors other than SB_E_EXECUTION (those are redacted on the wire) */
-    msgpack_sbuffer value;  /* packed value on SB_OK (owned; msgpack_sbuffer_destroy) */
+    char message[512];     /* for errors other than SB_E_EXECUTION (those are redacted on the wire) */
+    msgpack_sbuffer value; /* packed value on SB_OK (owned; msgpack_sbuffer_destroy) */
 } sb_result_t;
 
 typedef void (*sb_dispatch_cb)(void *arg, sb_result_t *res);
@@ -34,8 +34,8 @@ typedef struct st_sb_svc_env_t {
     const struct st_sb_targets_t *targets;
     struct st_sb_fetch_ctx_t *fetch; /* NULL when egress could not be set up */
     struct st_sb_tools_ctx_t *tools;
-    struct st_sb_pg_pool_t *pg;      /* NULL without database_url */
-    sb_store_conn_t *store;          /* the worker's token store connection (quotas) */
+    struct st_sb_pg_pool_t *pg; /* NULL without database_url */
+    sb_store_conn_t *store;     /* the worker's token store connection (quotas) */
 } sb_svc_env_t;
 
 /**

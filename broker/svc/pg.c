@@ -289,7 +289,8 @@ static int build_schemas(sb_pg_pool_t *p, PGresult *res, char *err, size_t errsz
             if (fill_coll(pc, pc->table, NULL, res, err, errsz, path) != 0)
                 return -1;
             if (find_col_name(pc, "id") == NULL || find_col_name(pc, "store") == NULL) {
-                snprintf(err, errsz, "%s.table: %s needs the columns id and store (deploy/sql/document_store.sql)", path, pc->table);
+                snprintf(err, errsz, "%s.table: %s needs the columns id and store (deploy/sql/document_store.sql)", path,
+                         pc->table);
                 return -1;
             }
             for (size_t k = 0; k < pc->nscope; ++k)
@@ -756,8 +757,8 @@ static int store_namespace(const sb_method_t *m, const msgpack_object *args, cha
     return 0;
 }
 
-void sb_pg_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok, const sb_method_t *m,
-                  const msgpack_object *args, int binary, sb_dispatch_cb cb, void *arg)
+void sb_pg_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok, const sb_method_t *m, const msgpack_object *args,
+                  int binary, sb_dispatch_cb cb, void *arg)
 {
     sb_pg_pool_t *p = env->pg;
     const target_schema_t *ts;
@@ -774,8 +775,8 @@ void sb_pg_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok
     }
     if (!docstore) {
         size_t i = 0;
-        while (i < t->ncollections && !(strlen(t->collections[i].name) == m->name_len &&
-                                         memcmp(t->collections[i].name, m->name, m->name_len) == 0))
+        while (i < t->ncollections &&
+               !(strlen(t->collections[i].name) == m->name_len && memcmp(t->collections[i].name, m->name, m->name_len) == 0))
             ++i;
         if (i == t->ncollections) {
             snprintf(err, sizeof(err), "collections.%.*s.%s has no host handler", (int)m->name_len, m->name,

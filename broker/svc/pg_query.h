@@ -32,15 +32,15 @@ typedef struct st_sb_pg_col_t {
 
 /** a collection as the database knows it: the configured clamp plus introspected columns */
 typedef struct st_sb_pg_coll_t {
-    char *name;            /* collections.<name> ("document_store" for the store) */
+    char *name; /* collections.<name> ("document_store" for the store) */
     char *table;
     char *key;
     size_t max_limit;
-    sb_pg_col_t *cols;     /* the columns the guest may read and write (allowlist ∩ table) */
+    sb_pg_col_t *cols; /* the columns the guest may read and write (allowlist ∩ table) */
     size_t ncols;
     const sb_scope_bind_t *scope;
     size_t nscope;
-    int is_docstore;       /* a "store" column is clamped to the call's namespace */
+    int is_docstore; /* a "store" column is clamped to the call's namespace */
 } sb_pg_coll_t;
 
 typedef struct st_sb_sql_t {

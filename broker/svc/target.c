@@ -59,7 +59,8 @@ static sb_status_t check_keys(const json_t *o, const char *path, const char *con
     json_t *v;
     if (!json_is_object(o))
         return bad(err, errsz, "%s: expected an object", path);
-    json_object_foreach((json_t *)o, k, v) {
+    json_object_foreach((json_t *)o, k, v)
+    {
         size_t i = 0;
         while (known[i] != NULL && strcmp(known[i], k) != 0)
             ++i;
@@ -97,7 +98,8 @@ static sb_status_t parse_scope(const json_t *o, const char *path, sb_scope_bind_
     if (!json_is_object(o) || json_object_size(o) > SB_MAX_SCOPE_ENTRIES)
         return bad(err, errsz, "%s.scope: expected an object of at most %u column: scopeKey entries", path, SB_MAX_SCOPE_ENTRIES);
     *out = sb_mem_calloc(json_object_size(o), sizeof(**out));
-    json_object_foreach((json_t *)o, col, key) {
+    json_object_foreach((json_t *)o, col, key)
+    {
         if (!is_sql_ident(col, 0))
             return bad(err, errsz, "%s.scope.%s: not a plain lowercase SQL column name", path, col);
         if (!json_is_string(key) || !is_ident(json_string_value(key), 64))
@@ -141,7 +143,8 @@ static sb_status_t parse_collection(const char *name, const json_t *o, const cha
         if (!json_is_array(cols) || json_array_size(cols) == 0 || json_array_size(cols) > 256)
             return bad(err, errsz, "%s.columns: expected 1-256 column names", path);
         c->columns = sb_mem_calloc(json_array_size(cols), sizeof(char *));
-        json_array_foreach(cols, i, v) {
+        json_array_foreach(cols, i, v)
+        {
             if (!json_is_string(v) || !is_sql_ident(json_string_value(v), 0))
                 return bad(err, errsz, "%s.columns[%zu]: expected a lowercase SQL column name", path, i);
             c->columns[c->ncolumns++] = sb_mem_strdup(json_string_value(v));
@@ -169,7 +172,8 @@ static sb_status_t parse_target(const char *name, const json_t *o, sb_target_t *
         if (!json_is_object(v) || json_object_size(v) > 256)
             return bad(err, errsz, "%s.collections: expected an object of at most 256 collections", path);
         t->collections = sb_mem_calloc(json_object_size(v), sizeof(*t->collections));
-        json_object_foreach(v, cname, c) {
+        json_object_foreach(v, cname, c)
+        {
             if ((st = parse_collection(cname, c, path, &t->collections[t->ncollections++], err, errsz)) != SB_OK)
                 return st;
         }
@@ -232,7 +236,8 @@ static sb_status_t parse_target(const char *name, const json_t *o, sb_target_t *
         if (!json_is_array(rel) || json_array_size(rel) > 256)
             return bad(err, errsz, "%s.release: expected an array of at most 256 tool names", tpath);
         t->tools->release = sb_mem_calloc(json_array_size(rel) + 1, sizeof(char *));
-        json_array_foreach(rel, i, e) {
+        json_array_foreach(rel, i, e)
+        {
             if (!json_is_string(e) || json_string_length(e) == 0 || json_string_length(e) > 256)
                 return bad(err, errsz, "%s.release[%zu]: expected a tool name", tpath, i);
             t->tools->release[t->tools->nrelease++] = sb_mem_strdup(json_string_value(e));
@@ -252,7 +257,8 @@ static sb_status_t parse_target(const char *name, const json_t *o, sb_target_t *
         if (!json_is_object(v) || json_object_size(v) > 256)
             return bad(err, errsz, "%s.globals: expected an object of at most 256 globals", path);
         t->globals = sb_mem_calloc(json_object_size(v), sizeof(*t->globals));
-        json_object_foreach(v, gname, g) {
+        json_object_foreach(v, gname, g)
+        {
             static const char *const gknown[] = {"value", NULL};
             char gpath[400];
             sb_global_conf_t *gc = &t->globals[t->nglobals++];
@@ -285,7 +291,8 @@ sb_status_t sb_targets_parse(const json_t *targets, sb_targets_t **out, char *er
 
     if (targets != NULL && json_is_object(targets)) {
         t->v = sb_mem_calloc(json_object_size(targets) + 1, sizeof(*t->v));
-        json_object_foreach((json_t *)targets, name, o) {
+        json_object_foreach((json_t *)targets, name, o)
+        {
             if ((st = parse_target(name, o, &t->v[t->n++], err, errsz)) != SB_OK) {
                 sb_targets_free(t);
                 return st;

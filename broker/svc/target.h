@@ -43,19 +43,19 @@ typedef struct st_sb_docstore_conf_t {
 } sb_docstore_conf_t;
 
 typedef struct st_sb_files_conf_t {
-    char *root;          /* may contain {scopeKey} placeholders */
-    size_t max_read;     /* bytes, default 786,432 minus envelope room */
-    size_t max_write;    /* bytes, default 1 MiB */
-    size_t max_entries;  /* files.list entries, default 1000 */
+    char *root;         /* may contain {scopeKey} placeholders */
+    size_t max_read;    /* bytes, default 786,432 minus envelope room */
+    size_t max_write;   /* bytes, default 1 MiB */
+    size_t max_entries; /* files.list entries, default 1000 */
 } sb_files_conf_t;
 
 typedef struct st_sb_tools_conf_t {
-    char *upstream;      /* MCP Streamable HTTP endpoint, http://host:port/path (numeric host or localhost) */
-    char **release;      /* tool names the target releases */
+    char *upstream; /* MCP Streamable HTTP endpoint, http://host:port/path (numeric host or localhost) */
+    char **release; /* tool names the target releases */
     size_t nrelease;
-    uint64_t timeout_ms; /* per operation, default 5000, at most 30000 */
-    unsigned max_calls;  /* tools.call per run, default 64, at most 256 */
-    unsigned concurrency;/* in flight per worker, default 4, at most 16 */
+    uint64_t timeout_ms;  /* per operation, default 5000, at most 30000 */
+    unsigned max_calls;   /* tools.call per run, default 64, at most 256 */
+    unsigned concurrency; /* in flight per worker, default 4, at most 16 */
 } sb_tools_conf_t;
 
 typedef struct st_sb_global_conf_t {

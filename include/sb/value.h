@@ -38,8 +38,7 @@ SB_WARN_UNUSED sb_status_t sb_mp_check(const uint8_t *p, size_t len, size_t *obj
  * The object lives in `zone` and references `p`: both must outlive it.
  * @return as sb_mp_check; trailing bytes are SB_E_BAD_ARGS
  */
-SB_WARN_UNUSED sb_status_t sb_mp_decode(const uint8_t *p, size_t len, msgpack_zone *zone, msgpack_object *out,
-                                        const char **why);
+SB_WARN_UNUSED sb_status_t sb_mp_decode(const uint8_t *p, size_t len, msgpack_zone *zone, msgpack_object *out, const char **why);
 
 /**
  * Parses JSON text (strict UTF-8, duplicate keys refused, NUL allowed inside
