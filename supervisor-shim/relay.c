@@ -12,6 +12,7 @@
  *   from the guest or sent to the broker, and the guest is killed.
  */
 #include <errno.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -24,18 +25,21 @@
 #include <time.h>
 #include <unistd.h>
 #include <msgpack.h>
+#include <openssl/err.h>
 #include "sb/frame.h"
 #include "sb/limits.h"
 #include "sb/method.h"
 #include "sb/value.h"
 #include "buf.h"
+#include "frames.h"
 #include "http.h"
 #include "relay.h"
+#include "tls.h"
 
 #define GUEST_READ_CHUNK 65536u
 #define STDERR_TAIL 800u
 
-typedef enum en_conn_state_t { CONN_CLOSED = 0, CONN_CONNECTING, CONN_ACTIVE, CONN_IDLE } conn_state_t;
+typedef enum en_conn_state_t { CONN_CLOSED = 0, CONN_CONNECTING, CONN_HANDSHAKE, CONN_ACTIVE, CONN_IDLE } conn_state_t;
 typedef enum en_call_state_t { CALL_FREE = 0, CALL_HTTP, CALL_REPLYING } call_state_t;
 
 struct st_call_t;
@@ -50,6 +54,9 @@ typedef struct st_conn_t {
     int head_done;
     sb_shim_http_head_t head;
     struct st_call_t *call;
+    SSL *ssl;       /* https only: set up once TCP connects, verified before any request byte */
+    short ssl_want; /* the poll event an SSL operation waits for (0: none pending) */
+    int tls_clean;  /* no TLS error so far: an idle connection may say close_notify */
 } conn_t;
 
 typedef struct st_call_t {
@@ -137,6 +144,18 @@ static void schedule_kill(relay_t *r, int64_t delay_ms)
 
 static void conn_close(conn_t *c)
 {
+    if (c->ssl != NULL) {
+        /* a polite close_notify on a healthy idle connection; never after a TLS error (SSL_shutdown(3)) */
+        if (c->tls_clean && c->state == CONN_IDLE) {
+            ERR_clear_error();
+            (void)SSL_shutdown(c->ssl);
+        }
+        SSL_free(c->ssl);
+        ERR_clear_error();
+        c->ssl = NULL;
+    }
+    c->ssl_want = 0;
+    c->tls_clean = 0;
     if (c->fd >= 0)
         close(c->fd);
     c->fd = -1;
@@ -307,11 +326,6 @@ static void call_invalid_response(relay_t *r, call_t *c, const char *detail)
 
 /* ---- broker responses ---- */
 
-static int str_eq(const msgpack_object *o, const char *s)
-{
-    return o != NULL && sb_mp_str_is(o, s);
-}
-
 /* correlation ids are ^[\w-]{1,128}$ (questpie-wire.md section 2) */
 static int valid_corr(const msgpack_object *o)
 {
@@ -444,10 +458,52 @@ static void conn_failed(relay_t *r, conn_t *cn, const char *what, int err)
     call_transport_error(r, c, d);
 }
 
+/* the connection's TLS failed; the message names the operation and OpenSSL's reason */
+static void conn_tls_failed(relay_t *r, conn_t *cn, const char *what, int ssl_ret, int sys_errno)
+{
+    char d[200];
+
+    sb_shim_tls_describe(cn->ssl, what, SSL_get_error(cn->ssl, ssl_ret), sys_errno, d, sizeof(d));
+    cn->tls_clean = 0;
+    conn_failed(r, cn, d, 0);
+}
+
+/* 1 if the SSL operation that returned `ret` only waits for the socket (and arms the wait) */
+static int tls_would_block(conn_t *cn, int ret)
+{
+    switch (SSL_get_error(cn->ssl, ret)) {
+    case SSL_ERROR_WANT_READ:
+        cn->ssl_want = POLLIN;
+        return 1;
+    case SSL_ERROR_WANT_WRITE:
+        cn->ssl_want = POLLOUT;
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 static void conn_write(relay_t *r, conn_t *cn)
 {
+    cn->ssl_want = 0;
     while (cn->out_off < cn->out.len) {
-        ssize_t n = send(cn->fd, cn->out.p + cn->out_off, cn->out.len - cn->out_off, MSG_NOSIGNAL);
+        size_t left = cn->out.len - cn->out_off;
+        ssize_t n;
+        if (cn->ssl != NULL) {
+            int k, e;
+            ERR_clear_error();
+            errno = 0;
+            k = SSL_write(cn->ssl, cn->out.p + cn->out_off, left > INT_MAX ? INT_MAX : (int)left);
+            e = errno;
+            if (k <= 0) {
+                if (!tls_would_block(cn, k))
+                    conn_tls_failed(r, cn, "TLS write", k, e);
+                return;
+            }
+            cn->out_off += (size_t)k;
+            continue;
+        }
+        n = send(cn->fd, cn->out.p + cn->out_off, left, MSG_NOSIGNAL);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -458,6 +514,56 @@ static void conn_write(relay_t *r, conn_t *cn)
         }
         cn->out_off += (size_t)n;
     }
+}
+
+/*
+ * The TLS handshake, driven by poll readiness. Nothing is written to the
+ * broker until it has completed with a verified certificate: OpenSSL aborts
+ * the handshake on a chain or name failure (SSL_VERIFY_PEER), and the checks
+ * below fail closed should that ever not hold.
+ */
+static void conn_handshake(relay_t *r, conn_t *cn)
+{
+    int k, e;
+    long v;
+
+    cn->ssl_want = 0;
+    ERR_clear_error();
+    errno = 0;
+    k = SSL_do_handshake(cn->ssl);
+    e = errno;
+    if (k != 1) {
+        if (!tls_would_block(cn, k))
+            conn_tls_failed(r, cn, "TLS handshake", k, e);
+        return;
+    }
+    if ((v = SSL_get_verify_result(cn->ssl)) != X509_V_OK || SSL_get0_peer_certificate(cn->ssl) == NULL) {
+        char d[160];
+        snprintf(d, sizeof(d), "TLS certificate verification failed: %s",
+                 v != X509_V_OK ? X509_verify_cert_error_string(v) : "no peer certificate");
+        cn->tls_clean = 0;
+        conn_failed(r, cn, d, 0);
+        return;
+    }
+    cn->tls_clean = 1;
+    cn->state = CONN_ACTIVE;
+    conn_write(r, cn);
+}
+
+/* TCP is up: start TLS for an https broker, else send the request */
+static void conn_connected(relay_t *r, conn_t *cn)
+{
+    if (r->cfg->tls == NULL) {
+        cn->state = CONN_ACTIVE;
+        conn_write(r, cn);
+        return;
+    }
+    if (sb_shim_tls_conn_new(r->cfg->tls, cn->fd, r->cfg->url.host, &cn->ssl) != SB_OK) {
+        conn_failed(r, cn, "cannot set up TLS (out of memory)", 0);
+        return;
+    }
+    cn->state = CONN_HANDSHAKE;
+    conn_handshake(r, cn);
 }
 
 /* opens a connection for `c` (cn->out already holds the request) */
@@ -480,13 +586,74 @@ static void conn_start(relay_t *r, conn_t *cn, call_t *c)
     }
     (void)setsockopt(cn->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     if (connect(cn->fd, (const struct sockaddr *)&r->cfg->addr, r->cfg->addr_len) == 0) {
-        cn->state = CONN_ACTIVE;
-        conn_write(r, cn);
+        conn_connected(r, cn);
     } else if (errno == EINPROGRESS) {
         cn->state = CONN_CONNECTING;
     } else {
         conn_failed(r, cn, "connect", errno);
     }
+}
+
+/*
+ * Reads response bytes, over TLS or not.
+ * @return the byte count, 0 at a clean end of stream (TCP FIN, or TLS
+ *         close_notify: an EOF without it is a truncation and an error), -1
+ *         when the read would block, -2 when the connection failed (handled)
+ */
+static ssize_t conn_recv(relay_t *r, conn_t *cn, uint8_t *buf, size_t len)
+{
+    for (;;) {
+        ssize_t n;
+        if (cn->ssl != NULL) {
+            int k, e;
+            cn->ssl_want = 0;
+            ERR_clear_error();
+            errno = 0;
+            k = SSL_read(cn->ssl, buf, len > INT_MAX ? INT_MAX : (int)len);
+            e = errno;
+            if (k > 0)
+                return k;
+            if (SSL_get_error(cn->ssl, k) == SSL_ERROR_ZERO_RETURN)
+                return 0;
+            if (tls_would_block(cn, k))
+                return -1;
+            conn_tls_failed(r, cn, "TLS read", k, e);
+            return -2;
+        }
+        n = recv(cn->fd, buf, len, 0);
+        if (n >= 0)
+            return n;
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            return -1;
+        conn_failed(r, cn, "recv", errno);
+        return -2;
+    }
+}
+
+/*
+ * An idle kept-alive connection became readable. Plain HTTP: it has nothing
+ * to say, so EOF or stray bytes retire it. TLS: the broker may still send
+ * handshake records (TLS 1.3 session tickets, key updates); those are
+ * consumed and the connection stays, anything else retires it.
+ */
+static void conn_idle_readable(conn_t *cn)
+{
+    uint8_t b;
+    int k, e;
+
+    if (cn->ssl != NULL) {
+        cn->ssl_want = 0; /* idle connections always wait for POLLIN */
+        ERR_clear_error();
+        k = SSL_read(cn->ssl, &b, 1);
+        e = k > 0 ? SSL_ERROR_NONE : SSL_get_error(cn->ssl, k);
+        if (e == SSL_ERROR_WANT_READ)
+            return;
+        /* answer the broker's close_notify; after stray data or an error, just drop it */
+        cn->tls_clean = e == SSL_ERROR_ZERO_RETURN;
+    }
+    conn_close(cn);
 }
 
 static void conn_readable(relay_t *r, conn_t *cn)
@@ -497,8 +664,7 @@ static void conn_readable(relay_t *r, conn_t *cn)
     sb_status_t st;
 
     if (cn->state == CONN_IDLE) {
-        /* an idle connection has nothing to say; EOF or stray bytes retire it */
-        conn_close(cn);
+        conn_idle_readable(cn);
         return;
     }
     if (c == NULL) {
@@ -506,15 +672,9 @@ static void conn_readable(relay_t *r, conn_t *cn)
         return;
     }
     for (;;) {
-        ssize_t n = recv(cn->fd, tmp, sizeof(tmp), 0);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK)
-                return;
-            conn_failed(r, cn, "recv", errno);
+        ssize_t n = conn_recv(r, cn, tmp, sizeof(tmp));
+        if (n < 0)
             return;
-        }
         if (n == 0) {
             if (cn->head_done && cn->head.content_length < 0) {
                 /* close-delimited body (RFC 9112 section 6.3, rule 8) */
@@ -559,6 +719,7 @@ static void conn_readable(relay_t *r, conn_t *cn)
             conn_close(cn);
         } else {
             sb_shim_buf_dispose(&cn->out);
+            cn->ssl_want = 0;
             cn->state = CONN_IDLE;
             cn->reused = 1;
             cn->call = NULL;
@@ -580,64 +741,30 @@ static void conn_event(relay_t *r, conn_t *cn, short revents)
             conn_failed(r, cn, "connect", e);
             return;
         }
-        cn->state = CONN_ACTIVE;
+        conn_connected(r, cn);
+        return;
+    }
+    /* only the one event the state waits for was asked for, so any event means "try it" */
+    (void)revents;
+    if (cn->state == CONN_HANDSHAKE)
+        conn_handshake(r, cn);
+    else if (cn->state == CONN_ACTIVE && cn->out_off < cn->out.len)
         conn_write(r, cn);
-        return;
-    }
-    if (cn->state == CONN_ACTIVE && cn->out_off < cn->out.len) {
-        if (revents & (POLLOUT | POLLERR | POLLHUP))
-            conn_write(r, cn);
-        return;
-    }
-    if (revents & (POLLIN | POLLERR | POLLHUP))
+    else
         conn_readable(r, cn);
 }
 
-/* ---- frames from the guest ---- */
+/* ---- frames from the guest (decoded and validated by frames.c) ---- */
 
-static int key_in(const msgpack_object *map, const char *const *allowed)
+static void on_call(relay_t *r, const sb_shim_msg_t *m)
 {
-    for (uint32_t i = 0; i < map->via.map.size; ++i) {
-        const msgpack_object *k = &map->via.map.ptr[i].key;
-        int found = 0;
-        for (const char *const *a = allowed; *a != NULL; ++a)
-            if (sb_mp_str_is(k, *a))
-                found = 1;
-        if (!found)
-            return 0;
-    }
-    return 1;
-}
-
-static void on_call(relay_t *r, const msgpack_object *o, size_t frame_len)
-{
-    static const char *const keys[] = {"t", "id", "method", "args", NULL};
-    const msgpack_object *id = sb_mp_get(o, "id"), *method = sb_mp_get(o, "method"), *args = sb_mp_get(o, "args");
     call_t *c = NULL;
     conn_t *cn = NULL;
     msgpack_sbuffer body;
-    msgpack_packer pk;
     sb_status_t st;
 
-    if (r->have_result) {
-        violation(r, "call after result");
-        return;
-    }
-    if (!key_in(o, keys) || id == NULL || id->type != MSGPACK_OBJECT_POSITIVE_INTEGER || method == NULL ||
-        method->type != MSGPACK_OBJECT_STR || method->via.str.size == 0 || method->via.str.size > SB_MAX_METHOD_LEN) {
-        violation(r, "malformed call frame (want {t, id: uint, method: str(1..256), args?})");
-        return;
-    }
-    if (memchr(method->via.str.ptr, '\0', method->via.str.size) != NULL) {
-        violation(r, "call method contains NUL");
-        return;
-    }
-    if (frame_len > sb_method_request_cap_str(method->via.str.ptr, method->via.str.size) + 1024) {
-        violation(r, "call frame above the method's request cap");
-        return;
-    }
     for (unsigned i = 0; i < r->cfg->max_inflight; ++i) {
-        if (r->calls[i].state != CALL_FREE && r->calls[i].id == id->via.u64) {
+        if (r->calls[i].state != CALL_FREE && r->calls[i].id == m->id) {
             violation(r, "duplicate in-flight call id");
             return;
         }
@@ -665,24 +792,17 @@ static void on_call(relay_t *r, const msgpack_object *o, size_t frame_len)
     c->state = CALL_HTTP;
     ++r->active;
     ++r->ncalls;
-    c->id = id->via.u64;
-    memcpy(c->method, method->via.str.ptr, method->via.str.size);
-    c->method[method->via.str.size] = '\0';
+    c->id = m->id;
+    memcpy(c->method, m->method, m->method_len);
+    c->method[m->method_len] = '\0';
     c->deadline = now_ms() + r->cfg->call_timeout_ms;
 
-    /* body: {method, args?} (PROTOCOL.md, "RPC") */
+    /* body: {method, args?} (PROTOCOL.md section 3) */
     msgpack_sbuffer_init(&body);
-    msgpack_packer_init(&pk, &body, msgpack_sbuffer_write);
-    (void)msgpack_pack_map(&pk, args != NULL ? 2 : 1);
-    pack_cstr(&pk, "method");
-    pack_cstr(&pk, c->method);
-    if (args != NULL) {
-        pack_cstr(&pk, "args");
-        sb_mp_pack_object(&pk, args);
-    }
+    st = sb_shim_call_body(m, &body);
     sb_shim_buf_init(&cn->out, SB_MAX_RPC_WIRE + 4096);
     sb_shim_buf_init(&cn->in, SB_SHIM_MAX_RESPONSE_HEAD + response_cap(c->method));
-    if (body.data == NULL) {
+    if (st != SB_OK) {
         msgpack_sbuffer_destroy(&body);
         run_fail(r, 0, "out of memory");
         return;
@@ -697,62 +817,15 @@ static void on_call(relay_t *r, const msgpack_object *o, size_t frame_len)
     conn_start(r, cn, c);
 }
 
-static void on_result(relay_t *r, const msgpack_object *o)
+/* a validated result frame: the message's JSON values move into the run */
+static void on_result(relay_t *r, sb_shim_msg_t *m)
 {
-    static const char *const keys[] = {"t", "ok", "output", "error", "logs", NULL};
-    const msgpack_object *ok = sb_mp_get(o, "ok"), *output = sb_mp_get(o, "output"), *err = sb_mp_get(o, "error"),
-                         *logs = sb_mp_get(o, "logs");
-    const char *bad = NULL;
-
-    if (r->have_result) {
-        violation(r, "second result frame");
-        return;
-    }
-    if (r->active != 0) {
-        run_fail(r, 0, "sandbox result raced binding calls");
-        return;
-    }
-    if (!key_in(o, keys) || ok == NULL || ok->type != MSGPACK_OBJECT_BOOLEAN)
-        bad = "want {t, ok: bool, output?, error?, logs: [str]}";
-    else if (logs == NULL || logs->type != MSGPACK_OBJECT_ARRAY || logs->via.array.size > SB_SHIM_MAX_LOGS)
-        bad = "logs must be an array of at most 1000 strings";
-    else if (ok->via.boolean && err != NULL)
-        bad = "ok:true must not carry error";
-    else if (!ok->via.boolean && (err == NULL || err->type != MSGPACK_OBJECT_STR || output != NULL))
-        bad = "ok:false must carry a string error and no output";
-    else if (err != NULL && err->via.str.size > SB_SHIM_MAX_ERROR_BYTES)
-        bad = "error is too long";
-    for (uint32_t i = 0; bad == NULL && i < logs->via.array.size; ++i) {
-        const msgpack_object *e = &logs->via.array.ptr[i];
-        if (e->type != MSGPACK_OBJECT_STR || e->via.str.size > SB_SHIM_MAX_LOG_BYTES)
-            bad = "each log entry must be a string of at most 4000 bytes";
-    }
-    if (bad == NULL && output != NULL) {
-        msgpack_sbuffer sb;
-        msgpack_packer pk;
-        msgpack_sbuffer_init(&sb);
-        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-        sb_mp_pack_object(&pk, output);
-        if (sb.size > SB_SHIM_MAX_OUTPUT)
-            bad = "output is larger than 1 MiB";
-        msgpack_sbuffer_destroy(&sb);
-        if (bad == NULL && sb_json_from_mp(output, &r->output) != SB_OK)
-            bad = "output cannot be represented as JSON";
-    }
-    if (bad == NULL && sb_json_from_mp(logs, &r->logs) != SB_OK)
-        bad = "logs cannot be represented as JSON";
-    if (bad == NULL && err != NULL && (r->result_error = json_stringn(err->via.str.ptr, err->via.str.size)) == NULL)
-        bad = "error is not valid UTF-8";
-    if (bad != NULL) {
-        json_decref(r->output);
-        json_decref(r->logs);
-        json_decref(r->result_error);
-        r->output = r->logs = r->result_error = NULL;
-        run_fail(r, 0, "sandbox guest returned an invalid result: %s", bad);
-        return;
-    }
+    r->output = m->output;
+    r->logs = m->logs;
+    r->result_error = m->error;
+    m->output = m->logs = m->error = NULL;
     r->have_result = 1;
-    r->result_ok = ok->via.boolean;
+    r->result_ok = m->ok;
     /* the guest is done: close its stdin, let it exit, and kill what lingers */
     if (r->child->in_fd >= 0) {
         close(r->child->in_fd);
@@ -761,51 +834,59 @@ static void on_result(relay_t *r, const msgpack_object *o)
     schedule_kill(r, SB_SHIM_EXIT_GRACE_MS);
 }
 
-static void on_frame(relay_t *r, const uint8_t *p, size_t len)
+/*
+ * One decoded frame (or the reason it was refused). The run's state rules
+ * come first, as they name the real problem: a call or a second result after
+ * the result, a result while calls are in flight.
+ */
+static void on_message(relay_t *r, sb_shim_msg_t *m, sb_status_t st, const char *why, const char *detail)
 {
-    msgpack_zone zone;
-    msgpack_object o;
-    const msgpack_object *t;
-    const char *why = NULL;
     char d[160];
 
-    msgpack_zone_init(&zone, 4096);
-    if (sb_mp_decode(p, len, &zone, &o, &why) != SB_OK) {
-        snprintf(d, sizeof(d), "bad msgpack in frame (%s)", why != NULL ? why : "invalid");
-        violation(r, d);
-        goto Exit;
+    if (m->kind == SB_SHIM_MSG_CALL && r->have_result) {
+        violation(r, "call after result");
+        return;
     }
-    if (o.type != MSGPACK_OBJECT_MAP || (t = sb_mp_get(&o, "t")) == NULL || t->type != MSGPACK_OBJECT_STR) {
-        violation(r, "frame is not a map with a string \"t\"");
-        goto Exit;
+    if (m->kind == SB_SHIM_MSG_RESULT) {
+        if (r->have_result) {
+            violation(r, "second result frame");
+            return;
+        }
+        if (r->active != 0) {
+            run_fail(r, 0, "sandbox result raced binding calls");
+            return;
+        }
+        if (st != SB_OK) {
+            run_fail(r, 0, "sandbox guest returned an invalid result: %s", why);
+            return;
+        }
+        on_result(r, m);
+        return;
     }
-    if (str_eq(t, "call"))
-        on_call(r, &o, len);
-    else if (str_eq(t, "result"))
-        on_result(r, &o);
-    else
-        violation(r, "unknown frame kind");
-Exit:
-    msgpack_zone_destroy(&zone);
+    if (st != SB_OK) {
+        if (detail != NULL) {
+            snprintf(d, sizeof(d), "%s (%s)", why, detail);
+            violation(r, d);
+        } else {
+            violation(r, why);
+        }
+        return;
+    }
+    on_call(r, m);
 }
 
 /* feeds buffered guest bytes to the frame reader, honouring backpressure */
 static void process_guest_bytes(relay_t *r)
 {
     while (r->roff < r->rlen && !r->stop_reading && r->active < r->cfg->max_inflight) {
-        size_t used = 0, plen = 0;
-        const uint8_t *payload = NULL;
-        sb_status_t st = sb_frame_feed(&r->reader, r->rbuf + r->roff, r->rlen - r->roff, &used, &payload, &plen);
+        size_t used = 0;
+        sb_shim_msg_t m;
+        const char *why = NULL, *detail = NULL;
+        sb_status_t st = sb_shim_frames_next(&r->reader, r->rbuf + r->roff, r->rlen - r->roff, &used, &m, &why, &detail);
         r->roff += used;
-        if (st == SB_E_AGAIN)
-            continue;
-        if (st == SB_OK) {
-            on_frame(r, payload, plen);
-            continue;
-        }
-        violation(r, st == SB_E_TOO_LARGE ? "frame length above the frame cap"
-                     : st == SB_E_BAD_ARGS ? "zero-length frame"
-                                           : "out of memory reading a frame");
+        if (st != SB_E_AGAIN)
+            on_message(r, &m, st, why != NULL ? why : "invalid frame", detail);
+        sb_shim_msg_dispose(&m);
     }
     if (r->roff == r->rlen)
         r->roff = r->rlen = 0;
@@ -1087,7 +1168,9 @@ sb_status_t sb_shim_relay_run(const sb_shim_config_t *cfg, sb_shim_child_t *chil
             if (cn->state == CONN_CLOSED)
                 continue;
             pfds[np].fd = cn->fd;
-            if (cn->state == CONN_CONNECTING || (cn->state == CONN_ACTIVE && cn->out_off < cn->out.len))
+            if (cn->ssl_want != 0)
+                pfds[np].events = cn->ssl_want;
+            else if (cn->state == CONN_CONNECTING || (cn->state == CONN_ACTIVE && cn->out_off < cn->out.len))
                 pfds[np].events = POLLOUT;
             else
                 pfds[np].events = POLLIN;

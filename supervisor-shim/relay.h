@@ -1,8 +1,9 @@
 /*
  * sandbox-shim: the relay loop.
  *
- * One thread, one poll() loop: guest frames in on the child's stdout, broker
- * calls out over kept-alive HTTP/1.1 connections, replies back on the child's
+ * One thread, one poll() loop: guest frames in on the child's stdout (decoded
+ * by frames.h), broker calls out over kept-alive HTTP/1.1 connections (TLS
+ * for an https broker, tls.h), replies back on the child's
  * stdin in completion order (proto/PROTOCOL.md section 2). The loop ends when the guest has been
  * reaped; it then hands back the run's outcome as the JSON object the shim
  * prints.
@@ -16,6 +17,7 @@
 #include <jansson.h>
 #include "sb/status.h"
 #include "child.h"
+#include "tls.h"
 #include "url.h"
 
 /* defaults (README.md, "Flags") */
@@ -24,11 +26,6 @@
 #define SB_SHIM_DEFAULT_MAX_CALLS 256u
 #define SB_SHIM_DEFAULT_MAX_INFLIGHT 16u
 #define SB_SHIM_MAX_INFLIGHT_LIMIT 256u
-/* result frame budgets (questpie-wire.md section 1.3) */
-#define SB_SHIM_MAX_LOGS 1000u
-#define SB_SHIM_MAX_LOG_BYTES 4000u
-#define SB_SHIM_MAX_OUTPUT (1024u * 1024u)
-#define SB_SHIM_MAX_ERROR_BYTES 65536u
 /* the guest's stderr we keep (the rest is read and dropped) */
 #define SB_SHIM_MAX_STDERR (256u * 1024u)
 /* a guest that received SIGTERM gets this long before SIGKILL */
@@ -40,6 +37,7 @@ typedef struct st_sb_shim_config_t {
     sb_shim_url_t url;
     struct sockaddr_storage addr; /* the broker, resolved once before the guest starts */
     socklen_t addr_len;
+    SSL_CTX *tls;                 /* https brokers: the verifying client context (tls.h); NULL for http */
     char token[65];               /* never logged, never given to the guest */
     int64_t timeout_ms;           /* wall clock for the whole run */
     int64_t call_timeout_ms;      /* per broker call */

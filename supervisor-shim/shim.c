@@ -52,6 +52,7 @@ typedef struct st_opts_t {
     const char *input;
     const char *input_file;
     const char *deno;
+    const char *ca_file;
     unsigned long memory_mb;
     char **cmd; /* relay: CMD ARGS... */
 } opts_t;
@@ -65,6 +66,7 @@ static void usage(FILE *f)
           "                     [--source FILE] [--input JSON | --input-file F] [limits] -- CMD ARGS...\n"
           "limits: [--timeout-ms N] [--max-calls N] [--max-inflight N] [--call-timeout-ms N]\n"
           "        [--on-denial terminate|reply]\n"
+          "https brokers: [--ca-file F] (PEM CAs to trust instead of the system store)\n"
           "Prints one JSON line {ok, output?, error?, logs, timedOut?, ms, calls}; exit 0 when a run completed,\n"
           "2 for usage or configuration errors.\n",
           f);
@@ -227,6 +229,8 @@ static int parse_args(int argc, char **argv, opts_t *o, sb_shim_config_t *cfg)
                 cfg->denial_reply = 1;
             else
                 return fail_usage("--on-denial wants terminate or reply, not \"%s\"", val);
+        } else if (strcmp(a, "--ca-file") == 0) {
+            o->ca_file = val;
         } else if (strcmp(a, "--source") == 0) {
             o->source = val;
         } else if (strcmp(a, "--input") == 0) {
@@ -503,7 +507,13 @@ int main(int argc, char **argv)
         goto Exit;
     }
     if (cfg.url.https) {
-        rc = fail_usage("https broker URLs are not supported yet%s", "");
+        if ((cfg.tls = sb_shim_tls_ctx_new(o.ca_file, err, sizeof(err))) == NULL) {
+            rc = fail_usage("%s", err);
+            goto Exit;
+        }
+    } else if (o.ca_file != NULL) {
+        /* a CA file with an http URL is a configuration mistake: the operator expects TLS */
+        rc = fail_usage("--ca-file needs an https:// broker URL%s", "");
         goto Exit;
     }
     if ((rc = resolve_broker(&cfg)) != 0 || (rc = build_init(&o, &init)) != 0)
@@ -589,6 +599,7 @@ int main(int argc, char **argv)
 Exit:
     sb_shim_child_close(&child);
     explicit_bzero(cfg.token, sizeof(cfg.token));
+    SSL_CTX_free(cfg.tls);
     if (workdir[0] != '\0')
         (void)nftw(workdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
     free(dump);

@@ -7,6 +7,7 @@ import atexit
 import json
 import os
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -99,13 +100,22 @@ class FakeBroker:
     services.redirect.*   302 Location: http://127.0.0.1:9/elsewhere
     services.deny.*       403 {ok:false, error:{code:forbidden, message:nope, correlationId:abc-1}}
     services.weird.*      200 {ok:true} (invalid: no value)
+    services.closedelim.notify|bare
+                          200 {ok:true, value:"cd"} without Content-Length, ended by closing the
+                          connection; under TLS "notify" sends close_notify first, "bare" does not
     anything else         400 bad_method
+
+    With `tls` (a server-side ssl.SSLContext) it speaks HTTPS: each accepted
+    connection is wrapped and handshaken in its own thread, and `handshakes`
+    records every attempt ({ok, version, sni, error}). `host` picks the
+    listening address (default 127.0.0.1; IPv6 addresses work too).
     """
 
-    def __init__(self):
+    def __init__(self, tls=None, host="127.0.0.1"):
         self.lock = threading.Lock()
         self.requests = []
         self.peers = set()
+        self.handshakes = []
         self.current = 0
         self.max_concurrent = 0
         broker = self
@@ -164,13 +174,57 @@ class FakeBroker:
                         "code": "forbidden", "message": "nope", "correlationId": "abc-1"}}))
                 elif kind == "weird":
                     self.send(200, msgpack.packb({"ok": True}))
+                elif kind == "closedelim":
+                    self.close_connection = True
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/msgpack")
+                    self.end_headers()
+                    self.wfile.write(msgpack.packb({"ok": True, "value": "cd"}))
+                    self.wfile.flush()
+                    if isinstance(self.connection, ssl.SSLSocket) and parts[2] == "notify":
+                        try:
+                            self.connection.unwrap()
+                        except (ssl.SSLError, OSError):
+                            pass
                 else:
                     self.send(400, msgpack.packb({"ok": False, "error": {"code": "bad_method", "message": "unknown"}}))
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        seen = threading.local()
+        if tls is not None:
+            def on_sni(sslobj, name, ctx):
+                seen.sni = name
+            tls.sni_callback = on_sni
+
+        class Server(ThreadingHTTPServer):
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+            def finish_request(self, request, client_address):
+                if tls is None:
+                    return super().finish_request(request, client_address)
+                # the handshake (and so the SNI callback) runs in this connection's own thread
+                seen.sni = None
+                request.settimeout(10)
+                try:
+                    conn = tls.wrap_socket(request, server_side=True)
+                except (ssl.SSLError, OSError) as e:
+                    with broker.lock:
+                        broker.handshakes.append({"ok": False, "error": str(e), "sni": seen.sni})
+                    return
+                with broker.lock:
+                    broker.handshakes.append({"ok": True, "version": conn.version(), "sni": seen.sni})
+                try:
+                    super().finish_request(conn, client_address)
+                finally:
+                    try:
+                        conn.close()
+                    except OSError:
+                        pass
+
+        self.server = Server((host, 0), Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
-        self.url = "http://127.0.0.1:%d/api/sandbox/rpc" % self.port
+        hostport = ("[%s]" % host if ":" in host else host) + ":%d" % self.port
+        self.url = ("https" if tls is not None else "http") + "://" + hostport + "/api/sandbox/rpc"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
@@ -178,6 +232,7 @@ class FakeBroker:
         with self.lock:
             self.requests = []
             self.peers = set()
+            self.handshakes = []
             self.max_concurrent = 0
 
     def close(self):

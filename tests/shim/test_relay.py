@@ -140,7 +140,7 @@ def t_usage_errors():
         (["relay", "--broker-url", "http://127.0.0.1:1/x?a=b", "--token-env", "SB_TEST_TOKEN", "--", "true"], "query"),
         (["relay", "--broker-url", "http://127.0.0.1:1/x#f", "--token-env", "SB_TEST_TOKEN", "--", "true"], "fragment"),
         (["relay", "--broker-url", "ftp://127.0.0.1/x", "--token-env", "SB_TEST_TOKEN", "--", "true"], "http:// or https://"),
-        (["relay", "--broker-url", "https://127.0.0.1/x", "--token-env", "SB_TEST_TOKEN", "--", "true"], "https broker URLs are not supported yet"),
+        (["relay", "--broker-url", "http://127.0.0.1:1/x", "--token-env", "SB_TEST_TOKEN", "--ca-file", "/dev/null", "--", "true"], "--ca-file needs an https:// broker URL"),
         (["relay", "--broker-url", "http://127.0.0.1:99999/", "--token-env", "SB_TEST_TOKEN", "--", "true"], "port"),
         (["relay", "--broker-url", "http://127.0.0.1/", "--token-env", "SB_TEST_TOKEN"], "CMD"),
         (["relay", "--broker-url", "http://127.0.0.1/", "--token-env", "NOPE_NOT_SET", "--", "true"], "not set"),
