@@ -211,7 +211,8 @@ static sb_status_t parse_target(const char *name, const json_t *o, sb_target_t *
         if ((st = get_uint(v, "max_read_bytes", fpath, 1, 700000, 512 * 1024, &u, err, errsz)) != SB_OK)
             return st;
         t->files->max_read = (size_t)u;
-        if ((st = get_uint(v, "max_write_bytes", fpath, 1, 16 * 1024 * 1024, 1024 * 1024, &u, err, errsz)) != SB_OK)
+        /* a write travels in one request, and every request but http.fetch is capped at 65,536 bytes (PROTOCOL.md) */
+        if ((st = get_uint(v, "max_write_bytes", fpath, 1, 60 * 1024, 48 * 1024, &u, err, errsz)) != SB_OK)
             return st;
         t->files->max_write = (size_t)u;
         if ((st = get_uint(v, "max_entries", fpath, 1, 10000, 1000, &u, err, errsz)) != SB_OK)
