@@ -109,7 +109,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     SB_FUZZ_ASSERT(st1 == st2, "status %d whole, %d in pieces", (int)st1, (int)st2);
     SB_FUZZ_ASSERT(st1 == SB_OK || st1 == SB_E_TOO_LARGE, "unexpected parser status %d", (int)st1);
     if (st1 == SB_OK) {
-        SB_FUZZ_ASSERT(whole.n == pieces.n && whole.len == pieces.len && (whole.len == 0 || memcmp(whole.buf, pieces.buf, whole.len) == 0),
+        SB_FUZZ_ASSERT(whole.n == pieces.n && whole.len == pieces.len &&
+                           (whole.len == 0 || memcmp(whole.buf, pieces.buf, whole.len) == 0),
                        "events differ between whole (%zu) and chunked (%zu) feeding", whole.n, pieces.n);
         if (memchr(body, '\n', len) == NULL && memchr(body, '\r', len) == NULL)
             SB_FUZZ_ASSERT(whole.n == 0, "an event without any line end");

@@ -15,6 +15,10 @@ if [ ! -x "$SB_NODE_PREFIX/node_modules/.bin/deno" ]; then
     mkdir -p "$SB_NODE_PREFIX"
     npm install --prefix "$SB_NODE_PREFIX" --no-audit --no-fund --loglevel=error deno@2.9.6 >/dev/null
 fi
+if [ ! -f "$SB_NODE_PREFIX/node_modules/@modelcontextprotocol/server-everything/dist/index.js" ]; then
+    npm install --prefix "$SB_NODE_PREFIX" --no-audit --no-fund --loglevel=error \
+        @modelcontextprotocol/server-everything@2025.11.25 >/dev/null
+fi
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j"$JOBS"

@@ -167,12 +167,13 @@ class Broker:
                 if "public" in ports and "admin" in ports:
                     self.port, self.admin_port = ports["public"], ports["admin"]
                     break
+                # the lock is held here (it is not reentrant): read the lines directly, not through log()
                 if self.proc.poll() is not None and self._reader_done:
-                    raise RuntimeError("broker exited with %s before listening:\n%s" % (self.proc.returncode, self.log()))
+                    raise RuntimeError("broker exited with %s before listening:\n%s" % (self.proc.returncode, "".join(self.lines)))
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self.proc.kill()
-                    raise RuntimeError("broker did not report both listeners in time:\n%s" % self.log())
+                    raise RuntimeError("broker did not report both listeners in time:\n%s" % "".join(self.lines))
                 self._cond.wait(min(left, 0.1))
         return self
 
