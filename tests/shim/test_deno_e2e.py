@@ -271,10 +271,19 @@ export default () => { const a: number[][] = []; for (;;) a.push(new Array(1e6).
     check(not o["ok"] and "subprocess exited without result" in o["error"] and not o.get("timedOut"), "OOM ends run", o)
 
 
+def shim_private_dirs():
+    # exactly the shim's mkdtemp("sb-shim-XXXXXX") names: other tests running in parallel
+    # create their own sb-shim-<something> files in the same temp directory
+    import re
+    pat = re.compile(r"^sb-shim-[A-Za-z0-9]{6}$")
+    tmp = tempfile.gettempdir()
+    return set(x for x in os.listdir(tmp) if pat.match(x) and os.path.isdir(os.path.join(tmp, x)))
+
+
 def t_workdir_cleaned():
-    before = set(x for x in os.listdir(tempfile.gettempdir()) if x.startswith("sb-shim-") and not x.startswith("sb-shim-e2e"))
+    before = shim_private_dirs()
     guest("export default () => 1;")
-    after = set(x for x in os.listdir(tempfile.gettempdir()) if x.startswith("sb-shim-") and not x.startswith("sb-shim-e2e"))
+    after = shim_private_dirs()
     check(after - before == set(), "private temp dir removed", after - before)
 
 
