@@ -234,6 +234,7 @@ static void *worker_main(void *arg)
     uint64_t deadline;
 
     sb_current_worker = w;
+    sb_log_thread_buffered(1);
     w->loop = h2o_evloop_create();
     h2o_context_init(&w->ctx, w->loop, &s->pub_conf);
     w->accept_ctx.ctx = &w->ctx;
@@ -273,8 +274,10 @@ static void *worker_main(void *arg)
         __atomic_store_n(&w->queue, q, __ATOMIC_RELEASE);
     }
 
-    while (!w->stopping)
+    while (!w->stopping) {
         h2o_evloop_run(w->loop, INT32_MAX);
+        sb_log_flush();
+    }
 
     /*
      * drain: answer everything accepted, including requests that still arrive
@@ -288,6 +291,7 @@ static void *worker_main(void *arg)
         deadline = now + s->conf->drain_timeout_ms * 1000u;
         while (now < deadline && (w->inflight != 0 || now - idle_since < 50000)) {
             h2o_evloop_run(w->loop, 10);
+            sb_log_flush();
             now = sb_mono_us();
             if (w->inflight != 0)
                 idle_since = now;
@@ -314,6 +318,7 @@ static void *worker_main(void *arg)
     }
     sb_store_conn_destroy(w->store);
     w->store = NULL;
+    sb_log_thread_buffered(0);
     /*
      * The loop, its contexts and queue stay: idle keep-alive connections still
      * hold timeouts on them (h2o_context_dispose asserts there are none), and

@@ -2,11 +2,61 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <unistd.h>
 #include "obs/audit.h"
 #include "obs/log.h"
 
 static _Atomic int min_level = SB_LOG_INFO;
+
+#define THREAD_LOG_BUFFER 65536
+static __thread char *tl_buf; /* NULL: lines are written at once */
+static __thread size_t tl_len;
+
+static void write_all(const char *p, size_t n)
+{
+    while (n != 0) {
+        ssize_t r = write(2, p, n);
+        if (r <= 0)
+            return; /* stderr is gone: nothing better to do with a log line */
+        p += r;
+        n -= (size_t)r;
+    }
+}
+
+void sb_log_flush(void)
+{
+    size_t off = 0;
+    while (off < tl_len) {
+        size_t end = off;
+        /* whole lines while they fit in PIPE_BUF bytes: such a write is atomic on a pipe */
+        for (;;) {
+            const char *nl = memchr(tl_buf + end, '\n', tl_len - end);
+            size_t next = nl != NULL ? (size_t)(nl - tl_buf) + 1 : tl_len;
+            if (next - off > PIPE_BUF && end != off)
+                break;
+            end = next;
+            if (end == tl_len || end - off >= PIPE_BUF)
+                break;
+        }
+        write_all(tl_buf + off, end - off);
+        off = end;
+    }
+    tl_len = 0;
+}
+
+void sb_log_thread_buffered(int on)
+{
+    if (on && tl_buf == NULL) {
+        tl_buf = malloc(THREAD_LOG_BUFFER);
+        tl_len = 0;
+    } else if (!on && tl_buf != NULL) {
+        sb_log_flush();
+        free(tl_buf);
+        tl_buf = NULL;
+    }
+}
 static const char *names[] = {"debug", "info", "warn", "error"};
 
 void sb_log_set_level(sb_log_level_t level)
@@ -115,6 +165,13 @@ void sb_log_end(sb_logline_t *l)
     }
     l->buf[l->len++] = '}';
     l->buf[l->len++] = '\n';
+    if (tl_buf != NULL) {
+        if (tl_len + l->len > THREAD_LOG_BUFFER)
+            sb_log_flush();
+        memcpy(tl_buf + tl_len, l->buf, l->len);
+        tl_len += l->len;
+        return;
+    }
     /* one write per line: lines from several threads never interleave */
     r = write(2, l->buf, l->len);
     (void)r;

@@ -40,6 +40,14 @@ void sb_log_end(sb_logline_t *l);
 void sb_log_end_audit(sb_logline_t *l);
 /** starts a line regardless of the log level (audit lines are not logs) */
 void sb_log_begin_always(sb_logline_t *l, const char *event);
+/**
+ * Worker threads collect their lines and write them once per loop pass: one
+ * write() per call was the largest single cost of a call. Lines are written
+ * whole, in pieces of at most PIPE_BUF bytes, so lines of different threads
+ * never interleave. Call sb_log_flush after every h2o_evloop_run.
+ */
+void sb_log_thread_buffered(int on);
+void sb_log_flush(void);
 /** one-line helper: {"level", "event", "msg"} */
 void sb_log_msg(sb_log_level_t level, const char *event, const char *msg);
 
