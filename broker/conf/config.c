@@ -38,6 +38,7 @@ static const struct key {
     {"audit", K_STR, offsetof(sb_config_t, audit), 0, 0},
     {"targets", K_OBJ, offsetof(sb_config_t, targets), 0, 0},
     {"database_url", K_STR, offsetof(sb_config_t, database_url), 0, 0},
+    {"database_pool_size", K_UINT, offsetof(sb_config_t, database_pool_size), 1, 64},
     {"egress", K_OBJ, offsetof(sb_config_t, egress), 0, 0},
 };
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
@@ -87,7 +88,7 @@ static void set_from_json(sb_config_t *c, const struct key *k, json_t *v, const 
         }
         if (k->kind == K_INT)
             *(int64_t *)base = (int64_t)n;
-        else if (strcmp(k->name, "threads") == 0)
+        else if (strcmp(k->name, "threads") == 0 || strcmp(k->name, "database_pool_size") == 0)
             *(unsigned *)base = (unsigned)n;
         else if (strcmp(k->name, "max_tokens") == 0)
             *(size_t *)base = (size_t)n;
@@ -249,6 +250,7 @@ sb_status_t sb_config_load(const char *path, int require_secret, sb_config_t **o
     c->token_store = sb_mem_strdup("memory");
     c->redis_prefix = sb_mem_strdup("sb:");
     c->threads = 2;
+    c->database_pool_size = 4;
     c->max_ttl_ms = 3600000;
     c->default_ttl_ms = 300000;
     c->max_tokens = 100000;

@@ -37,6 +37,7 @@ typedef struct st_sb_config_t {
     char *audit;        /* "off", "stderr" or a file path */
     json_t *targets;    /* targets.<name> (owned) */
     char *database_url; /* PostgreSQL, for targets that use it */
+    unsigned database_pool_size; /* connections per worker */
     json_t *egress;     /* egress policy (owned) */
     /* resolved listener addresses */
     struct sockaddr_storage listen_addr, admin_addr;

@@ -196,7 +196,7 @@ static void apply_reload(sb_worker_t *w, const worker_msg_t *m)
     w->svc.targets = s->targets;
     /* the database pool follows database_url and the targets' collections */
     retire_or_destroy(w, NULL, w->svc.pg);
-    w->svc.pg = sb_pg_pool_create(w->loop, conf->database_url, s->targets);
+    w->svc.pg = sb_pg_pool_create(w->loop, conf->database_url, s->targets, conf->database_pool_size);
     if (w->index == 0 && memcmp(s->admin_secret_hash, m->new_secret_hash, 32) != 0) {
         /* the secret a reload replaces is honoured a little longer, so a host can switch without a gap */
         memcpy(w->previous_secret_hash, s->admin_secret_hash, 32);
@@ -253,7 +253,7 @@ static void *worker_main(void *arg)
     w->svc.store = w->store;
     w->svc.targets = s->targets;
     w->svc.tools = sb_tools_ctx_create(w->loop);
-    w->svc.pg = sb_pg_pool_create(w->loop, s->conf->database_url, s->targets);
+    w->svc.pg = sb_pg_pool_create(w->loop, s->conf->database_url, s->targets, s->conf->database_pool_size);
     {
         const char *err = NULL;
         if ((w->svc.fetch = sb_fetch_ctx_create(s->fetch_conf, w->loop, &err)) == NULL) {

@@ -27,7 +27,7 @@ void sb_tools_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *
 /* ---- PostgreSQL (svc/pg.c): collections.<n>.*, store.<ns>.*, collections.document_store.* ---- */
 typedef struct st_sb_pg_pool_t sb_pg_pool_t;
 /** per-worker connection pool; NULL database_url means no pool (data calls answer not_implemented) */
-sb_pg_pool_t *sb_pg_pool_create(h2o_loop_t *loop, const char *database_url, const sb_targets_t *targets);
+sb_pg_pool_t *sb_pg_pool_create(h2o_loop_t *loop, const char *database_url, const sb_targets_t *targets, unsigned pool_size);
 void sb_pg_pool_destroy(sb_pg_pool_t *pool);
 /**
  * Blocking check of the targets' collections against the database (start-up

@@ -22,7 +22,6 @@
 #include "svc/pg_query.h"
 #include "util/util.h"
 
-#define POOL_SIZE 2
 #define MAX_QUEUE 256
 #define STATEMENT_TIMEOUT_MS 5000
 #define WATCHDOG_MS 8000
@@ -30,7 +29,8 @@
 typedef enum { C_DOWN = 0, C_CONNECTING, C_IDLE, C_BUSY } conn_state_t;
 
 typedef struct st_job_t job_t;
-typedef void (*job_cb)(job_t *job, PGresult *res, const char *err);
+/* called when a statement completes (res) or the connection failed (err); returns 1 when the job sent another statement */
+typedef int (*job_cb)(job_t *job, PGresult *res, const char *err);
 
 struct st_job_t {
     h2o_linklist_t link;
@@ -43,9 +43,14 @@ struct st_job_t {
     int binary;
     sb_dispatch_cb dcb;
     void *arg;
+    /* writes run in a transaction: BEGIN, the statement, then COMMIT or ROLLBACK */
+    int tx, phase; /* phase 0: BEGIN sent, 1: the statement, 2: COMMIT/ROLLBACK */
+    struct st_pconn_t *conn;
+    sb_result_t prepared; /* the answer, decided after the statement, delivered after the transaction */
+    int have_prepared;
 };
 
-typedef struct st_pconn_t {
+struct st_pconn_t {
     struct st_sb_pg_pool_t *pool;
     PGconn *pg;
     h2o_socket_t *sock;
@@ -55,7 +60,8 @@ typedef struct st_pconn_t {
     PGresult *result; /* the first result of the running statement */
     int64_t started, next_attempt;
     unsigned failures;
-} pconn_t;
+};
+typedef struct st_pconn_t pconn_t;
 
 typedef struct st_target_schema_t {
     const sb_target_t *target;
@@ -68,7 +74,8 @@ struct st_sb_pg_pool_t {
     h2o_loop_t *loop;
     char *url;
     const sb_targets_t *targets;
-    pconn_t conns[POOL_SIZE];
+    pconn_t *conns; /* database_pool_size connections */
+    size_t nconns;
     h2o_linklist_t queue;
     size_t queued;
     h2o_timeout_t tick_timeout;
@@ -83,9 +90,29 @@ static void pump(sb_pg_pool_t *p);
 
 /* ---- results back to the route -------------------------------------------------------------------------------------- */
 
+static void deliver(job_t *job)
+{
+    job->dcb(job->arg, &job->prepared);
+    msgpack_sbuffer_destroy(&job->prepared.value);
+    job->have_prepared = 0;
+}
+
 static void answer(job_t *job, sb_status_t st, const char *msg, msgpack_sbuffer *value)
 {
     sb_result_t res;
+    if (job->tx && job->phase == 1) {
+        /* inside the transaction: decide now, answer once COMMIT or ROLLBACK has run */
+        memset(&job->prepared, 0, sizeof(job->prepared));
+        job->prepared.status = st;
+        if (msg != NULL)
+            snprintf(job->prepared.message, sizeof(job->prepared.message), "%s", msg);
+        if (value != NULL)
+            job->prepared.value = *value;
+        else
+            msgpack_sbuffer_init(&job->prepared.value);
+        job->have_prepared = 1;
+        return;
+    }
     memset(&res, 0, sizeof(res));
     res.status = st;
     if (msg != NULL)
@@ -100,6 +127,8 @@ static void answer(job_t *job, sb_status_t st, const char *msg, msgpack_sbuffer 
 
 static void free_job(job_t *job)
 {
+    if (job->have_prepared)
+        msgpack_sbuffer_destroy(&job->prepared.value);
     sb_sql_dispose(&job->q);
     if (job->tok != NULL)
         sb_token_release(job->tok);
@@ -125,6 +154,8 @@ static void answer_pg_error(job_t *job, PGresult *res)
     }
     answer(job, SB_E_EXECUTION, msg, NULL);
 }
+
+static void send_statement(job_t *job, const char *sql);
 
 static void on_data_result(job_t *job, PGresult *res, const char *err)
 {
@@ -178,6 +209,54 @@ static void on_data_result(job_t *job, PGresult *res, const char *err)
         return;
     }
     answer(job, SB_OK, NULL, &sb);
+}
+
+/*
+ * A write is answered only after its transaction ends, so a write reported as
+ * failed (a constraint, a result above the cap) has not happened: the reply
+ * is decided after the statement, then COMMIT or ROLLBACK runs, then it is
+ * delivered. If the connection fails after COMMIT was sent, the outcome is
+ * unknown and the guest is told so.
+ */
+static int on_data_step(job_t *job, PGresult *res, const char *err)
+{
+    if (!job->tx) {
+        on_data_result(job, res, err);
+        return 0;
+    }
+    if (err != NULL) {
+        job->phase = 3; /* not inside the statement phase: answer at once */
+        answer(job, job->have_prepared && job->prepared.status == SB_OK ? SB_E_EXECUTION : SB_E_UNAVAILABLE,
+               job->have_prepared && job->prepared.status == SB_OK ? "the connection failed during COMMIT: the outcome is unknown"
+                                                                  : err,
+               NULL);
+        return 0;
+    }
+    switch (job->phase) {
+    case 0:
+        if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+            job->phase = 3;
+            answer_pg_error(job, res);
+            return 0;
+        }
+        job->phase = 1;
+        send_statement(job, NULL);
+        return 1;
+    case 1:
+        on_data_result(job, res, NULL); /* prepares the answer */
+        job->phase = 2;
+        send_statement(job, job->prepared.status == SB_OK ? "COMMIT" : "ROLLBACK");
+        return 1;
+    default:
+        if (job->prepared.status == SB_OK && PQresultStatus(res) != PGRES_COMMAND_OK) {
+            msgpack_sbuffer_destroy(&job->prepared.value);
+            msgpack_sbuffer_init(&job->prepared.value);
+            job->prepared.status = SB_E_EXECUTION;
+            snprintf(job->prepared.message, sizeof(job->prepared.message), "COMMIT failed: %s", PQresultErrorMessage(res));
+        }
+        deliver(job);
+        return 0;
+    }
 }
 
 /* ---- introspection ----------------------------------------------------------------------------------------------- */
@@ -341,18 +420,35 @@ static char *table_list(const sb_targets_t *targets)
     }
     s = sb_mem_alloc(cap);
     s[len++] = '{';
+    s[len] = '\0';
     for (size_t i = 0; i < targets->n; ++i) {
-        for (size_t c = 0; c < targets->v[i].ncollections; ++c)
-            len += (size_t)snprintf(s + len, cap - len, "%s%s", len > 1 ? "," : "", targets->v[i].collections[c].table);
-        if (targets->v[i].document_store != NULL)
-            len += (size_t)snprintf(s + len, cap - len, "%s%s", len > 1 ? "," : "", targets->v[i].document_store->table);
+        for (size_t c = 0; c <= targets->v[i].ncollections; ++c) {
+            const char *t = c < targets->v[i].ncollections ? targets->v[i].collections[c].table
+                            : targets->v[i].document_store != NULL ? targets->v[i].document_store->table
+                                                                   : NULL;
+            char probe[140];
+            if (t == NULL)
+                continue;
+            /* each table once: introspection answers a row per column per mention */
+            snprintf(probe, sizeof(probe), ",%s,", t);
+            {
+                char *hay = sb_mem_alloc(len + 3);
+                snprintf(hay, len + 3, ",%s,", s + 1);
+                if (strstr(hay, probe) != NULL) {
+                    free(hay);
+                    continue;
+                }
+                free(hay);
+            }
+            len += (size_t)snprintf(s + len, cap - len, "%s%s", len > 1 ? "," : "", t);
+        }
     }
     s[len++] = '}';
     s[len] = '\0';
     return s;
 }
 
-static void on_introspected(job_t *job, PGresult *res, const char *err)
+static int on_introspected(job_t *job, PGresult *res, const char *err)
 {
     sb_pg_pool_t *p = (sb_pg_pool_t *)job->arg;
     char msg[512];
@@ -363,7 +459,7 @@ static void on_introspected(job_t *job, PGresult *res, const char *err)
         sb_log_begin(&l, SB_LOG_WARN, "pg.introspection_failed");
         sb_log_cstr(&l, "reason", err != NULL ? err : PQresultErrorMessage(res));
         sb_log_end(&l);
-        return; /* retried on the next connection */
+        return 0; /* retried on the next connection */
     }
     if (build_schemas(p, res, msg, sizeof(msg)) != 0) {
         sb_logline_t l;
@@ -371,10 +467,11 @@ static void on_introspected(job_t *job, PGresult *res, const char *err)
         sb_log_begin(&l, SB_LOG_ERROR, "pg.schema_mismatch");
         sb_log_cstr(&l, "reason", msg);
         sb_log_end(&l);
-        return;
+        return 0;
     }
     p->introspected = 1;
     sb_log_msg(SB_LOG_INFO, "pg.ready", "collections introspected");
+    return 0;
 }
 
 /* ---- connections ------------------------------------------------------------------------------------------------- */
@@ -395,12 +492,18 @@ static void conn_close(pconn_t *c)
     }
 }
 
-static void conn_fail(pconn_t *c, const char *why)
+static void conn_fail(pconn_t *c, const char *reason)
 {
     job_t *job = c->job;
     int was_up = c->state == C_IDLE || c->state == C_BUSY;
     int64_t now = sb_now_ms();
+    char why[256];
 
+    /* the reason is often PQerrorMessage(), which PQfinish frees: copy it first */
+    snprintf(why, sizeof(why), "%s", reason != NULL ? reason : "unknown");
+    for (char *q = why; *q != '\0'; ++q)
+        if (*q == '\n')
+            *q = ' ';
     c->job = NULL;
     conn_close(c);
     c->state = C_DOWN;
@@ -413,7 +516,7 @@ static void conn_fail(pconn_t *c, const char *why)
         sb_log_end(&l);
     }
     if (job != NULL) {
-        job->cb(job, NULL, "the database connection failed");
+        (void)job->cb(job, NULL, "the database connection failed");
         free_job(job);
     }
 }
@@ -475,13 +578,19 @@ static void finish_job(pconn_t *c)
 {
     job_t *job = c->job;
     PGresult *res = c->result;
-    c->job = NULL;
+    int more;
     c->result = NULL;
-    c->state = C_IDLE;
-    job->cb(job, res, res == NULL ? "no result" : NULL);
+    more = job->cb(job, res, res == NULL ? "no result" : NULL);
     if (res != NULL)
         PQclear(res);
-    free_job(job);
+    if (more && c->job == job)
+        return; /* the job's next statement is running on this connection */
+    if (c->job == job) {
+        c->job = NULL;
+        c->state = C_IDLE;
+    }
+    if (!more)
+        free_job(job);
 }
 
 static void read_results(pconn_t *c)
@@ -494,7 +603,8 @@ static void read_results(pconn_t *c)
         PGresult *r = PQgetResult(c->pg);
         if (r == NULL) {
             finish_job(c);
-            pump(c->pool);
+            if (c->state == C_IDLE)
+                pump(c->pool);
             return;
         }
         if (c->result == NULL)
@@ -556,12 +666,41 @@ static void conn_start(pconn_t *c)
     watch(c, 1);
 }
 
+/* sends the job's statement (sql == NULL) or a transaction command on the job's connection */
+static void send_statement(job_t *job, const char *sql)
+{
+    pconn_t *c = job->conn;
+    int r, ok;
+    c->started = sb_now_ms();
+    if (sql != NULL)
+        ok = PQsendQuery(c->pg, sql);
+    else
+        ok = PQsendQueryParams(c->pg, job->q.sql, job->q.nparams, NULL, (const char *const *)job->q.params, NULL, NULL, 0);
+    if (!ok) {
+        conn_fail(c, PQerrorMessage(c->pg));
+        return;
+    }
+    if ((r = PQflush(c->pg)) < 0) {
+        conn_fail(c, PQerrorMessage(c->pg));
+        return;
+    }
+    if (r == 1)
+        watch(c, 1);
+}
+
 static void run(pconn_t *c, job_t *job)
 {
     int r;
     c->job = job;
+    job->conn = c;
     c->state = C_BUSY;
     c->started = sb_now_ms();
+    if (job->tx) {
+        job->phase = 0;
+        send_statement(job, "BEGIN");
+        return;
+    }
+    job->phase = 1;
     if (!PQsendQueryParams(c->pg, job->q.sql, job->q.nparams, NULL, (const char *const *)job->q.params, NULL, NULL, 0)) {
         conn_fail(c, PQerrorMessage(c->pg));
         return;
@@ -576,7 +715,7 @@ static void run(pconn_t *c, job_t *job)
 
 static void pump(sb_pg_pool_t *p)
 {
-    for (size_t i = 0; i < POOL_SIZE && !h2o_linklist_is_empty(&p->queue); ++i) {
+    for (size_t i = 0; i < p->nconns && !h2o_linklist_is_empty(&p->queue); ++i) {
         pconn_t *c = &p->conns[i];
         if (c->state != C_IDLE)
             continue;
@@ -610,7 +749,7 @@ static void on_tick(h2o_timeout_entry_t *entry)
     int64_t now = sb_now_ms();
 
     h2o_timeout_link(p->loop, &p->tick_timeout, &p->tick);
-    for (size_t i = 0; i < POOL_SIZE; ++i) {
+    for (size_t i = 0; i < p->nconns; ++i) {
         pconn_t *c = &p->conns[i];
         if (c->state == C_DOWN && now >= c->next_attempt)
             conn_start(c);
@@ -621,7 +760,7 @@ static void on_tick(h2o_timeout_entry_t *entry)
     }
     /* when the introspection connection is ready, make sure the schema gets learned */
     if (!p->introspected && !p->introspecting) {
-        for (size_t i = 0; i < POOL_SIZE; ++i) {
+        for (size_t i = 0; i < p->nconns; ++i) {
             if (p->conns[i].state == C_IDLE) {
                 job_t *job = sb_mem_calloc(1, sizeof(*job));
                 sb_sql_init(&job->q);
@@ -642,13 +781,13 @@ static void on_tick(h2o_timeout_entry_t *entry)
             job_t *job = H2O_STRUCT_FROM_MEMBER(job_t, link, p->queue.next);
             h2o_linklist_unlink(&job->link);
             --p->queued;
-            job->cb(job, NULL, "the database is unavailable");
+            (void)job->cb(job, NULL, "the database is unavailable");
             free_job(job);
         }
     }
 }
 
-sb_pg_pool_t *sb_pg_pool_create(h2o_loop_t *loop, const char *database_url, const sb_targets_t *targets)
+sb_pg_pool_t *sb_pg_pool_create(h2o_loop_t *loop, const char *database_url, const sb_targets_t *targets, unsigned pool_size)
 {
     sb_pg_pool_t *p;
     int any = 0;
@@ -661,8 +800,10 @@ sb_pg_pool_t *sb_pg_pool_create(h2o_loop_t *loop, const char *database_url, cons
     p->loop = loop;
     p->url = sb_mem_strdup(database_url);
     p->targets = targets;
+    p->nconns = pool_size != 0 ? pool_size : 4;
+    p->conns = sb_mem_calloc(p->nconns, sizeof(*p->conns));
     h2o_linklist_init_anchor(&p->queue);
-    for (size_t i = 0; i < POOL_SIZE; ++i) {
+    for (size_t i = 0; i < p->nconns; ++i) {
         p->conns[i].pool = p;
         conn_start(&p->conns[i]);
     }
@@ -676,18 +817,19 @@ void sb_pg_pool_destroy(sb_pg_pool_t *p)
 {
     if (p == NULL)
         return;
-    for (size_t i = 0; i < POOL_SIZE; ++i)
+    for (size_t i = 0; i < p->nconns; ++i)
         conn_fail(&p->conns[i], "shutting down");
     while (!h2o_linklist_is_empty(&p->queue)) {
         job_t *job = H2O_STRUCT_FROM_MEMBER(job_t, link, p->queue.next);
         h2o_linklist_unlink(&job->link);
-        job->cb(job, NULL, "shutting down");
+        (void)job->cb(job, NULL, "shutting down");
         free_job(job);
     }
     if (h2o_timeout_is_linked(&p->tick))
         h2o_timeout_unlink(&p->tick);
     h2o_timeout_dispose(p->loop, &p->tick_timeout);
     free_schemas(p);
+    free(p->conns);
     free(p->url);
     free(p);
 }
@@ -698,7 +840,7 @@ int sb_pg_pool_idle(const sb_pg_pool_t *p)
         return 1;
     if (p->queued != 0 || p->introspecting)
         return 0;
-    for (size_t i = 0; i < POOL_SIZE; ++i)
+    for (size_t i = 0; i < p->nconns; ++i)
         if (p->conns[i].state == C_BUSY)
             return 0;
     return 1;
@@ -708,7 +850,7 @@ int sb_pg_pool_healthy(sb_pg_pool_t *p)
 {
     if (p == NULL || !p->introspected)
         return 0;
-    for (size_t i = 0; i < POOL_SIZE; ++i)
+    for (size_t i = 0; i < p->nconns; ++i)
         if (p->conns[i].state == C_IDLE || p->conns[i].state == C_BUSY)
             return 1;
     return 0;
@@ -770,7 +912,11 @@ void sb_pg_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok
     int docstore = m->kind == SB_MK_STORE || (m->name_len == 14 && memcmp(m->name, "document_store", 14) == 0);
 
     if (docstore && t->document_store == NULL) {
-        reply_now(cb, arg, SB_E_NOT_IMPLEMENTED, "the document store has no host handler");
+        if (m->kind == SB_MK_STORE)
+            snprintf(err, sizeof(err), "store.%.*s.%s has no host handler", (int)m->name_len, m->name, sb_method_op_name(m->op));
+        else
+            snprintf(err, sizeof(err), "collections.document_store.%s has no host handler", sb_method_op_name(m->op));
+        reply_now(cb, arg, SB_E_NOT_IMPLEMENTED, err);
         return;
     }
     if (!docstore) {
@@ -823,7 +969,9 @@ void sb_pg_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok
     job->binary = binary;
     job->dcb = cb;
     job->arg = arg;
-    job->cb = on_data_result;
+    job->cb = on_data_step;
+    /* writes answer only after their transaction ends (on_data_step) */
+    job->tx = m->op == SB_OP_CREATE || m->op == SB_OP_UPDATE || m->op == SB_OP_DELETE;
     h2o_linklist_insert(&p->queue, &job->link);
     ++p->queued;
     pump(p);

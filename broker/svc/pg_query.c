@@ -537,7 +537,12 @@ static sb_status_t emit_target_rows(build_t *b, const msgpack_object *where, con
         return st;
     if ((st = emit_clamp(b, tok, store_ns)) != SB_OK)
         return st;
-    emit(b, " ORDER BY \"%s\" LIMIT %zu)", b->c->key, b->c->max_limit);
+    /*
+     * FOR UPDATE: the rows are locked when chosen, so a concurrent write that
+     * changed them makes this statement re-evaluate them (a compare-and-set
+     * "where views = 3" then updates once, not twice)
+     */
+    emit(b, " ORDER BY \"%s\" LIMIT %zu FOR UPDATE)", b->c->key, b->c->max_limit);
     /* the outer statement is clamped too: the subquery's keys could collide across tenants */
     return emit_clamp(b, tok, store_ns);
 }
