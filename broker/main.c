@@ -40,6 +40,15 @@ static int store_up(void)
     return sb_store_conn_healthy(server.workers[0].store);
 }
 
+static int db_up(void)
+{
+    if (server.workers == NULL || server.workers[0].loop == NULL)
+        return -1;
+    if (server.workers[0].svc.pg == NULL)
+        return -1;
+    return sb_pg_pool_healthy(server.workers[0].svc.pg);
+}
+
 static void usage(FILE *fp)
 {
     fprintf(fp, "usage: sandbox-broker [--config FILE] [--check-config] [--version]\n"
@@ -224,6 +233,7 @@ int main(int argc, char **argv)
     }
     sb_metrics_set_live_tokens_fn(live_tokens);
     sb_metrics_set_store_up_fn(store_up);
+    sb_metrics_set_db_up_fn(db_up);
 
     if (sb_server_init(&server, conf, the_store, fetch_conf, targets) != SB_OK)
         goto Exit;

@@ -292,6 +292,8 @@ static void on_quota(void *arg, sb_status_t st, const char *why)
         goto Exit;
     }
     if (st != SB_OK) {
+        if (st == SB_E_RATE_LIMITED)
+            sb_metrics_quota_hit(why);
         snprintf(reason, sizeof(reason), "run quota exceeded: %s", why != NULL ? why : "unknown");
         reply_error(c, st == SB_E_RATE_LIMITED ? SB_E_RATE_LIMITED : SB_E_UNAVAILABLE,
                     st == SB_E_RATE_LIMITED ? reason : "sandbox token store is unavailable");

@@ -29,6 +29,10 @@ void sb_metrics_admin(const char *op, int http_status);
  * bounded (at most 128 distinct rules are counted)
  */
 void sb_metrics_egress(const char *rule, int allowed);
+/** counts a call refused by a per-run quota: "calls per run", "concurrent calls per run" or "fetched bytes per run" */
+void sb_metrics_quota_hit(const char *quota);
+/** sets the function that reports database health (1 up, 0 down, -1 no database configured) */
+void sb_metrics_set_db_up_fn(int (*fn)(void));
 /** sets the function that reports live tokens (-1 when unknown) */
 void sb_metrics_set_live_tokens_fn(long long (*fn)(void));
 /** sets the function that reports token-store health (1 up, 0 down) */

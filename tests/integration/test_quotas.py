@@ -75,6 +75,10 @@ class Quotas(sbtest.BrokerTestCase):
         with sbtest.Broker(env={"SANDBOX_BROKER_QUOTA_CALLS": "2"}) as b:
             token = b.mint_ok("q-default", CAPS)
             self.exhaust_calls(b, token, 2)
+            self.assertError(b.rpc(token, "services.svc.fn", {}), 429, "rate_limited")
+            m = b.admin("GET", "/metrics").raw.decode()
+            self.assertIn('sb_quota_hits_total{quota="calls per run"} 2\n', m)
+            self.assertIn('sb_quota_hits_total{quota="fetched bytes per run"} 0\n', m)
 
     def test_mint_validation(self):
         with sbtest.Broker() as b:
