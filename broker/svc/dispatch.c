@@ -1,10 +1,10 @@
 /*
  * The dispatch table. http.fetch is the broker's own handler (egress); the
  * rest is wired per target: files (a root), collections and store
- * (PostgreSQL), tools (an MCP upstream), globals (static values). What the
- * target does not wire answers not_implemented. services, jobs and workflows
- * are never dispatched, and globals.<n>.set is refused: a global is a
- * singleton the host owns.
+ * (PostgreSQL), tools (an MCP upstream), globals (static values, or table
+ * rows read through PostgreSQL). What the target does not wire answers
+ * not_implemented. services, jobs and workflows are never dispatched, and
+ * globals.<n>.set is refused: a global is a singleton the host owns.
  */
 #include <stdio.h>
 #include <string.h>
@@ -28,19 +28,26 @@ static int name_is(const sb_method_t *m, const char *s)
     return m->name_len == strlen(s) && memcmp(m->name, s, m->name_len) == 0;
 }
 
-static void get_global(const sb_target_t *t, const sb_method_t *m, const char *raw, size_t raw_len, sb_dispatch_cb cb, void *arg)
+/* a static value is answered here; a table global reads its row through the PostgreSQL pool */
+static void get_global(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok, const sb_method_t *m, const char *raw,
+                       size_t raw_len, sb_dispatch_cb cb, void *arg)
 {
     for (size_t i = 0; i < t->nglobals; ++i) {
-        if (name_is(m, t->globals[i].name)) {
+        const sb_global_conf_t *g = &t->globals[i];
+        if (!name_is(m, g->name))
+            continue;
+        if (g->table != NULL) {
+            sb_pg_global(env, t, g, tok, cb, arg);
+        } else {
             sb_result_t res;
             memset(&res, 0, sizeof(res));
             res.status = SB_OK;
             msgpack_sbuffer_init(&res.value);
-            msgpack_sbuffer_write(&res.value, t->globals[i].value.data, t->globals[i].value.size);
+            msgpack_sbuffer_write(&res.value, g->value.data, g->value.size);
             cb(arg, &res);
             msgpack_sbuffer_destroy(&res.value);
-            return;
         }
+        return;
     }
     reply(cb, arg, SB_E_NOT_IMPLEMENTED, "%.*s has no host handler", raw, raw_len);
 }
@@ -64,7 +71,7 @@ void sb_dispatch(const sb_svc_env_t *env, sb_token_t *tok, const sb_method_t *m,
             return;
         }
         if (t != NULL) {
-            get_global(t, m, raw_method, raw_len, cb, arg);
+            get_global(env, t, tok, m, raw_method, raw_len, cb, arg);
             return;
         }
         break;

@@ -24,14 +24,16 @@ void sb_tools_ctx_destroy(sb_tools_ctx_t *ctx);
 void sb_tools_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok, const sb_method_t *m,
                      const msgpack_object *args, int binary, sb_dispatch_cb cb, void *arg);
 
-/* ---- PostgreSQL (svc/pg.c): collections.<n>.*, store.<ns>.*, collections.document_store.* ---- */
+/* ---- PostgreSQL (svc/pg.c): collections.<n>.*, store.<ns>.*, collections.document_store.*, table globals ---- */
 typedef struct st_sb_pg_pool_t sb_pg_pool_t;
 /** per-worker connection pool; NULL database_url means no pool (data calls answer not_implemented) */
 sb_pg_pool_t *sb_pg_pool_create(h2o_loop_t *loop, const char *database_url, const sb_targets_t *targets, unsigned pool_size);
 void sb_pg_pool_destroy(sb_pg_pool_t *pool);
 /**
- * Blocking check of the targets' collections against the database (start-up
- * and --check-config): tables, key, allowlisted and scope columns must exist.
+ * Blocking check of the targets' tables against the database (start-up,
+ * --check-config and reload): the tables of collections, the document store
+ * and table globals, and their key, allowlisted, value and scope columns
+ * must exist.
  * @param reachable set to 1 when the database answered
  * @return SB_OK, SB_E_BAD_ARGS (err names the path) or SB_E_UNAVAILABLE (not reachable)
  */
@@ -41,7 +43,14 @@ SB_WARN_UNUSED sb_status_t sb_pg_check_schema(const char *database_url, const sb
 int sb_pg_pool_idle(const sb_pg_pool_t *pool);
 /** 1 when a connection is up (readiness) */
 int sb_pg_pool_healthy(sb_pg_pool_t *pool);
-void sb_pg_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok, const sb_method_t *m,
-                  const msgpack_object *args, int binary, sb_dispatch_cb cb, void *arg);
+void sb_pg_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok, const sb_method_t *m, const msgpack_object *args,
+                  int binary, sb_dispatch_cb cb, void *arg);
+/**
+ * globals.<name>.get of a table global: the configured row, clamped to the
+ * token's scope (its value column, or the whole row; null when there is none).
+ * No pool, or no connection up, answers unavailable.
+ */
+void sb_pg_global(const sb_svc_env_t *env, const sb_target_t *t, const sb_global_conf_t *gc, sb_token_t *tok, sb_dispatch_cb cb,
+                  void *arg);
 
 #endif

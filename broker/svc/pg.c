@@ -1,6 +1,6 @@
 /*
- * PostgreSQL for collections and the document store: a small pool of
- * non-blocking libpq connections per worker, on the worker's h2o loop.
+ * PostgreSQL for collections, the document store and table globals: a small
+ * pool of non-blocking libpq connections per worker, on the worker's h2o loop.
  *
  * deps.md: libpq may close and reopen its socket during PQconnectPoll (with
  * the same fd number), so while connecting the h2o wrapper is re-created
@@ -29,6 +29,7 @@
 typedef enum { C_DOWN = 0, C_CONNECTING, C_IDLE, C_BUSY } conn_state_t;
 
 typedef struct st_job_t job_t;
+typedef struct st_pg_global_t pg_global_t;
 /* called when a statement completes (res) or the connection failed (err); returns 1 when the job sent another statement */
 typedef int (*job_cb)(job_t *job, PGresult *res, const char *err);
 
@@ -46,6 +47,8 @@ struct st_job_t {
     /* writes run in a transaction: BEGIN, the statement, then COMMIT or ROLLBACK */
     int tx, phase; /* phase 0: BEGIN sent, 1: the statement, 2: COMMIT/ROLLBACK */
     struct st_pconn_t *conn;
+    const Oid *types; /* the parameters' types (NULL: inferred from the casts in the statement) */
+    const pg_global_t *global;
     sb_result_t prepared; /* the answer, decided after the statement, delivered after the transaction */
     int have_prepared;
 };
@@ -63,11 +66,28 @@ struct st_pconn_t {
 };
 typedef struct st_pconn_t pconn_t;
 
+/*
+ * A table global as the database knows it. The statement is fixed once the
+ * schema is known (identifiers from the introspected columns, quoted); a call
+ * only supplies the parameters: the row name, then the token's scope values.
+ * They are typed with the columns' own types (no cast in the text, so no
+ * typmod can truncate a value into a match, as "::varchar(2)" would).
+ */
+struct st_pg_global_t {
+    const sb_global_conf_t *conf;
+    sb_pg_coll_t cols; /* every column of the table */
+    char *sql;
+    Oid types[1 + SB_MAX_SCOPE_ENTRIES];
+    int nparams;
+};
+
 typedef struct st_target_schema_t {
     const sb_target_t *target;
     sb_pg_coll_t *colls;
     size_t ncolls;
     sb_pg_coll_t *docstore;
+    pg_global_t *globals; /* the target's table globals */
+    size_t nglobals;
 } target_schema_t;
 
 struct st_sb_pg_pool_t {
@@ -228,7 +248,7 @@ static int on_data_step(job_t *job, PGresult *res, const char *err)
         job->phase = 3; /* not inside the statement phase: answer at once */
         answer(job, job->have_prepared && job->prepared.status == SB_OK ? SB_E_EXECUTION : SB_E_UNAVAILABLE,
                job->have_prepared && job->prepared.status == SB_OK ? "the connection failed during COMMIT: the outcome is unknown"
-                                                                  : err,
+                                                                   : err,
                NULL);
         return 0;
     }
@@ -262,7 +282,13 @@ static int on_data_step(job_t *job, PGresult *res, const char *err)
 /* ---- introspection ----------------------------------------------------------------------------------------------- */
 
 static const char introspect_sql[] =
-    "SELECT t.name, a.attname, a.atttypid::int, format_type(a.atttypid, a.atttypmod) "
+    /*
+     * The type without its modifier: values are cast to it ($n::character
+     * varying), so an over-long value is an error on assignment instead of a
+     * silent cut (a cast to varchar(3) truncates, and "abcd" would then match
+     * "abc")
+     */
+    "SELECT t.name, a.attname, a.atttypid::int, format_type(a.atttypid, NULL) "
     "FROM unnest($1::text[]) AS t(name) "
     "LEFT JOIN pg_attribute a ON a.attrelid = to_regclass(t.name) AND a.attnum > 0 AND NOT a.attisdropped "
     "ORDER BY t.name, a.attnum";
@@ -316,6 +342,72 @@ static const sb_pg_col_t *find_col_name(const sb_pg_coll_t *pc, const char *n)
         if (strcmp(pc->cols[i].name, n) == 0)
             return &pc->cols[i];
     return NULL;
+}
+
+/* appends "name" with embedded quotes doubled (introspected names are the table's own, not only [a-z0-9_]) */
+static size_t put_ident(char *dst, const char *name)
+{
+    size_t n = 0;
+    dst[n++] = '"';
+    for (const char *p = name; *p != '\0'; ++p) {
+        if (*p == '"')
+            dst[n++] = '"';
+        dst[n++] = *p;
+    }
+    dst[n++] = '"';
+    dst[n] = '\0';
+    return n;
+}
+
+/* the statement of a table global, from its introspected columns; err names the first mismatch */
+static int build_global(pg_global_t *pg, const sb_global_conf_t *gc, PGresult *res, const char *path, char *err, size_t errsz)
+{
+    sb_pg_coll_t *pc = &pg->cols;
+    const sb_pg_col_t *where[1 + SB_MAX_SCOPE_ENTRIES];
+    size_t cap = 64 + strlen(gc->table), len = 0, nwhere = 0;
+    char *sql;
+
+    pg->conf = gc;
+    pc->table = sb_mem_strdup(gc->table);
+    if (fill_coll(pc, gc->table, NULL, res, err, errsz, path) != 0)
+        return -1;
+    if (gc->key != NULL && (where[nwhere++] = find_col_name(pc, gc->key)) == NULL) {
+        snprintf(err, errsz, "%s.key: no column \"%s\" in %s", path, gc->key, gc->table);
+        return -1;
+    }
+    if (gc->column != NULL && find_col_name(pc, gc->column) == NULL) {
+        snprintf(err, errsz, "%s.column: no column \"%s\" in %s", path, gc->column, gc->table);
+        return -1;
+    }
+    for (size_t k = 0; k < gc->nscope; ++k)
+        if ((where[nwhere++] = find_col_name(pc, gc->scope[k].column)) == NULL) {
+            snprintf(err, errsz, "%s.scope: no column \"%s\" in %s", path, gc->scope[k].column, gc->table);
+            return -1;
+        }
+    for (size_t i = 0; i < pc->ncols; ++i)
+        cap += 2 * strlen(pc->cols[i].name) + 4;
+    for (size_t i = 0; i < nwhere; ++i)
+        cap += 2 * strlen(where[i]->name) + 24;
+    sql = sb_mem_alloc(cap);
+    len += (size_t)snprintf(sql + len, cap - len, "SELECT ");
+    for (size_t i = 0, first = 1; i < pc->ncols; ++i) {
+        if (gc->column != NULL && strcmp(pc->cols[i].name, gc->column) != 0)
+            continue;
+        len += (size_t)snprintf(sql + len, cap - len, "%s", first ? "" : ", ");
+        len += put_ident(sql + len, pc->cols[i].name);
+        first = 0;
+    }
+    len += (size_t)snprintf(sql + len, cap - len, " FROM %s WHERE TRUE", gc->table);
+    for (size_t i = 0; i < nwhere; ++i) {
+        pg->types[pg->nparams++] = (Oid)where[i]->oid;
+        len += (size_t)snprintf(sql + len, cap - len, " AND ");
+        len += put_ident(sql + len, where[i]->name);
+        len += (size_t)snprintf(sql + len, cap - len, " = $%d", pg->nparams);
+    }
+    /* two rows tell an ambiguous configuration from a single row */
+    snprintf(sql + len, cap - len, " LIMIT 2");
+    pg->sql = sql;
+    return 0;
 }
 
 /* builds every target's schema from the introspection result; err names the first mismatch */
@@ -378,6 +470,14 @@ static int build_schemas(sb_pg_pool_t *p, PGresult *res, char *err, size_t errsz
                     return -1;
                 }
         }
+        ts->globals = sb_mem_calloc(t->nglobals + 1, sizeof(*ts->globals));
+        for (size_t k = 0; k < t->nglobals; ++k) {
+            if (t->globals[k].table == NULL)
+                continue;
+            snprintf(path, sizeof(path), "targets.%s.globals.%s", t->name, t->globals[k].name);
+            if (build_global(&ts->globals[ts->nglobals++], &t->globals[k], res, path, err, errsz) != 0)
+                return -1;
+        }
     }
     return 0;
 }
@@ -401,10 +501,35 @@ static void free_schemas(sb_pg_pool_t *p)
         }
         free(ts->colls);
         free(ts->docstore);
+        for (size_t k = 0; k < ts->nglobals; ++k) {
+            pg_global_t *pg = &ts->globals[k];
+            for (size_t c = 0; c < pg->cols.ncols; ++c) {
+                free(pg->cols.cols[c].name);
+                free(pg->cols.cols[c].type);
+            }
+            free(pg->cols.cols);
+            free(pg->cols.table);
+            free(pg->sql);
+        }
+        free(ts->globals);
     }
     free(p->schemas);
     p->schemas = NULL;
     p->nschemas = 0;
+}
+
+/* appends a table to the text[] literal unless it is there (introspection answers a row per column per mention) */
+static void list_add(char *s, size_t *len, size_t cap, const char *t)
+{
+    size_t n = strlen(t);
+    for (const char *p = s + 1; p < s + *len; ++p) {
+        const char *e = strchr(p, ',');
+        size_t seg = e != NULL ? (size_t)(e - p) : (size_t)(s + *len - p);
+        if (seg == n && memcmp(p, t, n) == 0)
+            return;
+        p += seg;
+    }
+    *len += (size_t)snprintf(s + *len, cap - *len, "%s%s", *len > 1 ? "," : "", t);
 }
 
 /* the text[] literal of every table the targets name (identifiers were validated as [a-z0-9_.]) */
@@ -413,39 +538,45 @@ static char *table_list(const sb_targets_t *targets)
     size_t cap = 16, len = 0;
     char *s;
     for (size_t i = 0; i < targets->n; ++i) {
-        for (size_t c = 0; c < targets->v[i].ncollections; ++c)
-            cap += strlen(targets->v[i].collections[c].table) + 1;
-        if (targets->v[i].document_store != NULL)
-            cap += strlen(targets->v[i].document_store->table) + 1;
+        const sb_target_t *t = &targets->v[i];
+        for (size_t c = 0; c < t->ncollections; ++c)
+            cap += strlen(t->collections[c].table) + 1;
+        if (t->document_store != NULL)
+            cap += strlen(t->document_store->table) + 1;
+        for (size_t g = 0; g < t->nglobals; ++g)
+            if (t->globals[g].table != NULL)
+                cap += strlen(t->globals[g].table) + 1;
     }
     s = sb_mem_alloc(cap);
     s[len++] = '{';
     s[len] = '\0';
     for (size_t i = 0; i < targets->n; ++i) {
-        for (size_t c = 0; c <= targets->v[i].ncollections; ++c) {
-            const char *t = c < targets->v[i].ncollections ? targets->v[i].collections[c].table
-                            : targets->v[i].document_store != NULL ? targets->v[i].document_store->table
-                                                                   : NULL;
-            char probe[140];
-            if (t == NULL)
-                continue;
-            /* each table once: introspection answers a row per column per mention */
-            snprintf(probe, sizeof(probe), ",%s,", t);
-            {
-                char *hay = sb_mem_alloc(len + 3);
-                snprintf(hay, len + 3, ",%s,", s + 1);
-                if (strstr(hay, probe) != NULL) {
-                    free(hay);
-                    continue;
-                }
-                free(hay);
-            }
-            len += (size_t)snprintf(s + len, cap - len, "%s%s", len > 1 ? "," : "", t);
-        }
+        const sb_target_t *t = &targets->v[i];
+        for (size_t c = 0; c < t->ncollections; ++c)
+            list_add(s, &len, cap, t->collections[c].table);
+        if (t->document_store != NULL)
+            list_add(s, &len, cap, t->document_store->table);
+        for (size_t g = 0; g < t->nglobals; ++g)
+            if (t->globals[g].table != NULL)
+                list_add(s, &len, cap, t->globals[g].table);
     }
     s[len++] = '}';
     s[len] = '\0';
     return s;
+}
+
+/* 1 when some target reads or writes the database */
+static int uses_database(const sb_targets_t *targets)
+{
+    for (size_t i = 0; targets != NULL && i < targets->n; ++i) {
+        const sb_target_t *t = &targets->v[i];
+        if (t->ncollections != 0 || t->document_store != NULL)
+            return 1;
+        for (size_t g = 0; g < t->nglobals; ++g)
+            if (t->globals[g].table != NULL)
+                return 1;
+    }
+    return 0;
 }
 
 static int on_introspected(job_t *job, PGresult *res, const char *err)
@@ -470,7 +601,7 @@ static int on_introspected(job_t *job, PGresult *res, const char *err)
         return 0;
     }
     p->introspected = 1;
-    sb_log_msg(SB_LOG_INFO, "pg.ready", "collections introspected");
+    sb_log_msg(SB_LOG_INFO, "pg.ready", "tables introspected");
     return 0;
 }
 
@@ -675,7 +806,7 @@ static void send_statement(job_t *job, const char *sql)
     if (sql != NULL)
         ok = PQsendQuery(c->pg, sql);
     else
-        ok = PQsendQueryParams(c->pg, job->q.sql, job->q.nparams, NULL, (const char *const *)job->q.params, NULL, NULL, 0);
+        ok = PQsendQueryParams(c->pg, job->q.sql, job->q.nparams, job->types, (const char *const *)job->q.params, NULL, NULL, 0);
     if (!ok) {
         conn_fail(c, PQerrorMessage(c->pg));
         return;
@@ -701,7 +832,7 @@ static void run(pconn_t *c, job_t *job)
         return;
     }
     job->phase = 1;
-    if (!PQsendQueryParams(c->pg, job->q.sql, job->q.nparams, NULL, (const char *const *)job->q.params, NULL, NULL, 0)) {
+    if (!PQsendQueryParams(c->pg, job->q.sql, job->q.nparams, job->types, (const char *const *)job->q.params, NULL, NULL, 0)) {
         conn_fail(c, PQerrorMessage(c->pg));
         return;
     }
@@ -790,11 +921,8 @@ static void on_tick(h2o_timeout_entry_t *entry)
 sb_pg_pool_t *sb_pg_pool_create(h2o_loop_t *loop, const char *database_url, const sb_targets_t *targets, unsigned pool_size)
 {
     sb_pg_pool_t *p;
-    int any = 0;
 
-    for (size_t i = 0; targets != NULL && i < targets->n; ++i)
-        any |= targets->v[i].ncollections != 0 || targets->v[i].document_store != NULL;
-    if (database_url == NULL || !any)
+    if (database_url == NULL || !uses_database(targets))
         return NULL;
     p = sb_mem_calloc(1, sizeof(*p));
     p->loop = loop;
@@ -977,6 +1105,124 @@ void sb_pg_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok
     pump(p);
 }
 
+/* ---- globals ---------------------------------------------------------------------------------------------------- */
+
+/* the value of a table global: the column's value (types mapped as for collections) or the whole row; no row is null */
+static int on_global_result(job_t *job, PGresult *res, const char *err)
+{
+    const sb_global_conf_t *gc = job->global->conf;
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    char msg[400];
+
+    if (err != NULL) {
+        answer(job, SB_E_UNAVAILABLE, err, NULL);
+        return 0;
+    }
+    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+        /* the guest sent nothing: whatever failed is the host's (a row name or scope value the column type refuses, ...) */
+        snprintf(msg, sizeof(msg), "globals.%s: PostgreSQL: %s", gc->name, PQresultErrorMessage(res));
+        for (char *q = msg; *q != '\0'; ++q)
+            if (*q == '\n')
+                *q = ' ';
+        answer(job, SB_E_EXECUTION, msg, NULL);
+        return 0;
+    }
+    if (PQntuples(res) > 1) {
+        snprintf(msg, sizeof(msg), "globals.%s: more than one row of %s matches: the key and scope must select one row", gc->name,
+                 gc->table);
+        answer(job, SB_E_EXECUTION, msg, NULL);
+        return 0;
+    }
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    if (PQntuples(res) == 0) {
+        msgpack_pack_nil(&pk);
+    } else if (gc->column == NULL) {
+        if (sb_pg_pack_row(res, 0, &pk) != SB_OK)
+            goto TooLarge;
+    } else {
+        /* one column: the row packs as a one-entry map, and the value is that entry's */
+        msgpack_sbuffer row;
+        msgpack_packer rpk;
+        msgpack_unpacked u;
+        int ok;
+        msgpack_sbuffer_init(&row);
+        msgpack_packer_init(&rpk, &row, msgpack_sbuffer_write);
+        msgpack_unpacked_init(&u);
+        ok = sb_pg_pack_row(res, 0, &rpk) == SB_OK && row.size <= SB_MAX_NATIVE_RESULT &&
+             msgpack_unpack_next(&u, row.data, row.size, NULL) == MSGPACK_UNPACK_SUCCESS && u.data.type == MSGPACK_OBJECT_MAP &&
+             u.data.via.map.size == 1;
+        if (ok)
+            msgpack_pack_object(&pk, u.data.via.map.ptr[0].val);
+        msgpack_unpacked_destroy(&u);
+        msgpack_sbuffer_destroy(&row);
+        if (!ok)
+            goto TooLarge;
+    }
+    if (sb.size > SB_MAX_NATIVE_RESULT)
+        goto TooLarge;
+    answer(job, SB_OK, NULL, &sb);
+    return 0;
+TooLarge:
+    msgpack_sbuffer_destroy(&sb);
+    snprintf(msg, sizeof(msg), "globals.%s: the value exceeds the %u-byte cap", gc->name, SB_MAX_NATIVE_RESULT);
+    answer(job, SB_E_EXECUTION, msg, NULL);
+    return 0;
+}
+
+void sb_pg_global(const sb_svc_env_t *env, const sb_target_t *t, const sb_global_conf_t *gc, sb_token_t *tok, sb_dispatch_cb cb,
+                  void *arg)
+{
+    sb_pg_pool_t *p = env->pg;
+    const target_schema_t *ts;
+    const pg_global_t *pg = NULL;
+    char err[200];
+    job_t *job;
+
+    if (p == NULL || !sb_pg_pool_healthy(p) || (ts = schema_of(p, t)) == NULL) {
+        reply_now(cb, arg, SB_E_UNAVAILABLE, "the database is unavailable");
+        return;
+    }
+    for (size_t i = 0; i < ts->nglobals; ++i)
+        if (ts->globals[i].conf == gc)
+            pg = &ts->globals[i];
+    if (pg == NULL) {
+        reply_now(cb, arg, SB_E_EXECUTION, "global schema missing");
+        return;
+    }
+    if (p->queued >= MAX_QUEUE) {
+        reply_now(cb, arg, SB_E_RATE_LIMITED, "the database queue is full");
+        return;
+    }
+    job = sb_mem_calloc(1, sizeof(*job));
+    sb_sql_init(&job->q);
+    /* the parameters in the statement's order: the row name, then the scope values */
+    if (gc->key != NULL)
+        job->q.params[job->q.nparams++] = sb_mem_strdup(gc->row);
+    for (size_t k = 0; k < gc->nscope; ++k) {
+        const char *v = sb_token_scope_value(tok, gc->scope[k].scope_key);
+        if (v == NULL) {
+            snprintf(err, sizeof(err), "the token binds no \"%s\" scope value", gc->scope[k].scope_key);
+            free_job(job);
+            reply_now(cb, arg, SB_E_FORBIDDEN, err);
+            return;
+        }
+        job->q.params[job->q.nparams++] = sb_mem_strdup(v);
+    }
+    job->q.sql = sb_mem_strdup(pg->sql);
+    job->types = pg->types;
+    job->global = pg;
+    sb_token_addref(tok);
+    job->tok = tok;
+    job->dcb = cb;
+    job->arg = arg;
+    job->cb = on_global_result;
+    h2o_linklist_insert(&p->queue, &job->link);
+    ++p->queued;
+    pump(p);
+}
+
 /* ---- start-up and --check-config --------------------------------------------------------------------------------- */
 
 sb_status_t sb_pg_check_schema(const char *database_url, const sb_targets_t *targets, int *reachable, char *err, size_t errsz)
@@ -988,15 +1234,13 @@ sb_status_t sb_pg_check_schema(const char *database_url, const sb_targets_t *tar
     PGresult *res;
     const char *params[1];
     sb_status_t st = SB_OK;
-    int any = 0;
 
     *reachable = 0;
-    for (size_t i = 0; targets != NULL && i < targets->n; ++i)
-        any |= targets->v[i].ncollections != 0 || targets->v[i].document_store != NULL;
-    if (!any)
+    if (!uses_database(targets))
         return SB_OK;
     if (database_url == NULL) {
-        snprintf(err, errsz, "database_url: targets declare collections or a document store, but no database is configured");
+        snprintf(err, errsz,
+                 "database_url: targets declare collections, a document store or table globals, but no database is configured");
         return SB_E_BAD_ARGS;
     }
     pg = PQconnectdbParams(keys, values, 1);

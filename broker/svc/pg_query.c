@@ -389,7 +389,11 @@ static sb_status_t emit_clamp(build_t *b, const sb_token_t *tok, const char *sto
         }
         if ((n = add_param(b, sb_mem_strdup(v))) == 0)
             return fail(b, "too many parameters");
-        emit(b, " AND \"%s\" = $%d::text", b->c->scope[i].column, n);
+        {
+            /* cast to the scope column's own type: a uuid or integer tenant column compares as such */
+            const sb_pg_col_t *col = find_col(b->c, b->c->scope[i].column, strlen(b->c->scope[i].column));
+            emit(b, " AND \"%s\" = $%d::%s", b->c->scope[i].column, n, col != NULL ? col->type : "text");
+        }
     }
     if (b->c->is_docstore) {
         int n;
@@ -641,7 +645,10 @@ static sb_status_t build_insert(build_t *b, const msgpack_object *data, const sb
         }
         if ((n = add_param(b, sb_mem_strdup(v))) == 0)
             return fail(b, "too many parameters");
-        emit(b, "%s$%d::text", first ? "" : ", ", n);
+        {
+            const sb_pg_col_t *col = find_col(b->c, b->c->scope[s].column, strlen(b->c->scope[s].column));
+            emit(b, "%s$%d::%s", first ? "" : ", ", n, col != NULL ? col->type : "text");
+        }
         first = 0;
     }
     if (b->c->is_docstore) {

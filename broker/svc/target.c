@@ -153,6 +153,73 @@ static sb_status_t parse_collection(const char *name, const json_t *o, const cha
     return parse_scope(json_object_get(o, "scope"), path, &c->scope, &c->nscope, err, errsz);
 }
 
+/*
+ * A global is a static "value" or a table row ("table", "key" + "row",
+ * "column", "scope"), never both: "value" is the static value itself, so the
+ * column a table global answers is named by "column".
+ */
+static sb_status_t parse_global(const char *name, const json_t *o, const char *tpath, sb_global_conf_t *gc, char *err, size_t errsz)
+{
+    static const char *const known[] = {"value", "table", "key", "row", "column", "scope", NULL};
+    char path[400];
+    json_t *value, *table, *key, *row, *column;
+    sb_status_t st;
+
+    snprintf(path, sizeof(path), "%s.globals.%s", tpath, name);
+    msgpack_sbuffer_init(&gc->value);
+    if (!is_ident(name, 128))
+        return bad(err, errsz, "%s: global names are [A-Za-z0-9_-]{1,128}", path);
+    if ((st = check_keys(o, path, known, err, errsz)) != SB_OK)
+        return st;
+    gc->name = sb_mem_strdup(name);
+    value = json_object_get(o, "value");
+    table = json_object_get(o, "table");
+    key = json_object_get(o, "key");
+    row = json_object_get(o, "row");
+    column = json_object_get(o, "column");
+    if (value != NULL && table != NULL)
+        return bad(err, errsz, "%s: a static value or a table, not both (a table global's value column is \"column\")", path);
+    if (value != NULL) {
+        msgpack_packer pk;
+        const char *why = NULL;
+        static const char *const table_only[] = {"key", "row", "column", "scope", NULL};
+        for (size_t i = 0; table_only[i] != NULL; ++i)
+            if (json_object_get(o, table_only[i]) != NULL)
+                return bad(err, errsz, "%s.%s: only a table global takes it", path, table_only[i]);
+        msgpack_packer_init(&pk, &gc->value, msgpack_sbuffer_write);
+        if (sb_mp_pack_json(&pk, value, &why) != SB_OK || gc->value.size > SB_MAX_NATIVE_RESULT)
+            return bad(err, errsz, "%s.value: too large or too deep", path);
+        return SB_OK;
+    }
+    if (table == NULL)
+        return bad(err, errsz, "%s: expected a static \"value\" or a \"table\"", path);
+    if (!json_is_string(table) || !is_sql_ident(json_string_value(table), 1))
+        return bad(err, errsz, "%s.table: expected a lowercase SQL table name (schema.table allowed)", path);
+    gc->table = sb_mem_strdup(json_string_value(table));
+    if ((key == NULL) != (row == NULL))
+        return bad(err, errsz, "%s.%s: key and row go together (the row whose key column equals row)", path,
+                   key == NULL ? "key" : "row");
+    if (key != NULL) {
+        if (!json_is_string(key) || !is_sql_ident(json_string_value(key), 0))
+            return bad(err, errsz, "%s.key: expected a lowercase SQL column name", path);
+        if (!json_is_string(row) || json_string_length(row) == 0 || json_string_length(row) > 1024 ||
+            strlen(json_string_value(row)) != json_string_length(row))
+            return bad(err, errsz, "%s.row: expected the key column's value as a string of 1-1024 bytes without NUL", path);
+        gc->key = sb_mem_strdup(json_string_value(key));
+        gc->row = sb_mem_strdup(json_string_value(row));
+    }
+    if (column != NULL) {
+        if (!json_is_string(column) || !is_sql_ident(json_string_value(column), 0))
+            return bad(err, errsz, "%s.column: expected a lowercase SQL column name", path);
+        gc->column = sb_mem_strdup(json_string_value(column));
+    }
+    if ((st = parse_scope(json_object_get(o, "scope"), path, &gc->scope, &gc->nscope, err, errsz)) != SB_OK)
+        return st;
+    if (gc->key == NULL && gc->nscope == 0)
+        return bad(err, errsz, "%s: a table global needs key and row, or a scope, to select its row", path);
+    return SB_OK;
+}
+
 static sb_status_t parse_target(const char *name, const json_t *o, sb_target_t *t, char *err, size_t errsz)
 {
     static const char *const known[] = {"collections", "document_store", "files", "tools", "globals", NULL};
@@ -260,24 +327,8 @@ static sb_status_t parse_target(const char *name, const json_t *o, sb_target_t *
         t->globals = sb_mem_calloc(json_object_size(v), sizeof(*t->globals));
         json_object_foreach(v, gname, g)
         {
-            static const char *const gknown[] = {"value", NULL};
-            char gpath[400];
-            sb_global_conf_t *gc = &t->globals[t->nglobals++];
-            msgpack_packer pk;
-            const char *why = NULL;
-            json_t *value;
-            snprintf(gpath, sizeof(gpath), "%s.globals.%s", path, gname);
-            msgpack_sbuffer_init(&gc->value);
-            if (!is_ident(gname, 128))
-                return bad(err, errsz, "%s: global names are [A-Za-z0-9_-]{1,128}", gpath);
-            if ((st = check_keys(g, gpath, gknown, err, errsz)) != SB_OK)
+            if ((st = parse_global(gname, g, path, &t->globals[t->nglobals++], err, errsz)) != SB_OK)
                 return st;
-            gc->name = sb_mem_strdup(gname);
-            if ((value = json_object_get(g, "value")) == NULL)
-                return bad(err, errsz, "%s.value: missing", gpath);
-            msgpack_packer_init(&pk, &gc->value, msgpack_sbuffer_write);
-            if (sb_mp_pack_json(&pk, value, &why) != SB_OK || gc->value.size > SB_MAX_NATIVE_RESULT)
-                return bad(err, errsz, "%s.value: too large or too deep", gpath);
         }
     }
     return SB_OK;
@@ -347,8 +398,14 @@ void sb_targets_free(sb_targets_t *t)
             free(g->tools);
         }
         for (size_t k = 0; k < g->nglobals; ++k) {
-            free(g->globals[k].name);
-            msgpack_sbuffer_destroy(&g->globals[k].value);
+            sb_global_conf_t *gc = &g->globals[k];
+            free(gc->name);
+            msgpack_sbuffer_destroy(&gc->value);
+            free(gc->table);
+            free(gc->key);
+            free(gc->row);
+            free(gc->column);
+            free_scope(gc->scope, gc->nscope);
         }
         free(g->globals);
         free(g->name);

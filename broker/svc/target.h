@@ -58,9 +58,21 @@ typedef struct st_sb_tools_conf_t {
     unsigned concurrency; /* in flight per worker, default 4, at most 16 */
 } sb_tools_conf_t;
 
+/**
+ * A readable global: a static value, or one row of a table. A table global
+ * reads the single row whose key column equals `row` (no key: the single row
+ * the scope selects) and whose scope columns equal the token's values, and
+ * answers its `column`, or the whole row when no column is named.
+ */
 typedef struct st_sb_global_conf_t {
     char *name;
-    msgpack_sbuffer value; /* the static value, packed */
+    msgpack_sbuffer value; /* the static value, packed (static globals only) */
+    char *table;           /* NULL for a static value; possibly "schema.table" */
+    char *key;             /* the key column, or NULL (then row is NULL too) */
+    char *row;             /* the key column's value */
+    char *column;          /* the value column, or NULL for the whole row */
+    sb_scope_bind_t *scope;
+    size_t nscope;
 } sb_global_conf_t;
 
 typedef struct st_sb_target_t {

@@ -1205,5 +1205,35 @@ class Outage(Base):
         self.assertTrue(poll(lambda: self.recovered(mint(new_tenant()), BROKER), 15), BROKER.log()[-3000:])
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+class DeclaredTypes(Base):
+    """Values are cast to the column's type without its modifier: an over-long value is refused, never cut;
+    a uuid scope column compares as a uuid."""
+
+    @classmethod
+    def setUpClass(cls):
+        PG.sql("CREATE TABLE codes (id bigserial PRIMARY KEY, tenant_id uuid NOT NULL, code varchar(3))")
+        cfg = json.loads(json.dumps(CONFIG))
+        cfg["targets"]["app"]["collections"]["codes"] = {"table": "codes", "key": "id", "scope": {"tenant_id": "tenantId"}}
+        cls.broker = start_broker(cfg)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutdown(cls.broker)
+
+    def test_varchar_is_not_truncated_and_uuid_scope_works(self):
+        tenant = str(uuid.uuid4())
+        caps = {"data": {"collections": {"codes": ALL_VERBS}}}
+        tok = self.broker.mint_ok("run-" + uuid.uuid4().hex[:16], caps, target="app", scope={"tenantId": tenant})
+        doc = self.create(tok, {"code": "abc"}, coll="codes")
+        self.assertEqual((doc["code"], doc["tenant_id"]), ("abc", tenant))
+        # "abcd" cast to varchar(3) would become "abc" and match: it must not
+        got = self.find(tok, {"where": {"code": "abcd"}}, coll="codes")
+        self.assertEqual(got["docs"], [])
+        r = self.call(tok, "collections.codes.create", {"data": {"code": "abcd"}})
+        self.assertError(r, 400, "bad_args")
+        self.assertEqual(int(PG.scalar("SELECT count(*) FROM codes")), 1)
+
+
 if __name__ == "__main__":
     sbtest.main()
