@@ -59,19 +59,20 @@ static sb_pg_col_t ds_cols[] = {
     {"updated_at", 1184, "timestamp with time zone"},
 };
 static sb_scope_bind_t tenant_scope[] = {{"tenant_id", "tenantId"}};
-static sb_pg_coll_t posts = {"posts", "posts", "id", 50, posts_cols, sizeof(posts_cols) / sizeof(posts_cols[0]), tenant_scope, 1, 0};
-static sb_pg_coll_t docs = {"document_store", "document_store", "id", 100, ds_cols, sizeof(ds_cols) / sizeof(ds_cols[0]),
-                            tenant_scope, 1, 1};
+static sb_pg_coll_t posts = {"posts",      "posts", "id", 50, posts_cols, sizeof(posts_cols) / sizeof(posts_cols[0]),
+                             tenant_scope, 1,       0};
+static sb_pg_coll_t docs = {
+    "document_store", "document_store", "id", 100, ds_cols, sizeof(ds_cols) / sizeof(ds_cols[0]), tenant_scope, 1, 1};
 
-static const char *const keywords[] = {"SELECT", "FROM",   "WHERE",  "AND",       "OR",     "NOT",    "IN",      "IS",
-                                       "NULL",   "TRUE",   "FALSE",  "DISTINCT",  "LIKE",   "ILIKE",  "ORDER",   "BY",
-                                       "DESC",   "LIMIT",  "OFFSET", "INSERT",    "INTO",   "VALUES", "DEFAULT", "RETURNING",
-                                       "UPDATE", "SET",    "DELETE", "posts",     "document_store",
+static const char *const keywords[] = {"SELECT", "FROM", "WHERE", "AND", "OR", "NOT", "IN", "IS", "NULL", "TRUE", "FALSE",
+                                       "DISTINCT", "LIKE", "ILIKE", "ORDER", "BY", "DESC", "LIMIT", "OFFSET", "INSERT", "INTO",
+                                       "VALUES", "DEFAULT", "RETURNING", "UPDATE", "SET", "DELETE", "FOR", "posts",
+                                       "document_store",
                                        /* words of the schema's type names */
-                                       "text",   "integer", "bigint", "double",   "precision", "numeric", "boolean", "jsonb",
-                                       "bytea",  "timestamp", "with", "time",     "zone",   "uuid",   NULL};
-static const char *const operators[] = {"equals", "not_equals", "gt", "gte", "lt", "lte", "in", "not_in", "like", "contains",
-                                        "exists", "and", "or", NULL};
+                                       "text", "integer", "bigint", "double", "precision", "numeric", "boolean", "jsonb", "bytea",
+                                       "timestamp", "with", "time", "zone", "uuid", NULL};
+static const char *const operators[] = {"equals", "not_equals", "gt",       "gte",    "lt",  "lte", "in",
+                                        "not_in", "like",       "contains", "exists", "and", "or",  NULL};
 
 static sb_token_t tok;
 
@@ -156,7 +157,8 @@ static void check_sql(const sb_pg_coll_t *c, const sb_sql_t *q, sb_method_op_t o
             const char *w = p;
             while (is_alpha((unsigned char)*p) || is_digit((unsigned char)*p) || *p == '_')
                 ++p;
-            SB_FUZZ_ASSERT(in_list(keywords, w, (size_t)(p - w)), "word \"%.*s\" outside the vocabulary in: %s", (int)(p - w), w, s);
+            SB_FUZZ_ASSERT(in_list(keywords, w, (size_t)(p - w)), "word \"%.*s\" outside the vocabulary in: %s", (int)(p - w), w,
+                           s);
         } else if (is_digit(ch)) {
             while (is_digit((unsigned char)*p))
                 ++p;
@@ -204,8 +206,8 @@ static void check_sql(const sb_pg_coll_t *c, const sb_sql_t *q, sb_method_op_t o
 /* a byte the builder's own text can contain (outside parameters, nothing else can appear) */
 static int sql_alphabet(unsigned char ch)
 {
-    return is_alpha(ch) || is_digit(ch) || ch == '_' || ch == ' ' || ch == '"' || ch == '$' || ch == '(' || ch == ')' || ch == ':' || ch == ',' ||
-           ch == '=' || ch == '<' || ch == '>';
+    return is_alpha(ch) || is_digit(ch) || ch == '_' || ch == ' ' || ch == '"' || ch == '$' || ch == '(' || ch == ')' ||
+           ch == ':' || ch == ',' || ch == '=' || ch == '<' || ch == '>';
 }
 
 /*
@@ -222,8 +224,7 @@ static void check_no_guest_strings(const sb_pg_coll_t *c, const msgpack_object *
     switch (o->type) {
     case MSGPACK_OBJECT_STR:
         if (!is_key && o->via.str.size >= 4 && !is_column(c, o->via.str.ptr, o->via.str.size) &&
-            !in_list(operators, o->via.str.ptr, o->via.str.size) &&
-            memmem(sql, sqllen, o->via.str.ptr, o->via.str.size) != NULL) {
+            !in_list(operators, o->via.str.ptr, o->via.str.size) && memmem(sql, sqllen, o->via.str.ptr, o->via.str.size) != NULL) {
             int alpha = 1;
             for (uint32_t i = 0; i < o->via.str.size; ++i)
                 alpha &= sql_alphabet((unsigned char)o->via.str.ptr[i]);
