@@ -27,19 +27,6 @@ void sb_token_release(sb_token_t *t)
     free(t);
 }
 
-static int is_name(const char *s, size_t max)
-{
-    size_t n = strlen(s);
-    if (n == 0 || n > max)
-        return 0;
-    for (size_t i = 0; i < n; ++i) {
-        char c = s[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-'))
-            return 0;
-    }
-    return 1;
-}
-
 static int is_printable_utf8(const char *s, size_t n)
 {
     for (size_t i = 0; i < n; ++i)
@@ -59,7 +46,7 @@ sb_status_t sb_token_build(const uint8_t hash[32], const char *run_id, const jso
         snprintf(err, errsz, "runId: expected 1-%u printable bytes", SB_MAX_RUN_ID);
         return SB_E_BAD_ARGS;
     }
-    if (target != NULL && !is_name(target, SB_MAX_TARGET_NAME)) {
+    if (target != NULL && !sb_is_name(target, SB_MAX_TARGET_NAME)) {
         snprintf(err, errsz, "target: expected a name of [A-Za-z0-9_-]{1,%u}", SB_MAX_TARGET_NAME);
         return SB_E_BAD_ARGS;
     }
@@ -87,7 +74,7 @@ sb_status_t sb_token_build(const uint8_t hash[32], const char *run_id, const jso
         json_object_foreach((json_t *)scope, k, v)
         {
             size_t vlen;
-            if (!is_name(k, 64)) {
+            if (!sb_is_name(k, 64)) {
                 snprintf(err, errsz, "scope.%.64s: expected a key of [A-Za-z0-9_-]{1,64}", k);
                 st = SB_E_BAD_ARGS;
                 goto Error;

@@ -844,6 +844,20 @@ static void run(pconn_t *c, job_t *job)
         watch(c, 1);
 }
 
+/* learns the targets' tables and columns on an idle connection */
+static void start_introspection(sb_pg_pool_t *p, pconn_t *c)
+{
+    job_t *job = sb_mem_calloc(1, sizeof(*job));
+    sb_sql_init(&job->q);
+    job->q.sql = sb_mem_strdup(introspect_sql);
+    job->q.params[0] = table_list(p->targets);
+    job->q.nparams = 1;
+    job->cb = on_introspected;
+    job->arg = p;
+    p->introspecting = 1;
+    run(c, job);
+}
+
 static void pump(sb_pg_pool_t *p)
 {
     for (size_t i = 0; i < p->nconns && !h2o_linklist_is_empty(&p->queue); ++i) {
@@ -852,15 +866,7 @@ static void pump(sb_pg_pool_t *p)
             continue;
         if (!p->introspected && !p->introspecting) {
             /* the first statement on a new pool learns the schema */
-            job_t *job = sb_mem_calloc(1, sizeof(*job));
-            sb_sql_init(&job->q);
-            job->q.sql = sb_mem_strdup(introspect_sql);
-            job->q.params[0] = table_list(p->targets);
-            job->q.nparams = 1;
-            job->cb = on_introspected;
-            job->arg = p;
-            p->introspecting = 1;
-            run(c, job);
+            start_introspection(p, c);
             continue;
         }
         if (!p->introspected)
@@ -893,15 +899,7 @@ static void on_tick(h2o_timeout_entry_t *entry)
     if (!p->introspected && !p->introspecting) {
         for (size_t i = 0; i < p->nconns; ++i) {
             if (p->conns[i].state == C_IDLE) {
-                job_t *job = sb_mem_calloc(1, sizeof(*job));
-                sb_sql_init(&job->q);
-                job->q.sql = sb_mem_strdup(introspect_sql);
-                job->q.params[0] = table_list(p->targets);
-                job->q.nparams = 1;
-                job->cb = on_introspected;
-                job->arg = p;
-                p->introspecting = 1;
-                run(&p->conns[i], job);
+                start_introspection(p, &p->conns[i]);
                 break;
             }
         }

@@ -19,19 +19,6 @@ __attribute__((format(printf, 3, 4))) static sb_status_t bad(char *err, size_t e
     return SB_E_BAD_ARGS;
 }
 
-static int is_ident(const char *s, size_t max)
-{
-    size_t n = strlen(s);
-    if (n == 0 || n > max)
-        return 0;
-    for (size_t i = 0; i < n; ++i) {
-        char c = s[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-'))
-            return 0;
-    }
-    return 1;
-}
-
 /* SQL identifiers we accept: [a-z_][a-z0-9_]* (63 bytes), optionally "schema.table" for tables */
 static int is_sql_ident(const char *s, int allow_schema)
 {
@@ -102,7 +89,7 @@ static sb_status_t parse_scope(const json_t *o, const char *path, sb_scope_bind_
     {
         if (!is_sql_ident(col, 0))
             return bad(err, errsz, "%s.scope.%s: not a plain lowercase SQL column name", path, col);
-        if (!json_is_string(key) || !is_ident(json_string_value(key), 64))
+        if (!json_is_string(key) || !sb_is_name(json_string_value(key), 64))
             return bad(err, errsz, "%s.scope.%s: expected a scope key of [A-Za-z0-9_-]{1,64}", path, col);
         (*out)[i].column = sb_mem_strdup(col);
         (*out)[i].scope_key = sb_mem_strdup(json_string_value(key));
@@ -121,7 +108,7 @@ static sb_status_t parse_collection(const char *name, const json_t *o, const cha
     sb_status_t st;
 
     snprintf(path, sizeof(path), "%s.collections.%s", tpath, name);
-    if (!is_ident(name, 128) || strcmp(name, "document_store") == 0)
+    if (!sb_is_name(name, 128) || strcmp(name, "document_store") == 0)
         return bad(err, errsz, "%s: collection names are [A-Za-z0-9_-]{1,128} and not document_store", path);
     if ((st = check_keys(o, path, known, err, errsz)) != SB_OK)
         return st;
@@ -167,7 +154,7 @@ static sb_status_t parse_global(const char *name, const json_t *o, const char *t
 
     snprintf(path, sizeof(path), "%s.globals.%s", tpath, name);
     msgpack_sbuffer_init(&gc->value);
-    if (!is_ident(name, 128))
+    if (!sb_is_name(name, 128))
         return bad(err, errsz, "%s: global names are [A-Za-z0-9_-]{1,128}", path);
     if ((st = check_keys(o, path, known, err, errsz)) != SB_OK)
         return st;
@@ -228,7 +215,7 @@ static sb_status_t parse_target(const char *name, const json_t *o, sb_target_t *
     sb_status_t st;
 
     snprintf(path, sizeof(path), "targets.%s", name);
-    if (!is_ident(name, 128))
+    if (!sb_is_name(name, 128))
         return bad(err, errsz, "%s: target names are [A-Za-z0-9_-]{1,128}", path);
     if ((st = check_keys(o, path, known, err, errsz)) != SB_OK)
         return st;

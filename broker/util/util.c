@@ -158,6 +158,19 @@ int sb_ct_equal(const void *a, const void *b, size_t len)
     return CRYPTO_memcmp(a, b, len) == 0;
 }
 
+int sb_is_name(const char *s, size_t max)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > max)
+        return 0;
+    for (size_t i = 0; i < n; ++i) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-'))
+            return 0;
+    }
+    return 1;
+}
+
 int sb_is_token_format(const char *s, size_t len)
 {
     if (len != 64)

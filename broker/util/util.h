@@ -40,6 +40,8 @@ void sb_hex(const uint8_t *in, size_t len, char *out);
 void sb_sha256(const void *in, size_t len, uint8_t out[32]);
 /** constant-time comparison of two buffers of equal length; 1 if equal */
 int sb_ct_equal(const void *a, const void *b, size_t len);
+/** 1 if `s` is a name of [A-Za-z0-9_-]{1,max} (targets, scope keys, globals, collections) */
+int sb_is_name(const char *s, size_t max);
 /** 1 if `s` is exactly 64 lowercase hex characters (the token format) */
 int sb_is_token_format(const char *s, size_t len);
 
