@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 #include "http/server.h"
 #include "obs/log.h"
@@ -341,6 +342,17 @@ void sb_server_run(sb_server_t *s)
 void sb_server_stop(sb_server_t *s)
 {
     atomic_store(&s->stopping, 1);
+    /*
+     * Stop listening for every copy of the sockets at once. Closing the
+     * workers' dup()s is not enough: the original descriptors would keep the
+     * kernel accepting connections that nobody reads, and a proxy that has
+     * sent a request on one cannot retry it elsewhere. Refused connections,
+     * it can.
+     */
+    if (s->listen_fd >= 0)
+        shutdown(s->listen_fd, SHUT_RD);
+    if (s->admin_fd >= 0)
+        shutdown(s->admin_fd, SHUT_RD);
     for (unsigned i = 0; i < s->nworkers; ++i) {
         sb_worker_t *w = &s->workers[i];
         void *m;
