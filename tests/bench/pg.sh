@@ -33,6 +33,8 @@ ROUNDS=${BENCH_ROUNDS:-3}
 WARMUP=${BENCH_WARMUP:-2}
 CONNS=${BENCH_CONNS:-16}
 THREADS=${BENCH_THREADS:-1}
+# equal concurrency: the broker's database connections match the direct client's
+POOL=$(( CONNS / THREADS > 0 ? CONNS / THREADS : 1 ))
 ROWS=${BENCH_ROWS:-10000}
 BUILD_DIR=${BENCH_BUILD_DIR:-$ROOT/build/bench}
 SECRET="bench-admin-secret-$$-0123456789abcdef"
@@ -114,7 +116,7 @@ SQL
 
 # --- the broker ---
 cat >"$WORK/broker.json" <<EOF
-{"database_url": "$PG_URL", "threads": $THREADS, "log_calls": false,
+{"database_url": "$PG_URL", "threads": $THREADS, "database_pool_size": $POOL, "log_calls": false,
  "targets": {"app": {"collections": {"posts": {"table": "posts", "key": "id", "max_limit": 100,
                                                "scope": {"tenant_id": "tenantId"}}},
                      "globals": {"site": {"value": {"name": "bench"}}}}}}
@@ -226,7 +228,7 @@ LOAD0=$(cut -d' ' -f1 /proc/loadavg)
 say "load average before the run: $LOAD0"
 awk -v l="$LOAD0" 'BEGIN { exit !(l > 0.5) }' &&
     say "warning: the machine is busy (load $LOAD0); other work on the cores skews the numbers, compare the paired column"
-say "collections.posts.findOne by key: $(nproc) cores, broker threads=$THREADS (pool of 2 connections each), -c$CONNS" \
+say "collections.posts.findOne by key: $(nproc) cores, broker threads=$THREADS (pool of $POOL connections each), -c$CONNS" \
     "(pg_direct: $CONNS threads, one connection each), ${ROUNDS}x${SECS}s, $ROWS rows"
 for c in $CASES; do
     case $c in direct|broker|ceiling) ;; *) die "unknown case $c (cases: direct broker ceiling)" ;; esac
