@@ -87,25 +87,46 @@ static void raw(sb_logline_t *l, const char *s, size_t n)
 static void escaped(sb_logline_t *l, const char *s, size_t n)
 {
     static const char hex[] = "0123456789abcdef";
-    for (size_t i = 0; i < n && !l->truncated; ++i) {
-        unsigned char c = (unsigned char)s[i];
-        char e[6];
-        if (c == '"' || c == '\\') {
-            e[0] = '\\', e[1] = (char)c;
-            raw(l, e, 2);
-        } else if (c < 0x20 || c == 0x7f) {
-            e[0] = '\\', e[1] = 'u', e[2] = '0', e[3] = '0', e[4] = hex[c >> 4], e[5] = hex[c & 15];
-            raw(l, e, 6);
-        } else {
-            raw(l, (const char *)&c, 1);
+    size_t i = 0;
+    while (i < n && !l->truncated) {
+        /* copy the run of bytes that need no escape at once */
+        size_t start = i;
+        while (i < n && (unsigned char)s[i] >= 0x20 && s[i] != '"' && s[i] != '\\' && s[i] != 0x7f)
+            ++i;
+        if (i != start)
+            raw(l, s + start, i - start);
+        if (i < n && !l->truncated) {
+            unsigned char c = (unsigned char)s[i++];
+            char e[6];
+            if (c == '"' || c == '\\') {
+                e[0] = '\\', e[1] = (char)c;
+                raw(l, e, 2);
+            } else {
+                e[0] = '\\', e[1] = 'u', e[2] = '0', e[3] = '0', e[4] = hex[c >> 4], e[5] = hex[c & 15];
+                raw(l, e, 6);
+            }
         }
     }
+}
+
+/* "YYYY-MM-DDTHH:MM:SS" of the current second, formatted once per second per thread */
+static const char *second_stamp(time_t sec)
+{
+    static __thread time_t cached_sec = -1;
+    static __thread char cached[64];
+    if (sec != cached_sec) {
+        struct tm tm;
+        gmtime_r(&sec, &tm);
+        snprintf(cached, sizeof(cached), "%04d-%02d-%02dT%02d:%02d:%02d", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+                 tm.tm_hour, tm.tm_min, tm.tm_sec);
+        cached_sec = sec;
+    }
+    return cached;
 }
 
 void sb_log_begin(sb_logline_t *l, sb_log_level_t level, const char *event)
 {
     struct timespec ts;
-    struct tm tm;
     char head[96];
     int n;
 
@@ -115,10 +136,8 @@ void sb_log_begin(sb_logline_t *l, sb_log_level_t level, const char *event)
     if (!l->enabled)
         return;
     clock_gettime(CLOCK_REALTIME, &ts);
-    gmtime_r(&ts.tv_sec, &tm);
-    n = snprintf(head, sizeof(head), "{\"ts\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"level\":\"%s\",\"event\":\"",
-                 tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000,
-                 names[level]);
+    n = snprintf(head, sizeof(head), "{\"ts\":\"%s.%03ldZ\",\"level\":\"%s\",\"event\":\"", second_stamp(ts.tv_sec),
+                 ts.tv_nsec / 1000000, names[level]);
     raw(l, head, (size_t)n);
     escaped(l, event, strlen(event));
     raw(l, "\"", 1);
