@@ -24,6 +24,7 @@ by a scriptable fake (toolsfix_fakemcp.py); those tests run even when npm's pack
 
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -51,6 +52,7 @@ FAKE = None     # the scriptable fake (sessions)
 FAKE_SL = None  # the scriptable fake (no sessions)
 B = None        # the broker (one worker thread: concurrency is per worker)
 DOWN_PORT = None
+DOWN_SOCK = None
 EVERYTHING_SKIP = None  # why the reference server tests cannot run
 
 
@@ -79,7 +81,11 @@ def setUpModule():
     try:
         FAKE = FakeMcp().start()
         FAKE_SL = FakeMcp().start()
-        DOWN_PORT = sbtest.free_port()
+        # a port held bound but not listening: connects are refused, and no other test can take it
+        global DOWN_SOCK
+        DOWN_SOCK = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        DOWN_SOCK.bind(("127.0.0.1", 0))
+        DOWN_PORT = DOWN_SOCK.getsockname()[1]
         try:
             ev.require()
         except unittest.SkipTest as e:

@@ -84,6 +84,11 @@ def refused(fb, needle, *flags):
     check("sandbox broker request failed" in o["error"] and needle in o["error"], "error names the TLS problem",
           needle, o["error"])
     check(fb.requests == [], "the broker recorded no request (the token was never sent)", fb.requests)
+    # the fake broker records the failed handshake on its own thread: give it a moment to land
+    import time
+    deadline = time.monotonic() + 3
+    while not fb.handshakes and time.monotonic() < deadline:
+        time.sleep(0.02)
     check(len(fb.handshakes) >= 1 and not any(h["ok"] for h in fb.handshakes),
           "the broker saw a TLS attempt that failed", fb.handshakes)
     check(TOKEN not in out and TOKEN not in err, "token not printed")
