@@ -26,6 +26,7 @@
 #include "sb/limits.h"
 #include "authz/authz.h"
 #include "fetch/url.h"
+#include "util/util.h"
 
 #define MAX_NAME_LEN 128u
 #define MAX_TIMEOUT_MS 86400000
@@ -85,32 +86,9 @@ typedef enum en_list_kind_t { LIST_NAMES, LIST_FILE_GLOBS, LIST_TOOL_GLOBS } lis
 
 /* ---- small helpers ------------------------------------------------------------------------------------------------- */
 
-__attribute__((format(printf, 3, 4))) static sb_status_t fail(char *err, size_t errsz, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (err != NULL && errsz != 0) {
-        va_start(ap, fmt);
-        vsnprintf(err, errsz, fmt, ap);
-        va_end(ap);
-    }
-    return SB_E_BAD_ARGS;
-}
-
-/* a printable, bounded copy of untrusted bytes for an error message */
-static const char *quote(const char *s, size_t len, char *buf, size_t bufsz)
-{
-    size_t i, n = len < MAX_QUOTE ? len : MAX_QUOTE;
-
-    if (n >= bufsz)
-        n = bufsz - 1;
-    for (i = 0; i != n; ++i) {
-        unsigned char c = (unsigned char)s[i];
-        buf[i] = c >= 0x20 && c < 0x7f && c != '"' ? (char)c : '?';
-    }
-    buf[n] = '\0';
-    return buf;
-}
+/* the parsers' error exit and quoting, shared (util.h) */
+#define fail(...) sb_fail_bad_args(__VA_ARGS__)
+#define quote(s, len, buf, bufsz) sb_quote_printable((s), (len), MAX_QUOTE, (buf), (bufsz))
 
 static int key_is(const char *key, size_t klen, const char *lit)
 {

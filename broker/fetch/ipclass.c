@@ -47,6 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "fetch/ipclass.h"
+#include "util/util.h"
 
 /* how much of an offending entry an error message quotes */
 #define MAX_QUOTE 64u
@@ -660,32 +661,9 @@ void sb_ip_to_sockaddr(const sb_ip_t *ip, uint16_t port, struct sockaddr_storage
 
 /* ---- policy construction ------------------------------------------------------------------------------------------- */
 
-__attribute__((format(printf, 3, 4))) static sb_status_t fail(char *err, size_t errsz, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (err != NULL && errsz != 0) {
-        va_start(ap, fmt);
-        vsnprintf(err, errsz, fmt, ap);
-        va_end(ap);
-    }
-    return SB_E_BAD_ARGS;
-}
-
-/* a printable, bounded copy of configuration bytes for an error message */
-static const char *quote(const char *s, size_t len, char *buf, size_t bufsz)
-{
-    size_t i, n = len < MAX_QUOTE ? len : MAX_QUOTE;
-
-    if (n >= bufsz)
-        n = bufsz - 1;
-    for (i = 0; i != n; ++i) {
-        unsigned char c = (unsigned char)s[i];
-        buf[i] = c >= 0x20 && c < 0x7f && c != '"' ? (char)c : '?';
-    }
-    buf[n] = '\0';
-    return buf;
-}
+/* the parsers' error exit and quoting, shared (util.h) */
+#define fail(...) sb_fail_bad_args(__VA_ARGS__)
+#define quote(s, len, buf, bufsz) sb_quote_printable((s), (len), MAX_QUOTE, (buf), (bufsz))
 
 typedef enum en_cidr_err_t { CIDR_OK = 0, CIDR_EMPTY, CIDR_ADDRESS, CIDR_PREFIX, CIDR_HOST_BITS } cidr_err_t;
 

@@ -1,3 +1,4 @@
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,6 +157,32 @@ void sb_sha256(const void *in, size_t len, uint8_t out[32])
 int sb_ct_equal(const void *a, const void *b, size_t len)
 {
     return CRYPTO_memcmp(a, b, len) == 0;
+}
+
+sb_status_t sb_fail_bad_args(char *err, size_t errsz, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (err != NULL && errsz != 0) {
+        va_start(ap, fmt);
+        vsnprintf(err, errsz, fmt, ap);
+        va_end(ap);
+    }
+    return SB_E_BAD_ARGS;
+}
+
+const char *sb_quote_printable(const char *s, size_t len, size_t max, char *buf, size_t bufsz)
+{
+    size_t i, n = len < max ? len : max;
+
+    if (n >= bufsz)
+        n = bufsz - 1;
+    for (i = 0; i != n; ++i) {
+        unsigned char c = (unsigned char)s[i];
+        buf[i] = c >= 0x20 && c < 0x7f && c != '"' ? (char)c : '?';
+    }
+    buf[n] = '\0';
+    return buf;
 }
 
 int sb_is_name(const char *s, size_t max)

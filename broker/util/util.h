@@ -40,6 +40,10 @@ void sb_hex(const uint8_t *in, size_t len, char *out);
 void sb_sha256(const void *in, size_t len, uint8_t out[32]);
 /** constant-time comparison of two buffers of equal length; 1 if equal */
 int sb_ct_equal(const void *a, const void *b, size_t len);
+/** formats a message into err (when err is not NULL) and returns SB_E_BAD_ARGS: the parsers' error exit */
+__attribute__((format(printf, 3, 4))) sb_status_t sb_fail_bad_args(char *err, size_t errsz, const char *fmt, ...);
+/** a printable, bounded copy of untrusted bytes for an error message ('?' for anything else); returns buf */
+const char *sb_quote_printable(const char *s, size_t len, size_t max, char *buf, size_t bufsz);
 /** 1 if `s` is a name of [A-Za-z0-9_-]{1,max} (targets, scope keys, globals, collections) */
 int sb_is_name(const char *s, size_t max);
 /** 1 if `s` is exactly 64 lowercase hex characters (the token format) */
