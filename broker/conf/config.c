@@ -25,6 +25,7 @@ static const struct key {
     {"token_store", K_STR, offsetof(sb_config_t, token_store), 0, 0},
     {"redis_prefix", K_STR, offsetof(sb_config_t, redis_prefix), 0, 0},
     {"threads", K_UINT, offsetof(sb_config_t, threads), 1, 64},
+    {"max_connections", K_UINT, offsetof(sb_config_t, max_connections), 1, 1000000},
     {"max_ttl_ms", K_INT, offsetof(sb_config_t, max_ttl_ms), 1000, 7 * 86400000LL},
     {"default_ttl_ms", K_INT, offsetof(sb_config_t, default_ttl_ms), 1000, 7 * 86400000LL},
     {"max_tokens", K_UINT, offsetof(sb_config_t, max_tokens), 1, 10000000},
@@ -90,7 +91,7 @@ static void set_from_json(sb_config_t *c, const struct key *k, json_t *v, const 
             *(int64_t *)base = (int64_t)n;
         else if (strcmp(k->name, "threads") == 0 || strcmp(k->name, "database_pool_size") == 0)
             *(unsigned *)base = (unsigned)n;
-        else if (strcmp(k->name, "max_tokens") == 0)
+        else if (strcmp(k->name, "max_tokens") == 0 || strcmp(k->name, "max_connections") == 0)
             *(size_t *)base = (size_t)n;
         else
             *(uint64_t *)base = (uint64_t)n;
@@ -250,6 +251,7 @@ sb_status_t sb_config_load(const char *path, int require_secret, sb_config_t **o
     c->token_store = sb_mem_strdup("memory");
     c->redis_prefix = sb_mem_strdup("sb:");
     c->threads = 2;
+    c->max_connections = 4096;
     c->database_pool_size = 4;
     c->max_ttl_ms = 3600000;
     c->default_ttl_ms = 300000;

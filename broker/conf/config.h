@@ -16,15 +16,16 @@
 #include "sb/status.h"
 
 typedef struct st_sb_config_t {
-    char *listen;              /* public RPC listener, "host:port" */
-    char *admin_listen;        /* admin listener, "host:port" (default loopback) */
-    char *admin_secret_file;   /* file holding the admin bearer secret */
-    char *admin_secret;        /* resolved secret (env SANDBOX_BROKER_ADMIN_SECRET or the file) */
-    char *rpc_path;            /* "/api/sandbox/rpc" */
-    char *token_store;         /* "memory" or a redis URL */
-    char *redis_prefix;        /* key prefix in Redis */
-    unsigned threads;          /* worker threads */
-    int64_t max_ttl_ms;        /* upper bound of any token's lifetime */
+    char *listen;            /* public RPC listener, "host:port" */
+    char *admin_listen;      /* admin listener, "host:port" (default loopback) */
+    char *admin_secret_file; /* file holding the admin bearer secret */
+    char *admin_secret;      /* resolved secret (env SANDBOX_BROKER_ADMIN_SECRET or the file) */
+    char *rpc_path;          /* "/api/sandbox/rpc" */
+    char *token_store;       /* "memory" or a redis URL */
+    char *redis_prefix;      /* key prefix in Redis */
+    unsigned threads;
+    size_t max_connections; /* open connections at most, spread over the workers */ /* worker threads */
+    int64_t max_ttl_ms;                                                             /* upper bound of any token's lifetime */
     int64_t default_ttl_ms;    /* lifetime when neither ttlMs nor timeoutMs is given */
     size_t max_tokens;         /* memory store capacity */
     uint64_t store_timeout_ms; /* redis connect and command timeout */
@@ -32,13 +33,13 @@ typedef struct st_sb_config_t {
     int64_t quota_calls;       /* default per-run quotas (a mint may override them) */
     int64_t quota_concurrent;
     int64_t quota_fetch_bytes;
-    char *log_level;    /* debug | info | warn | error */
-    int log_calls;      /* one log line per RPC */
-    char *audit;        /* "off", "stderr" or a file path */
-    json_t *targets;    /* targets.<name> (owned) */
-    char *database_url; /* PostgreSQL, for targets that use it */
+    char *log_level;             /* debug | info | warn | error */
+    int log_calls;               /* one log line per RPC */
+    char *audit;                 /* "off", "stderr" or a file path */
+    json_t *targets;             /* targets.<name> (owned) */
+    char *database_url;          /* PostgreSQL, for targets that use it */
     unsigned database_pool_size; /* connections per worker */
-    json_t *egress;     /* egress policy (owned) */
+    json_t *egress;              /* egress policy (owned) */
     /* resolved listener addresses */
     struct sockaddr_storage listen_addr, admin_addr;
     socklen_t listen_addrlen, admin_addrlen;

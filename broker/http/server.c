@@ -112,17 +112,38 @@ sb_status_t sb_server_init(sb_server_t *s, sb_config_t *conf, sb_store_t *store,
     return SB_OK;
 }
 
+static void on_connection_close(void *data)
+{
+    sb_worker_t *w = data;
+    --w->connections;
+}
+
 static void on_accept(h2o_socket_t *listener, const char *err)
 {
     sb_worker_t *w = sb_current_worker;
     h2o_accept_ctx_t *actx = listener == w->admin_listener ? &w->admin_accept_ctx : &w->accept_ctx;
+    size_t limit = (w->server->conf->max_connections + w->server->nworkers - 1) / w->server->nworkers;
     h2o_socket_t *sock;
 
     if (err != NULL)
         return;
     /* accept a bounded batch, so one busy listener cannot starve the loop */
-    for (int i = 0; i < 16 && (sock = h2o_evloop_socket_accept(listener)) != NULL; ++i)
+    for (int i = 0; i < 16 && (sock = h2o_evloop_socket_accept(listener)) != NULL; ++i) {
+        /*
+         * Connections are bounded like everything else: past the worker's
+         * share of max_connections a new one is closed at once (the admin
+         * listener keeps one spare, so the host can still revoke)
+         */
+        if (w->connections >= limit + (listener == w->admin_listener ? 1 : 0)) {
+            sb_metrics_connection_refused();
+            h2o_socket_close(sock);
+            continue;
+        }
+        ++w->connections;
+        sock->on_close.cb = on_connection_close;
+        sock->on_close.data = w;
         h2o_accept(actx, sock);
+    }
 }
 
 static void close_listeners(sb_worker_t *w)

@@ -34,7 +34,8 @@ typedef struct st_sb_worker_t {
     sb_svc_env_t svc;
     h2o_multithread_queue_t *queue;
     h2o_multithread_receiver_t shutdown_receiver;
-    size_t inflight; /* requests not yet disposed, loop-local */
+    size_t inflight;    /* requests not yet disposed, loop-local */
+    size_t connections; /* accepted connections not yet closed, loop-local */
     int stopping;
     /* contexts replaced by a reload, destroyed once they are idle (loop-local) */
     sb_fetch_ctx_t *retired_fetch[8];

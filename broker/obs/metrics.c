@@ -28,6 +28,13 @@ void sb_metrics_quota_hit(const char *quota)
             atomic_fetch_add_explicit(&quota_hits[i], 1, memory_order_relaxed);
 }
 
+static _Atomic uint64_t connections_refused;
+
+void sb_metrics_connection_refused(void)
+{
+    atomic_fetch_add_explicit(&connections_refused, 1, memory_order_relaxed);
+}
+
 void sb_metrics_set_db_up_fn(int (*fn)(void))
 {
     db_up_fn = fn;
@@ -207,12 +214,17 @@ size_t sb_metrics_render(char **outp)
          "# HELP sb_audit_dropped_total Audit lines dropped because the audit buffer was full.\n"
          "# TYPE sb_audit_dropped_total counter\nsb_audit_dropped_total %llu\n",
          (unsigned long long)sb_audit_dropped());
+    emit(&o,
+         "# HELP sb_connections_refused_total Connections closed at accept: max_connections reached.\n"
+         "# TYPE sb_connections_refused_total counter\nsb_connections_refused_total %llu\n",
+         (unsigned long long)atomic_load_explicit(&connections_refused, memory_order_relaxed));
     emit(&o, "# HELP sb_quota_hits_total Calls refused by a per-run quota.\n# TYPE sb_quota_hits_total counter\n");
     for (size_t i = 0; i < 3; ++i)
         emit(&o, "sb_quota_hits_total{quota=\"%s\"} %llu\n", quota_names[i],
              (unsigned long long)atomic_load_explicit(&quota_hits[i], memory_order_relaxed));
     if (db_up_fn != NULL && db_up_fn() >= 0)
-        emit(&o, "# HELP sb_database_up 1 when the database answers.\n# TYPE sb_database_up gauge\nsb_database_up %d\n", db_up_fn());
+        emit(&o, "# HELP sb_database_up 1 when the database answers.\n# TYPE sb_database_up gauge\nsb_database_up %d\n",
+             db_up_fn());
     if (store_up_fn != NULL)
         emit(&o, "# HELP sb_token_store_up 1 when the token store answers.\n# TYPE sb_token_store_up gauge\nsb_token_store_up %d\n",
              store_up_fn());

@@ -31,6 +31,8 @@ void sb_metrics_admin(const char *op, int http_status);
 void sb_metrics_egress(const char *rule, int allowed);
 /** counts a call refused by a per-run quota: "calls per run", "concurrent calls per run" or "fetched bytes per run" */
 void sb_metrics_quota_hit(const char *quota);
+/** counts a connection closed at accept because max_connections was reached */
+void sb_metrics_connection_refused(void);
 /** sets the function that reports database health (1 up, 0 down, -1 no database configured) */
 void sb_metrics_set_db_up_fn(int (*fn)(void));
 /** sets the function that reports live tokens (-1 when unknown) */
