@@ -132,7 +132,9 @@ sb_resolver_t *sb_resolver_create(h2o_loop_t *loop, const char *servers, unsigne
     /*
      * NOCHECKRESP: hand SERVFAIL and REFUSED back as such instead of retrying
      * and ending with "connection refused"; either way the name is rejected,
-     * and the operator reads the real reason
+     * and the operator reads the real reason. Not STAYOPEN: it would save a
+     * socket per lookup (~27 us) but pin the source port, which is half of
+     * what makes an off-path spoofed answer hard to land.
      */
     o.flags = ARES_FLAG_NOSEARCH | ARES_FLAG_NOALIASES | ARES_FLAG_NOCHECKRESP;
     r->loop = loop;
