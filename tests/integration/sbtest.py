@@ -54,6 +54,18 @@ MSG_TOO_LARGE = "sandbox broker request body is too large"
 MISSING = object()
 
 
+_HELD = []
+
+
+def closed_port(family=socket.AF_INET, host="127.0.0.1"):
+    """A loopback port that refuses connections for the rest of the process: bound, never listening,
+    so no other test (or process) can start a server on it in the meantime."""
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.bind((host, 0))
+    _HELD.append(s)
+    return s.getsockname()[1]
+
+
 def free_port():
     """A loopback TCP port that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -17,7 +17,7 @@ from sbtest import MISSING, MSG_TOO_LARGE, MSG_UNAUTHORIZED, NATIVE_REQUEST_CAP,
 
 ENCODINGS = ("json", "msgpack")
 # granted http.fetch calls only ever name a loopback literal on a port nothing listens on
-DEAD_URL = "http://127.0.0.1:%d/x" % sbtest.free_port()
+DEAD_URL = "http://127.0.0.1:%d/x" % sbtest.closed_port()
 
 GRANTS = {
     "net": ["api.example.com", "*.example.org:8443", "pinned.example.com:8443", "127.0.0.1", "[::1]"],
@@ -632,7 +632,7 @@ class RpcRefusals(sbtest.BrokerTestCase):
     GRANTED_FETCH_NAMES = ["https://api.example.com/x", "https://API.Example.COM./x", "https://a.example.org:8443/",
                            "http://api.example.com:81/", "http://api.example.com:8080/",
                            "https://pinned.example.com:8443/"]
-    GRANTED_FETCH_LOOPBACK = [DEAD_URL, "http://[::1]:%d/" % sbtest.free_port()]
+    GRANTED_FETCH_LOOPBACK = [DEAD_URL, "http://[::1]:%d/" % sbtest.closed_port(socket.AF_INET6, "::1")]
 
     def test_granted_not_implemented(self):
         for enc in ENCODINGS:

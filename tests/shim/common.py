@@ -240,6 +240,17 @@ class FakeBroker:
         self.server.server_close()
 
 
+_HELD = []
+
+
+def closed_port():
+    """A loopback port that refuses connections for the rest of the process (bound, never listening)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    _HELD.append(s)
+    return s.getsockname()[1]
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

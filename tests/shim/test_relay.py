@@ -5,7 +5,7 @@ import json
 import os
 import time
 
-from common import (FakeBroker, TOKEN, Tap, check, free_port, relay_args, run_shim)
+from common import (FakeBroker, TOKEN, Tap, check, closed_port, free_port, relay_args, run_shim)
 
 tap = Tap()
 fb = FakeBroker()
@@ -75,7 +75,7 @@ def t_keepalive_and_inflight_limit():
 
 
 def t_broker_down():
-    url = "http://127.0.0.1:%d/rpc" % free_port()
+    url = "http://127.0.0.1:%d/rpc" % closed_port()
     rc, o, out, err = run_shim(relay_args(url, {"calls": [[1, "services.echo.x"]]}))
     check(rc == 0 and not o["ok"], "run fails", o, err)
     check("sandbox broker request failed" in o["error"] and "connect" in o["error"], "error names the failure", o)
