@@ -36,6 +36,8 @@ static void op_dispose(sb_async_t *a)
 
 static void send_json(h2o_req_t *req, const char *op, int status, const char *reason, json_t *body)
 {
+    /* admin events (minted, revoked) reach the log before the host sees the answer */
+    sb_log_flush();
     char *text = json_dumps(body, JSON_COMPACT);
     json_decref(body);
     if (text == NULL)
@@ -155,6 +157,7 @@ static void on_revoked(void *arg, sb_status_t st)
     }
     if (req != NULL) {
         if (st == SB_OK) {
+            sb_log_flush();
             sb_metrics_admin(op->op, 204);
             req->res.status = 204;
             req->res.reason = "No Content";

@@ -191,10 +191,13 @@ class Broker:
 
     _reader_done = False
 
+    _last_line_at = 0.0
+
     def _read_stderr(self):
         for line in iter(self.proc.stderr.readline, b""):
             with self._cond:
                 self.lines.append(line.decode("utf-8", "replace"))
+                self._last_line_at = time.monotonic()
                 self._cond.notify_all()
         with self._cond:
             self._reader_done = True
@@ -219,11 +222,26 @@ class Broker:
                 pass
         return out
 
+    def _settle(self, quiet=0.03, cap=0.5):
+        """Waits `quiet` seconds, then until no log line arrived for that long (at most `cap`): a
+        worker writes its lines once per loop pass, just after the answers of that pass, so a line
+        can trail the reply the test has already read."""
+        deadline = time.monotonic() + cap
+        time.sleep(quiet)
+        while not self._reader_done and time.monotonic() < deadline:
+            with self._lock:
+                since = time.monotonic() - self._last_line_at
+            if since >= quiet:
+                return
+            time.sleep(quiet - since)
+
     def events(self):
+        self._settle()
         with self._lock:
             return self._events_locked()
 
     def log(self):
+        self._settle()
         with self._lock:
             return "".join(self.lines)
 
