@@ -312,6 +312,21 @@ sb_status_t sb_mp_decode(const uint8_t *p, size_t len, msgpack_zone *zone, msgpa
     }
 }
 
+sb_status_t sb_mp_decode_packed(const uint8_t *p, size_t len, msgpack_zone *zone, msgpack_object *out)
+{
+    size_t off = 0;
+
+    switch (msgpack_unpack((const char *)p, len, &off, zone, out)) {
+    case MSGPACK_UNPACK_SUCCESS:
+        fix_empty(out);
+        return SB_OK;
+    case MSGPACK_UNPACK_NOMEM_ERROR:
+        return SB_E_NOMEM;
+    default:
+        return SB_E_BAD_ARGS;
+    }
+}
+
 int sb_utf8_valid(const uint8_t *p, size_t len)
 {
     size_t i = 0;

@@ -214,7 +214,6 @@ static void reply_value(rpc_call_t *c, const char *packed, size_t len)
     size_t cap = sb_method_response_cap(&c->m);
     msgpack_zone zone;
     msgpack_object value;
-    const char *why = NULL;
 
     release_quota(c);
     if (c->binary) {
@@ -238,7 +237,8 @@ static void reply_value(rpc_call_t *c, const char *packed, size_t len)
         return;
     }
     msgpack_zone_init(&zone, 4096);
-    if (sb_mp_decode((const uint8_t *)packed, len, &zone, &value, &why) != SB_OK) {
+    /* the handler packed it in this process: no pre-check (sb_json_from_mp still checks every string) */
+    if (sb_mp_decode_packed((const uint8_t *)packed, len, &zone, &value) != SB_OK) {
         msgpack_zone_destroy(&zone);
         reply_error(c, SB_E_EXECUTION, "handler produced an invalid value");
         return;
@@ -391,7 +391,8 @@ int sb_rpc_on_req(h2o_handler_t *self, h2o_req_t *req)
     if (c->binary) {
         st = sb_mp_decode((const uint8_t *)req->entity.base, req->entity.len, &c->zone, &c->root, &why);
     } else if ((st = sb_json_decode(req->entity.base, req->entity.len, &c->packed, &why)) == SB_OK) {
-        st = sb_mp_decode((const uint8_t *)c->packed.data, c->packed.size, &c->zone, &c->root, &why);
+        /* packed here from a jansson tree that already met every value rule: no second pre-check */
+        st = sb_mp_decode_packed((const uint8_t *)c->packed.data, c->packed.size, &c->zone, &c->root);
     }
     if (st != SB_OK) {
         if (st == SB_E_NOMEM)

@@ -41,6 +41,15 @@ SB_WARN_UNUSED sb_status_t sb_mp_check(const uint8_t *p, size_t len, size_t *obj
 SB_WARN_UNUSED sb_status_t sb_mp_decode(const uint8_t *p, size_t len, msgpack_zone *zone, msgpack_object *out, const char **why);
 
 /**
+ * Unpacks a buffer this process packed itself (sb_mp_pack_json, a handler's
+ * packer), skipping the pre-check: those bytes already obey every rule the
+ * pre-check enforces, since the code that packed them did. Never for bytes
+ * that came from outside: use sb_mp_decode.
+ * @return SB_OK, SB_E_BAD_ARGS or SB_E_NOMEM (msgpack-c's own refusal)
+ */
+SB_WARN_UNUSED sb_status_t sb_mp_decode_packed(const uint8_t *p, size_t len, msgpack_zone *zone, msgpack_object *out);
+
+/**
  * Parses JSON text (strict UTF-8, duplicate keys refused, NUL allowed inside
  * strings) and packs it as msgpack into `packed`. The text is scanned for
  * nesting and node count before jansson allocates anything.
