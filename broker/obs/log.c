@@ -196,8 +196,8 @@ static const char *second_stamp(time_t sec)
     if (sec != cached_sec) {
         struct tm tm;
         gmtime_r(&sec, &tm);
-        snprintf(cached, sizeof(cached), "%04d-%02d-%02dT%02d:%02d:%02d", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
-                 tm.tm_hour, tm.tm_min, tm.tm_sec);
+        snprintf(cached, sizeof(cached), "%04d-%02d-%02dT%02d:%02d:%02d", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
+                 tm.tm_min, tm.tm_sec);
         cached_sec = sec;
     }
     return cached;
