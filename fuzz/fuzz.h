@@ -23,7 +23,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #define SB_FUZZ_ASSERT(cond, ...)                                                                                                  \
     do {                                                                                                                           \
         if (!(cond)) {                                                                                                             \
-            fprintf(stderr, "\n*** property failed at %s:%d: %s\n*** ", __FILE__, __LINE__, #cond);                               \
+            fprintf(stderr, "\n*** property failed at %s:%d: %s\n*** ", __FILE__, __LINE__, #cond);                                \
             fprintf(stderr, __VA_ARGS__);                                                                                          \
             fputc('\n', stderr);                                                                                                   \
             abort();                                                                                                               \

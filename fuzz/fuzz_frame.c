@@ -33,11 +33,11 @@ typedef struct st_span_t {
 typedef struct st_expect_t {
     span_t frames[MAX_REF];
     size_t n;
-    int truncated;     /* the reference stopped at MAX_REF frames: compare those only */
-    sb_status_t end;   /* SB_E_AGAIN (stream ends, maybe mid-frame), SB_E_BAD_ARGS or SB_E_TOO_LARGE */
-    size_t end_off;    /* for errors: stream offset right after the offending header */
-    size_t partial;    /* for AGAIN: payload bytes of the unfinished frame (0 if its header is incomplete) */
-    size_t hdr_have;   /* for AGAIN: header bytes of the unfinished frame */
+    int truncated;   /* the reference stopped at MAX_REF frames: compare those only */
+    sb_status_t end; /* SB_E_AGAIN (stream ends, maybe mid-frame), SB_E_BAD_ARGS or SB_E_TOO_LARGE */
+    size_t end_off;  /* for errors: stream offset right after the offending header */
+    size_t partial;  /* for AGAIN: payload bytes of the unfinished frame (0 if its header is incomplete) */
+    size_t hdr_have; /* for AGAIN: header bytes of the unfinished frame */
 } expect_t;
 
 static void reference(const uint8_t *s, size_t len, size_t cap, expect_t *e)

@@ -118,7 +118,8 @@ static void one(const uint8_t *g, size_t glen, const uint8_t *s, size_t slen)
     SB_FUZZ_ASSERT(got == 0 || got == 1, "sb_glob_match returned %d", got);
     if (glen <= REF_MAX && slen <= REF_MAX) {
         int want = reference(g, glen, s, slen);
-        SB_FUZZ_ASSERT(got == want, "sb_glob_match(\"%.*s\", \"%.*s\") = %d, reference %d", (int)glen, gc, (int)slen, sc, got, want);
+        SB_FUZZ_ASSERT(got == want, "sb_glob_match(\"%.*s\", \"%.*s\") = %d, reference %d", (int)glen, gc, (int)slen, sc, got,
+                       want);
     }
     /* a glob without wildcards matches exactly itself */
     if (!has_wildcard(g, glen))

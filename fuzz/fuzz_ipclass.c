@@ -55,8 +55,8 @@ static void check_v4_properties(const sb_egress_policy_t *p, const sb_ip_t *v4)
     memcpy(v6.addr + 12, v4->addr, 4);
     a6 = sb_egress_check_ip(p, &v6, &r6);
     SB_FUZZ_ASSERT(a4 == a6, "NAT64 verdict differs from the IPv4 verdict");
-    SB_FUZZ_ASSERT(strncmp(r6, NAT64, sizeof(NAT64) - 1) == 0 && strcmp(r6 + sizeof(NAT64) - 1, r4) == 0, "NAT64 rule %s is not IPv4 rule %s",
-                   r6, r4);
+    SB_FUZZ_ASSERT(strncmp(r6, NAT64, sizeof(NAT64) - 1) == 0 && strcmp(r6 + sizeof(NAT64) - 1, r4) == 0,
+                   "NAT64 rule %s is not IPv4 rule %s", r6, r4);
 
     memset(v6.addr, 0, 16);
     v6.addr[10] = v6.addr[11] = 0xff;
@@ -100,7 +100,8 @@ static void check_cidr(const uint8_t *s, size_t len)
         lo.family = AF_INET;
         memcpy(lo.addr, (const uint8_t[]){127, 0, 0, 1}, 4);
         exact = (len == 9 && memcmp(s, "127.0.0.1", 9) == 0) || (len == 12 && memcmp(s, "127.0.0.1/32", 12) == 0);
-        SB_FUZZ_ASSERT(sb_egress_check_ip(p, &lo, NULL) == exact, "allow entry %.*s changed loopback's verdict", (int)len, (const char *)s);
+        SB_FUZZ_ASSERT(sb_egress_check_ip(p, &lo, NULL) == exact, "allow entry %.*s changed loopback's verdict", (int)len,
+                       (const char *)s);
         sb_egress_policy_free(p);
     } else {
         SB_FUZZ_ASSERT(p == NULL && err[0] != '\0', "a refused list must leave *out NULL and say why");

@@ -107,10 +107,25 @@ static void check(const char *s, size_t len)
 static void structured(const uint8_t *d, size_t n)
 {
     static const char *const shapes[] = {
-        "files.read", "files.write", "files.list", "email.send", "http.fetch", "tools.list", "tools.call",
-        "collections.%s.find", "collections.%s.findOne", "collections.%s.create", "collections.%s.update",
-        "collections.%s.delete", "store.%s.find", "store.%s.delete", "globals.%s.get", "globals.%s.set",
-        "services.%s.%s", "jobs.enqueue.%s", "workflows.trigger.%s",
+        "files.read",
+        "files.write",
+        "files.list",
+        "email.send",
+        "http.fetch",
+        "tools.list",
+        "tools.call",
+        "collections.%s.find",
+        "collections.%s.findOne",
+        "collections.%s.create",
+        "collections.%s.update",
+        "collections.%s.delete",
+        "store.%s.find",
+        "store.%s.delete",
+        "globals.%s.get",
+        "globals.%s.set",
+        "services.%s.%s",
+        "jobs.enqueue.%s",
+        "workflows.trigger.%s",
     };
     static const char alphabet[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-";
     char name[200], fn[200], buf[600];

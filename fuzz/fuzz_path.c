@@ -118,7 +118,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             SB_FUZZ_ASSERT(st == SB_OK && strcmp(again, out) == 0, "not idempotent: \"%s\" -> \"%s\"", out, again);
         }
         /* the same input with a full-size buffer gives the same answer */
-        SB_FUZZ_ASSERT(sb_path_normalize(in, len, big, sizeof(big)) == SB_OK && strcmp(big, out) == 0, "buffer size changed the answer");
+        SB_FUZZ_ASSERT(sb_path_normalize(in, len, big, sizeof(big)) == SB_OK && strcmp(big, out) == 0,
+                       "buffer size changed the answer");
     }
 Exit:
     free(out);

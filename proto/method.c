@@ -12,7 +12,7 @@
 #include "sb/method.h"
 
 /* names are [A-Za-z0-9_-]{1,128} */
-#define MAX_NAME_LEN 128u
+#define MAX_NAME_LEN SB_MAX_NAME
 /* the longest method has three segments */
 #define MAX_SEGMENTS 3u
 

@@ -33,7 +33,7 @@ static void child_exec(const sb_shim_spawn_t *sp, int in_r, int out_w, int err_w
         goto Fail;
     if (dup2(in_r, 0) < 0 || dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0)
         goto Fail;
-    /* everything else we hold (broker sockets, the token fd, ...) must not leak into the guest */
+        /* everything else we hold (broker sockets, the token fd, ...) must not leak into the guest */
 #ifdef SYS_close_range
     if (syscall(SYS_close_range, 3u, ~0u, 4u /* CLOSE_RANGE_CLOEXEC */) != 0)
 #endif
@@ -76,8 +76,7 @@ sb_status_t sb_shim_child_spawn(const sb_shim_spawn_t *sp, sb_shim_child_t *out,
     memset(out, 0, sizeof(*out));
     out->pid = -1;
     out->pidfd = out->in_fd = out->out_fd = out->err_fd = -1;
-    if (pipe2(in_p, O_CLOEXEC) != 0 || pipe2(out_p, O_CLOEXEC) != 0 || pipe2(err_p, O_CLOEXEC) != 0 ||
-        pipe2(ep, O_CLOEXEC) != 0) {
+    if (pipe2(in_p, O_CLOEXEC) != 0 || pipe2(out_p, O_CLOEXEC) != 0 || pipe2(err_p, O_CLOEXEC) != 0 || pipe2(ep, O_CLOEXEC) != 0) {
         snprintf(err, errsz, "pipe: %s", strerror(errno));
         goto Exit;
     }

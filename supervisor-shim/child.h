@@ -14,11 +14,11 @@
 #include "sb/status.h"
 
 typedef struct st_sb_shim_spawn_t {
-    const char *path;   /* executable (absolute or relative to the shim's cwd) */
-    char *const *argv;  /* NULL-terminated */
-    char *const *envp;  /* NULL-terminated; the child's whole environment */
-    const char *cwd;    /* NULL keeps the shim's */
-    unsigned nofile;    /* RLIMIT_NOFILE for the child; 0 keeps the shim's */
+    const char *path;  /* executable (absolute or relative to the shim's cwd) */
+    char *const *argv; /* NULL-terminated */
+    char *const *envp; /* NULL-terminated; the child's whole environment */
+    const char *cwd;   /* NULL keeps the shim's */
+    unsigned nofile;   /* RLIMIT_NOFILE for the child; 0 keeps the shim's */
 } sb_shim_spawn_t;
 
 typedef struct st_sb_shim_child_t {

@@ -47,10 +47,10 @@ struct st_call_t;
 typedef struct st_conn_t {
     int fd;
     conn_state_t state;
-    int reused;            /* a previous exchange completed on this connection */
-    sb_shim_buf_t out;     /* the request */
-    size_t out_off;        /* bytes of it written */
-    sb_shim_buf_t in;      /* the response so far */
+    int reused;        /* a previous exchange completed on this connection */
+    sb_shim_buf_t out; /* the request */
+    size_t out_off;    /* bytes of it written */
+    sb_shim_buf_t in;  /* the response so far */
     int head_done;
     sb_shim_http_head_t head;
     struct st_call_t *call;
@@ -64,7 +64,7 @@ typedef struct st_call_t {
     uint64_t id;
     char method[SB_MAX_METHOD_LEN + 1];
     int64_t deadline;
-    int retried;           /* resent once after a stale kept-alive connection */
+    int retried; /* resent once after a stale kept-alive connection */
     conn_t *conn;
     msgpack_sbuffer reply; /* the reply frame, header included */
     size_t reply_off;
@@ -101,7 +101,7 @@ typedef struct st_relay_t {
     /* lifecycle */
     int reaped;
     int wstatus;
-    int64_t kill_at;  /* SIGKILL the group at this time (0: not scheduled) */
+    int64_t kill_at; /* SIGKILL the group at this time (0: not scheduled) */
     int sent_term;
     int64_t drain_until; /* after reaping, read stdout until EOF or this time */
 
@@ -395,9 +395,9 @@ static void on_response(relay_t *r, call_t *c, int status, const uint8_t *body, 
     code = sb_mp_get(err, "code");
     msg = sb_mp_get(err, "message");
     corr = sb_mp_get(err, "correlationId");
-    if (o.via.map.size != 2 || err == NULL || err->type != MSGPACK_OBJECT_MAP || code == NULL ||
-        code->type != MSGPACK_OBJECT_STR || msg == NULL || msg->type != MSGPACK_OBJECT_STR ||
-        err->via.map.size != (corr != NULL ? 3u : 2u) || (corr != NULL && !valid_corr(corr)) || status < 400) {
+    if (o.via.map.size != 2 || err == NULL || err->type != MSGPACK_OBJECT_MAP || code == NULL || code->type != MSGPACK_OBJECT_STR ||
+        msg == NULL || msg->type != MSGPACK_OBJECT_STR || err->via.map.size != (corr != NULL ? 3u : 2u) ||
+        (corr != NULL && !valid_corr(corr)) || status < 400) {
         snprintf(d, sizeof(d), "HTTP %d error reply must be {ok:false, error:{code, message, correlationId?}}", status);
         call_invalid_response(r, c, d);
         goto Exit;

@@ -37,13 +37,13 @@ typedef struct st_sb_shim_config_t {
     sb_shim_url_t url;
     struct sockaddr_storage addr; /* the broker, resolved once before the guest starts */
     socklen_t addr_len;
-    SSL_CTX *tls;                 /* https brokers: the verifying client context (tls.h); NULL for http */
-    char token[65];               /* never logged, never given to the guest */
-    int64_t timeout_ms;           /* wall clock for the whole run */
-    int64_t call_timeout_ms;      /* per broker call */
+    SSL_CTX *tls;            /* https brokers: the verifying client context (tls.h); NULL for http */
+    char token[65];          /* never logged, never given to the guest */
+    int64_t timeout_ms;      /* wall clock for the whole run */
+    int64_t call_timeout_ms; /* per broker call */
     unsigned max_calls;
     unsigned max_inflight;
-    int denial_reply;             /* 1: hand broker errors to the guest; 0: end the run */
+    int denial_reply; /* 1: hand broker errors to the guest; 0: end the run */
 } sb_shim_config_t;
 
 /**

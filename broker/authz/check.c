@@ -56,7 +56,7 @@
 #include "fetch/url.h"
 
 /* tools.call names, as upstream's custom-tools handler bounds them */
-#define MAX_TOOL_NAME 256u
+#define MAX_TOOL_NAME SB_MAX_TOOL_NAME
 
 /* ---- manifest accessors (defined at the bottom of manifest.c, which owns the parsed form) ------------------------ */
 

@@ -28,7 +28,7 @@
 #include "fetch/url.h"
 #include "util/util.h"
 
-#define MAX_NAME_LEN 128u
+#define MAX_NAME_LEN SB_MAX_NAME
 #define MAX_TIMEOUT_MS 86400000
 #define MIN_MEMORY_MB 16
 #define MAX_MEMORY_MB 65536

@@ -800,8 +800,7 @@ static void on_fetch_quota(void *arg, sb_status_t st, const char *why)
         if (st == SB_E_RATE_LIMITED) {
             sb_metrics_quota_hit("fetched bytes per run");
             fail(f, SB_E_RATE_LIMITED, "run quota exceeded: %s", why != NULL ? why : "fetched bytes per run");
-        }
-        else
+        } else
             fail(f, SB_E_UNAVAILABLE, "%s", why != NULL ? why : "the token store is unavailable");
         return;
     }

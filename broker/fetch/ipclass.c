@@ -752,7 +752,7 @@ static sb_status_t parse_list(const json_t *arr, const char *key, int is_allow, 
     if (n > SB_EGRESS_MAX_CIDRS)
         return fail(err, errsz, "%s: too many entries (%zu, at most %u)", key, n, SB_EGRESS_MAX_CIDRS);
     if ((out->v = calloc(n, sizeof(*out->v))) == NULL) {
-        fail(err, errsz, "%s: out of memory", key);
+        sb_format_error(err, errsz, "%s: out of memory", key);
         return SB_E_NOMEM;
     }
     for (i = 0; i != n; ++i) {

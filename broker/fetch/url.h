@@ -19,7 +19,7 @@
 #include "sb/status.h"
 
 /* a DNS name is at most 253 bytes without the trailing dot (RFC 1035 section 2.3.4) */
-#define SB_URL_MAX_HOST 253u
+#define SB_URL_MAX_HOST SB_MAX_HOST
 
 typedef enum en_sb_url_scheme_t { SB_URL_HTTP = 0, SB_URL_HTTPS } sb_url_scheme_t;
 

@@ -9,6 +9,7 @@
  */
 #include <stdio.h>
 #include <string.h>
+#include "http/framing.h"
 #include "http/server.h"
 #include "obs/log.h"
 #include "obs/metrics.h"
@@ -371,6 +372,8 @@ int sb_admin_on_req(h2o_handler_t *self, h2o_req_t *req)
     h2o_iovec_t path = req->path;
     size_t q;
 
+    if (sb_http_framing_refuse(req))
+        return 0;
     /* the raw path (query dropped): ids are decoded here, strictly, once */
     for (q = 0; q < path.len && path.base[q] != '?'; ++q)
         ;

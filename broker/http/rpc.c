@@ -9,6 +9,7 @@
  */
 #include <stdio.h>
 #include <string.h>
+#include "http/framing.h"
 #include "http/server.h"
 #include "obs/audit.h"
 #include "obs/log.h"
@@ -360,6 +361,8 @@ int sb_rpc_on_req(h2o_handler_t *self, h2o_req_t *req)
     sb_status_t st;
     ssize_t hi;
 
+    if (sb_http_framing_refuse(req))
+        return 0;
     if (!h2o_memis(req->method.base, req->method.len, H2O_STRLIT("POST"))) {
         h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_ALLOW, NULL, H2O_STRLIT("POST"));
         sb_send_bytes(req, 405, "Method Not Allowed", "text/plain", H2O_STRLIT("method not allowed\n"));

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include "http/framing.h"
 #include "http/server.h"
 #include "obs/log.h"
 #include "obs/metrics.h"
@@ -73,6 +74,9 @@ static int on_public_req(h2o_handler_t *self, h2o_req_t *req)
 
     if (req->path_normalized.len == plen && memcmp(req->path_normalized.base, s->conf->rpc_path, plen) == 0)
         return sb_rpc_on_req(self, req);
+    /* every route of the public listener refuses ambiguous framing first (the RPC route in rpc.c) */
+    if (sb_http_framing_refuse(req))
+        return 0;
     return sb_health_on_req(self, req);
 }
 

@@ -72,38 +72,117 @@ int sb_log_parse_level(const char *s)
     return -1;
 }
 
+/*
+ * Every line is one JSON object of valid UTF-8 (RFC 8259 sections 7 and 8.1), whatever bytes a caller
+ * hands in: a guest's method, path or key reaches the log and the audit stream as it came.
+ *
+ *  - Bytes are appended in whole units (an ASCII character, an escape, a UTF-8 sequence), never cut
+ *    inside one. A unit that does not fit before LINE_RESERVE marks the line truncated and nothing else
+ *    is added to it, but the string in progress is still closed, and a field whose key does not fit is
+ *    dropped whole; sb_log_end then adds "truncated":true and the closing brace in the reserve.
+ *  - Well-formed UTF-8 (RFC 3629 section 4: no overlong forms, no surrogates, nothing above U+10FFFF)
+ *    is copied as it is. Each maximal ill-formed subpart (Unicode 15.0 section 3.9, "U+FFFD
+ *    Substitution of Maximal Subparts") becomes one U+FFFD, as WHATWG's decoder and Python's
+ *    errors="replace" do.
+ *  - '"', '\\', the C0 controls and DEL are escaped.
+ */
+#define LINE_RESERVE 32 /* a closing '"', ",\"truncated\":true" and "}\n", with room to spare */
+
+static const char replacement[] = "\xef\xbf\xbd"; /* U+FFFD */
+
+/* appends all n bytes or none: none marks the line truncated */
 static void raw(sb_logline_t *l, const char *s, size_t n)
 {
-    /* keep room for the closing "}\n" and a truncation marker */
-    size_t room = sizeof(l->buf) - 32 - l->len;
-    if (n > room) {
-        n = room;
+    size_t limit = sizeof(l->buf) - LINE_RESERVE;
+    if (l->truncated || l->len > limit || n > limit - l->len) {
         l->truncated = 1;
+        return;
     }
     memcpy(l->buf + l->len, s, n);
     l->len += n;
 }
 
+/* closes a string even on a truncated line: the reserve holds this one byte */
+static void close_quote(sb_logline_t *l)
+{
+    l->buf[l->len++] = '"';
+}
+
+/*
+ * The length of the UTF-8 unit at s[0] (n >= 1, s[0] >= 0x80): a well-formed sequence (*valid = 1), or
+ * the maximal ill-formed subpart to replace (*valid = 0), at least one byte (RFC 3629 section 4)
+ */
+static size_t utf8_unit(const unsigned char *s, size_t n, int *valid)
+{
+    unsigned char c = s[0], lo = 0x80, hi = 0xbf;
+    size_t need, i;
+
+    if (c >= 0xc2 && c <= 0xdf) {
+        need = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        need = 3;
+        if (c == 0xe0)
+            lo = 0xa0; /* no overlong form */
+        else if (c == 0xed)
+            hi = 0x9f; /* no surrogate */
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        need = 4;
+        if (c == 0xf0)
+            lo = 0x90; /* no overlong form */
+        else if (c == 0xf4)
+            hi = 0x8f; /* nothing above U+10FFFF */
+    } else {
+        *valid = 0; /* a continuation byte, C0, C1 or F5..FF: never a lead */
+        return 1;
+    }
+    for (i = 1; i < need; ++i) {
+        if (i >= n || s[i] < lo || s[i] > hi) {
+            *valid = 0;
+            return i;
+        }
+        lo = 0x80, hi = 0xbf; /* only the second byte has a narrower range */
+    }
+    *valid = 1;
+    return need;
+}
+
 static void escaped(sb_logline_t *l, const char *s, size_t n)
 {
     static const char hex[] = "0123456789abcdef";
+    const unsigned char *u = (const unsigned char *)s;
     size_t i = 0;
     while (i < n && !l->truncated) {
-        /* copy the run of bytes that need no escape at once */
-        size_t start = i;
-        while (i < n && (unsigned char)s[i] >= 0x20 && s[i] != '"' && s[i] != '\\' && s[i] != 0x7f)
+        /* copy the run of ASCII that needs no escape at once (each byte is a whole unit) */
+        size_t start = i, limit = sizeof(l->buf) - LINE_RESERVE, room = l->len < limit ? limit - l->len : 0;
+        while (i < n && u[i] >= 0x20 && u[i] < 0x7f && u[i] != '"' && u[i] != '\\')
             ++i;
-        if (i != start)
-            raw(l, s + start, i - start);
+        if (i - start > room) {
+            i = start + room;
+            l->truncated = 1;
+        }
+        if (i != start) {
+            memcpy(l->buf + l->len, s + start, i - start);
+            l->len += i - start;
+        }
         if (i < n && !l->truncated) {
-            unsigned char c = (unsigned char)s[i++];
+            unsigned char c = u[i];
             char e[6];
             if (c == '"' || c == '\\') {
                 e[0] = '\\', e[1] = (char)c;
                 raw(l, e, 2);
-            } else {
+                ++i;
+            } else if (c < 0x20 || c == 0x7f) {
                 e[0] = '\\', e[1] = 'u', e[2] = '0', e[3] = '0', e[4] = hex[c >> 4], e[5] = hex[c & 15];
                 raw(l, e, 6);
+                ++i;
+            } else {
+                int valid;
+                size_t k = utf8_unit(u + i, n - i, &valid);
+                if (valid)
+                    raw(l, s + i, k);
+                else
+                    raw(l, replacement, sizeof(replacement) - 1);
+                i += k;
             }
         }
     }
@@ -117,8 +196,8 @@ static const char *second_stamp(time_t sec)
     if (sec != cached_sec) {
         struct tm tm;
         gmtime_r(&sec, &tm);
-        snprintf(cached, sizeof(cached), "%04d-%02d-%02dT%02d:%02d:%02d", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
-                 tm.tm_hour, tm.tm_min, tm.tm_sec);
+        snprintf(cached, sizeof(cached), "%04d-%02d-%02dT%02d:%02d:%02d", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
+                 tm.tm_min, tm.tm_sec);
         cached_sec = sec;
     }
     return cached;
@@ -140,18 +219,31 @@ void sb_log_begin(sb_logline_t *l, sb_log_level_t level, const char *event)
                  ts.tv_nsec / 1000000, names[level]);
     raw(l, head, (size_t)n);
     escaped(l, event, strlen(event));
-    raw(l, "\"", 1);
+    close_quote(l);
+}
+
+/* ,"key": for a new field; on a line that cannot take it whole, nothing (and 0) */
+static int field_key(sb_logline_t *l, const char *key, const char *after, size_t after_len)
+{
+    size_t start = l->len;
+    if (!l->enabled || l->truncated)
+        return 0;
+    raw(l, ",\"", 2);
+    escaped(l, key, strlen(key));
+    raw(l, after, after_len);
+    if (l->truncated) {
+        l->len = start;
+        return 0;
+    }
+    return 1;
 }
 
 void sb_log_str(sb_logline_t *l, const char *key, const char *val, size_t len)
 {
-    if (!l->enabled)
+    if (!field_key(l, key, "\":\"", 3))
         return;
-    raw(l, ",\"", 2);
-    escaped(l, key, strlen(key));
-    raw(l, "\":\"", 3);
     escaped(l, val, len);
-    raw(l, "\"", 1);
+    close_quote(l);
 }
 
 void sb_log_cstr(sb_logline_t *l, const char *key, const char *val)
@@ -163,13 +255,13 @@ void sb_log_int(sb_logline_t *l, const char *key, long long v)
 {
     char num[32];
     int n;
-    if (!l->enabled)
+    size_t start = l->len;
+    if (!field_key(l, key, "\":", 2))
         return;
-    raw(l, ",\"", 2);
-    escaped(l, key, strlen(key));
-    raw(l, "\":", 2);
     n = snprintf(num, sizeof(num), "%lld", v);
     raw(l, num, (size_t)n);
+    if (l->truncated)
+        l->len = start; /* a number is never cut: the field goes */
 }
 
 void sb_log_end(sb_logline_t *l)
@@ -213,7 +305,7 @@ void sb_log_begin_always(sb_logline_t *l, const char *event)
                      tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
         raw(l, head, (size_t)n);
         escaped(l, event, strlen(event));
-        raw(l, "\"", 1);
+        close_quote(l);
     }
 }
 

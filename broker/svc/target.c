@@ -2,7 +2,6 @@
  * Parsing of "targets": strict, like the rest of the configuration. Unknown
  * keys, wrong types and unsafe identifiers are errors naming their path.
  */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,14 +9,8 @@
 #include "svc/target.h"
 #include "util/util.h"
 
-__attribute__((format(printf, 3, 4))) static sb_status_t bad(char *err, size_t errsz, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errsz, fmt, ap);
-    va_end(ap);
-    return SB_E_BAD_ARGS;
-}
+/* the parsers' error exit (util.h) */
+#define bad(...) sb_fail_bad_args(__VA_ARGS__)
 
 /* SQL identifiers we accept: [a-z_][a-z0-9_]* (63 bytes), optionally "schema.table" for tables */
 static int is_sql_ident(const char *s, int allow_schema)

@@ -44,7 +44,7 @@
 #define SB_TOOLS_MAX_RESULT 786432u   /* a tools/call result */
 #define SB_TOOLS_MAX_ARGUMENTS 64512u /* tools.call arguments, packed */
 #define SB_TOOLS_MAX_TOOLS 256u       /* tools an upstream may list, over every page */
-#define SB_TOOLS_MAX_NAME 256u
+#define SB_TOOLS_MAX_NAME SB_MAX_TOOL_NAME
 /* release list entries (targets.<t>.tools.release holds at most this many, target.c) */
 #define SB_TOOLS_MAX_RELEASE 256u
 /* ours: pagination is bounded too, and so is a cursor we send back */

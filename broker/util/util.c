@@ -159,7 +159,7 @@ int sb_ct_equal(const void *a, const void *b, size_t len)
     return CRYPTO_memcmp(a, b, len) == 0;
 }
 
-sb_status_t sb_fail_bad_args(char *err, size_t errsz, const char *fmt, ...)
+void sb_format_error(char *err, size_t errsz, const char *fmt, ...)
 {
     va_list ap;
 
@@ -168,7 +168,6 @@ sb_status_t sb_fail_bad_args(char *err, size_t errsz, const char *fmt, ...)
         vsnprintf(err, errsz, fmt, ap);
         va_end(ap);
     }
-    return SB_E_BAD_ARGS;
 }
 
 const char *sb_quote_printable(const char *s, size_t len, size_t max, char *buf, size_t bufsz)

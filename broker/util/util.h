@@ -40,8 +40,14 @@ void sb_hex(const uint8_t *in, size_t len, char *out);
 void sb_sha256(const void *in, size_t len, uint8_t out[32]);
 /** constant-time comparison of two buffers of equal length; 1 if equal */
 int sb_ct_equal(const void *a, const void *b, size_t len);
-/** formats a message into err (when err is not NULL) and returns SB_E_BAD_ARGS: the parsers' error exit */
-__attribute__((format(printf, 3, 4))) sb_status_t sb_fail_bad_args(char *err, size_t errsz, const char *fmt, ...);
+/** formats a message into err (when err is not NULL and errsz is not 0) */
+__attribute__((format(printf, 3, 4))) void sb_format_error(char *err, size_t errsz, const char *fmt, ...);
+/**
+ * The parsers' error exit: formats a message into err and evaluates to SB_E_BAD_ARGS. A macro, so the
+ * optimiser sees at every caller that this path never returns SB_OK (an out-param left unset on it is then
+ * provably unused, instead of "maybe uninitialized" at -O2 and above).
+ */
+#define sb_fail_bad_args(err, errsz, ...) (sb_format_error((err), (errsz), __VA_ARGS__), SB_E_BAD_ARGS)
 /** a printable, bounded copy of untrusted bytes for an error message ('?' for anything else); returns buf */
 const char *sb_quote_printable(const char *s, size_t len, size_t max, char *buf, size_t bufsz);
 /** 1 if `s` is a name of [A-Za-z0-9_-]{1,max} (targets, scope keys, globals, collections) */

@@ -1,10 +1,31 @@
 /*
- * sandbox-broker: every size cap, in one place.
+ * sandbox-broker: the size caps that cross a boundary, in one place.
  *
- * Values marked "upstream" are the wire budgets of the upstream broker that we
- * are a drop-in for (see proto/PROTOCOL.md, section "Caps"); the rest are ours.
+ * What is here: every cap of the wire (requests, responses, frames, values:
+ * the caps of proto/PROTOCOL.md section 8), and every cap that more than one
+ * module or component enforces or sizes a buffer by (the shim, proto/ and the
+ * broker's modules read them from here, never from a copy). Values marked
+ * "upstream" are the wire budgets of the upstream broker that we are a drop-in
+ * for; the rest are ours.
+ *
+ * What is not here: a cap that one module alone checks lives beside the code
+ * that checks it, named after the module, in its header when tests or other
+ * files of the module need it, else in its .c. Today: broker/svc/pg_query.h
+ * (SB_PG_MAX_*: SQL, parameters, where depth, conditions, IN lists, offset),
+ * svc/tools.c (SB_TOOLS_MAX_*: MCP list and result sizes, pages, cursor),
+ * svc/mcp_client.h and mcp_wire.h (session id, event type), svc/files.c,
+ * files_fs.c and files_path.h (listing, write depth, queue, scope key),
+ * svc/pg.c (queue), fetch/client.h (SB_MAX_RESPONSE_HEAD and _HEADERS),
+ * fetch/resolver.h (DNS answers), fetch/ipclass.h (CIDR entries),
+ * fetch/fetch.c and url.c (request headers, method, raw host, label),
+ * authz/manifest.c (timeout, memory), obs/log.h (SB_LOGLINE_MAX),
+ * obs/audit.h (SB_AUDIT_BUFFER), obs/metrics.c, and the shim's own
+ * SB_SHIM_MAX_* in the headers of supervisor-shim/. scripts/checksrc refuses
+ * a cap a header defines and a file outside its folder uses, unless it is
+ * defined here or from a cap here.
+ *
  * Every size that comes from the guest, the network, the database or DNS is
- * checked against one of these before anything is allocated for it.
+ * checked against one of these caps before anything is allocated for it.
  */
 #ifndef SB_LIMITS_H
 #define SB_LIMITS_H
@@ -54,5 +75,12 @@
 #define SB_MAX_PATH 4096u
 /* a URL handed to http.fetch */
 #define SB_MAX_URL 8192u
+/* a host name: a DNS name is at most 253 bytes without the trailing dot (RFC 1035 section 2.3.4); the URL
+   parser's output (fetch/url.h), the manifest's net entries and the MCP client's upstream all hold one */
+#define SB_MAX_HOST 253u
+/* a name segment of a method and a name in a manifest list: [A-Za-z0-9_-]{1,128} (proto/method.c, authz/) */
+#define SB_MAX_NAME 128u
+/* a tool name, as the capability check (authz/check.c) and the tools handler (svc/tools.c) bound it */
+#define SB_MAX_TOOL_NAME 256u
 
 #endif

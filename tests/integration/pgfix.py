@@ -9,14 +9,17 @@ PgServer() gives one database per test module:
   * when SB_TEST_PG_URL is set (e.g. postgresql://postgres@127.0.0.1:5432/postgres),
     that server is used instead: a fresh database is created for the module and
     dropped at the end. The server cannot be stopped by the tests then
-    (can_restart is False; tests that stop PostgreSQL skip).
+    (can_restart is False);
+  * PgServer(own=True) always runs a cluster of its own, whatever SB_TEST_PG_URL
+    says: tests that stop and restart PostgreSQL (outages) use one, so they run
+    everywhere, CI included, without disturbing anything else.
 
 SQL runs through psql (no Python driver needed): pg.sql("...") returns the
 rows as lists of strings (psql -At, fields separated by \\x1f).
 
 Environment:
   SB_PG_BIN       directory of initdb/pg_ctl (default: /usr/lib/postgresql/<newest>/bin)
-  SB_TEST_PG_URL  use this server instead of starting one
+  SB_TEST_PG_URL  use this server instead of starting one (unless own=True)
 """
 
 import glob
@@ -64,8 +67,8 @@ def _replace_db(url, dbname):
 class PgServer:
     """One PostgreSQL database for a test module. start() / close(); stop_server() / start_server() for outages."""
 
-    def __init__(self):
-        self.external = os.environ.get("SB_TEST_PG_URL") or None
+    def __init__(self, own=False):
+        self.external = None if own else (os.environ.get("SB_TEST_PG_URL") or None)
         self.tmp = None
         self.port = None
         self.bin = None

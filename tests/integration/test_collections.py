@@ -129,12 +129,16 @@ def start_broker(config, threads=2):
     return b
 
 
+def load_schema(pg):
+    pg.sql(POSTS_DDL)
+    pg.sql_file(os.path.join(sbtest.SOURCE_DIR, "deploy", "sql", "document_store.sql"))
+
+
 def setUpModule():
     global PG, BROKER, CONFIG
     PG = pgfix.PgServer().start()
     try:
-        PG.sql(POSTS_DDL)
-        PG.sql_file(os.path.join(sbtest.SOURCE_DIR, "deploy", "sql", "document_store.sql"))
+        load_schema(PG)
         CONFIG = app_config(PG.url)
         BROKER = start_broker(CONFIG)
     except Exception:
@@ -162,8 +166,8 @@ def mint(tenant, caps=CAPS, target="app", broker=None, scope=None):
                      scope=scope if scope is not None else {"tenantId": tenant})
 
 
-def rows_of(tenant):
-    return int(PG.scalar("SELECT count(*) FROM posts WHERE tenant_id = '%s'" % tenant.replace("'", "''")))
+def rows_of(tenant, pg=None):
+    return int((pg or PG).scalar("SELECT count(*) FROM posts WHERE tenant_id = '%s'" % tenant.replace("'", "''")))
 
 
 class Base(sbtest.BrokerTestCase):
@@ -1014,7 +1018,34 @@ class CheckConfig(Base):
 # ---------------------------------------------------------------------------------------------------------------------
 class Outage(Base):
     """PostgreSQL stopped under a running broker: data calls fail fast and closed, the rest keeps answering;
-    after a restart data calls succeed again by themselves."""
+    after a restart data calls succeed again by themselves.
+
+    These tests stop the server, so they run on a cluster of their own (pgfix.PgServer(own=True): initdb and
+    pg_ctl on a free loopback port, whatever SB_TEST_PG_URL says), with the module's schema and a long-lived
+    broker of their own (`home`, which lives through every outage and must recover from each)."""
+
+    pg = None
+    config = None
+    home = None
+
+    @classmethod
+    def setUpClass(cls):
+        cls.pg = pgfix.PgServer(own=True).start()
+        try:
+            load_schema(cls.pg)
+            cls.config = app_config(cls.pg.url)
+            cls.home = start_broker(cls.config)
+        except Exception:
+            cls.pg.close()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        shutdown(cls.home)
+        cls.pg.close()
+
+    def b(self):
+        return self.broker or self.home
 
     def recovered(self, tok, broker=None):
         """Eight data calls in a row succeed (each worker has its own pool and reconnects on its own)."""
@@ -1022,15 +1053,13 @@ class Outage(Base):
         return all(b.rpc(tok, "collections.posts.find", {}).status == 200 for _ in range(8))
 
     def test_stop_and_restart(self):
-        if not PG.can_restart:
-            self.skipTest("SB_TEST_PG_URL: the shared server cannot be stopped")
         tenant = new_tenant("out")
-        with running_broker(CONFIG, threads=2) as b:
+        with running_broker(self.config, threads=2) as b:
             self.broker = b
             try:
                 tok = mint(tenant, broker=b)
                 self.create(tok, {"title": "before"})
-                PG.stop_server("fast")
+                self.pg.stop_server("fast")
                 try:
                     self.assertTrue(poll(lambda: b.public("GET", "/readyz").status == 503, 5), "readyz stayed 200")
                     r = b.public("GET", "/readyz")
@@ -1054,7 +1083,7 @@ class Outage(Base):
                         self.assertIn(r.status, (400, 503), r)
                     self.assertEqual(b.public("GET", "/healthz").status, 200)
                 finally:
-                    PG.start_server()
+                    self.pg.start_server()
                 t0 = time.monotonic()
 
                 def works():
@@ -1064,23 +1093,22 @@ class Outage(Base):
                 self.assertTrue(poll(works, 10, 0.1), "data calls did not recover:\n" + b.log()[-3000:])
                 self.assertLess(time.monotonic() - t0, 10)
                 self.create(tok, {"title": "after"})
-                self.assertEqual(rows_of(tenant), 2)
+                self.assertEqual(rows_of(tenant, self.pg), 2)
                 self.assertTrue(poll(lambda: ready(b), 10))
                 self.assertTrue(b.alive(), b.log()[-5000:])
             finally:
                 self.broker = None
         # the module's broker recovers too
-        self.assertTrue(poll(lambda: self.recovered(mint(new_tenant()), BROKER), 15), BROKER.log()[-3000:])
+        self.assertTrue(poll(lambda: self.recovered(mint(new_tenant(), broker=self.home), self.home), 15),
+                        self.home.log()[-3000:])
 
     def test_start_while_database_down(self):
         """A broker started while PostgreSQL is down stays up, answers data calls unavailable, and picks the
         database up (introspection included) once it is there."""
-        if not PG.can_restart:
-            self.skipTest("SB_TEST_PG_URL: the shared server cannot be stopped")
-        PG.stop_server("fast")
+        self.pg.stop_server("fast")
         b = None
         try:
-            b = sbtest.Broker(config=CONFIG, env={"SANDBOX_BROKER_THREADS": "2"}).start()
+            b = sbtest.Broker(config=self.config, env={"SANDBOX_BROKER_THREADS": "2"}).start()
             self.broker = b
             self.assertIsNotNone(b.wait_for_event("pg.unreachable_at_start", 10), b.log()[-2000:])
             time.sleep(0.5)  # a few reconnect attempts
@@ -1093,25 +1121,26 @@ class Outage(Base):
                 r = self.call(tok, "globals.site.get", {}, enc)
                 self.assertEqual(r.status, 200, r)
             self.assertEqual(b.public("GET", "/readyz").status, 503)
-            PG.start_server()
+            self.pg.start_server()
             self.assertTrue(poll(lambda: self.recovered(tok), 10, 0.1), b.log()[-3000:])
             self.assertEqual(self.create(tok, {"title": "late"})["tenant_id"], tenant)
             self.assertTrue(b.alive(), b.log()[-5000:])
         finally:
             self.broker = None
-            if not PG.running:
-                PG.start_server()
+            if not self.pg.running:
+                self.pg.start_server()
             if b is not None:
                 shutdown(b)
-        self.assertTrue(poll(lambda: self.recovered(mint(new_tenant()), BROKER), 15), BROKER.log()[-3000:])
+        self.assertTrue(poll(lambda: self.recovered(mint(new_tenant(), broker=self.home), self.home), 15),
+                        self.home.log()[-3000:])
 
     def hold_lock(self, seconds):
         """A psql session that holds an exclusive lock on posts for `seconds`: the broker's statements wait on it."""
-        url = PG.url + ("&" if "?" in PG.url else "?") + "application_name=sbtest-locker"
+        url = self.pg.url + ("&" if "?" in self.pg.url else "?") + "application_name=sbtest-locker"
         p = subprocess.Popen(["psql", url, "-X", "-q", "-c",
                               "BEGIN; LOCK TABLE posts IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(%d); COMMIT;" % seconds],
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.assertTrue(poll(lambda: PG.scalar("SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
+        self.assertTrue(poll(lambda: self.pg.scalar("SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
                                                "WHERE c.relname = 'posts' AND l.mode = 'AccessExclusiveLock' AND l.granted") == "1",
                              10), "the lock was not taken")
         return p
@@ -1120,8 +1149,8 @@ class Outage(Base):
         """Ends the locking session on the server too (a killed psql leaves its backend in pg_sleep)."""
         p.kill()
         p.wait()
-        if PG.running:
-            PG.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'sbtest-locker'")
+        if self.pg.running:
+            self.pg.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'sbtest-locker'")
 
     def blocked_calls(self, tok, n):
         results = []
@@ -1142,7 +1171,7 @@ class Outage(Base):
     def test_statement_stuck_on_a_lock(self):
         """A statement that waits longer than the statement timeout (5 s) fails as execution_error; meanwhile other
         methods answer at once (the worker loop is not blocked)."""
-        with running_broker(CONFIG, threads=1) as b:
+        with running_broker(self.config, threads=1) as b:
             self.broker = b
             try:
                 tok = mint(new_tenant(), broker=b)
@@ -1172,9 +1201,7 @@ class Outage(Base):
 
     def test_pg_dies_mid_statement(self):
         """Statements in flight when the server goes away answer unavailable or execution_error at once."""
-        if not PG.can_restart:
-            self.skipTest("SB_TEST_PG_URL: the shared server cannot be stopped")
-        with running_broker(CONFIG, threads=1) as b:
+        with running_broker(self.config, threads=1) as b:
             self.broker = b
             try:
                 tok = mint(new_tenant(), broker=b)
@@ -1183,7 +1210,7 @@ class Outage(Base):
                     ts, results = self.blocked_calls(tok, 4)
                     time.sleep(0.5)
                     t0 = time.monotonic()
-                    PG.stop_server("immediate")
+                    self.pg.stop_server("immediate")
                     for t in ts:
                         t.join(15)
                     self.assertEqual(len(results), 4)
@@ -1197,12 +1224,13 @@ class Outage(Base):
                             self.assertExec(r)
                 finally:
                     self.release_lock(locker)
-                    if not PG.running:
-                        PG.start_server()
+                    if not self.pg.running:
+                        self.pg.start_server()
                 self.assertTrue(poll(lambda: self.recovered(tok), 10, 0.1), b.log()[-3000:])
             finally:
                 self.broker = None
-        self.assertTrue(poll(lambda: self.recovered(mint(new_tenant()), BROKER), 15), BROKER.log()[-3000:])
+        self.assertTrue(poll(lambda: self.recovered(mint(new_tenant(), broker=self.home), self.home), 15),
+                        self.home.log()[-3000:])
 
 
 # ---------------------------------------------------------------------------------------------------------------------

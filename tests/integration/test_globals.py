@@ -172,14 +172,14 @@ def mint(scope, broker=None, target="app", caps=CAPS):
     return b.mint_ok("run-" + uuid.uuid4().hex[:16], caps, target=target, scope=scope)
 
 
-def put_site(tenant, **cols):
-    """Inserts (or replaces) the tenant's "site" row of site_settings."""
+def put_site(tenant, pg=None, **cols):
+    """Inserts (or replaces) the tenant's "site" row of site_settings (in the module's database unless `pg`)."""
     cols = dict(cols)
     name = cols.pop("name", "site")
     names = ["tenant_id", "name"] + ['"%s"' % k if k != k.lower() else k for k in cols]
     vals = [q(tenant), q(name)] + [v for v in cols.values()]
-    PG.sql("DELETE FROM site_settings WHERE tenant_id = %s AND name = %s; INSERT INTO site_settings (%s) VALUES (%s)"
-           % (q(tenant), q(name), ", ".join(names), ", ".join(vals)))
+    (pg or PG).sql("DELETE FROM site_settings WHERE tenant_id = %s AND name = %s; INSERT INTO site_settings (%s) VALUES (%s)"
+                   % (q(tenant), q(name), ", ".join(names), ", ".join(vals)))
 
 
 class Base(sbtest.BrokerTestCase):
@@ -564,19 +564,44 @@ class Reload(Base):
 
 # ---------------------------------------------------------------------------------------------------------------------
 class Outage(Base):
-    """PostgreSQL down: table globals answer unavailable, static ones keep answering; recovery by itself."""
+    """PostgreSQL down: table globals answer unavailable, static ones keep answering; recovery by itself.
+
+    These tests stop the server, so they run on a cluster of their own (pgfix.PgServer(own=True): initdb and
+    pg_ctl on a free loopback port, whatever SB_TEST_PG_URL says), with the module's tables and a long-lived
+    broker of their own (`home`, which lives through every outage and must be ready again after each)."""
+
+    pg = None
+    config = None
+    home = None
+
+    @classmethod
+    def setUpClass(cls):
+        cls.pg = pgfix.PgServer(own=True).start()
+        try:
+            cls.pg.sql(DDL)
+            cls.config = app_config(cls.pg.url)
+            cls.home = start_broker(cls.config)
+        except Exception:
+            cls.pg.close()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        shutdown(cls.home)
+        cls.pg.close()
+
+    def b(self):
+        return self.broker or self.home
 
     def test_stop_and_restart(self):
-        if not PG.can_restart:
-            self.skipTest("SB_TEST_PG_URL: the shared server cannot be stopped")
         tenant = new_tenant("out")
-        put_site(tenant, title=q("up again"))
-        with running_broker(CONFIG) as b:
+        put_site(tenant, pg=self.pg, title=q("up again"))
+        with running_broker(self.config) as b:
             self.broker = b
             try:
                 tok = mint({"tenantId": tenant}, broker=b)
                 self.assertEqual(self.get(tok, "title"), "up again")
-                PG.stop_server("fast")
+                self.pg.stop_server("fast")
                 try:
                     self.assertTrue(poll(lambda: b.public("GET", "/readyz").status == 503, 5), "readyz stayed 200")
                     for enc in ENCODINGS:
@@ -591,7 +616,7 @@ class Outage(Base):
                         r = self.call(tok, "services.svc.fn", {}, enc)
                         self.assertError(r, 501, "not_implemented", "services dispatch is not implemented", enc=enc)
                 finally:
-                    PG.start_server()
+                    self.pg.start_server()
 
                 def works():
                     return all(b.rpc(tok, "globals.title.get", {}).body.get("value") == "up again" for _ in range(6))
@@ -600,17 +625,15 @@ class Outage(Base):
                 self.assertTrue(b.alive(), b.log()[-5000:])
             finally:
                 self.broker = None
-        self.assertTrue(poll(lambda: ready(BROKER), 15), BROKER.log()[-3000:])
+        self.assertTrue(poll(lambda: ready(self.home), 15), self.home.log()[-3000:])
 
     def test_start_while_database_down(self):
-        if not PG.can_restart:
-            self.skipTest("SB_TEST_PG_URL: the shared server cannot be stopped")
         tenant = new_tenant("late")
-        put_site(tenant, title=q("late title"))
-        PG.stop_server("fast")
+        put_site(tenant, pg=self.pg, title=q("late title"))
+        self.pg.stop_server("fast")
         b = None
         try:
-            b = sbtest.Broker(config=CONFIG, env={"SANDBOX_BROKER_THREADS": "2"}).start()
+            b = sbtest.Broker(config=self.config, env={"SANDBOX_BROKER_THREADS": "2"}).start()
             self.broker = b
             self.assertIsNotNone(b.wait_for_event("pg.unreachable_at_start", 10), b.log()[-2000:])
             tok = mint({"tenantId": tenant}, broker=b)
@@ -618,7 +641,7 @@ class Outage(Base):
                 r = self.call(tok, "globals.title.get", {}, enc)
                 self.assertError(r, 503, "unavailable", MSG_DB_DOWN, enc=enc)
                 self.assertEqual(self.get(tok, "static", enc)["name"], "Demo")
-            PG.start_server()
+            self.pg.start_server()
 
             def works():
                 return all(b.rpc(tok, "globals.title.get", {}).body.get("value") == "late title" for _ in range(6))
@@ -626,11 +649,11 @@ class Outage(Base):
             self.assertTrue(poll(works, 10, 0.1), b.log()[-3000:])
         finally:
             self.broker = None
-            if not PG.running:
-                PG.start_server()
+            if not self.pg.running:
+                self.pg.start_server()
             if b is not None:
                 shutdown(b)
-        self.assertTrue(poll(lambda: ready(BROKER), 15), BROKER.log()[-3000:])
+        self.assertTrue(poll(lambda: ready(self.home), 15), self.home.log()[-3000:])
 
 
 if __name__ == "__main__":
