@@ -55,6 +55,7 @@ export SB_TEST_PG_URL="postgresql://postgres@127.0.0.1:$PG_PORT/postgres"
 status=0
 echo "== lint"
 ./scripts/checksrc || status=1
+./scripts/verify-unit build/bin/sandbox-broker || status=1
 
 echo "== fuzz smoke"
 if [ -x fuzz/run-smoke.sh ]; then
