@@ -106,6 +106,14 @@ class UnitSandbox(sbtest.BrokerTestCase):
         self.assertEqual(rc, 0, err)
         self.assertIn("configuration OK", out)
 
+    def test_the_example_configuration_passes_the_units_check(self):
+        """deploy/broker.example.json, installed as the unit expects it: its audit path is writable there."""
+        shutil.copy(os.path.join(sbtest.SOURCE_DIR, "deploy", "broker.example.json"), self.config)
+        rc, out, err = run_jailed(self.argv("ExecStartPre"), jail_env())
+        self.assertEqual(rc, 0, err)
+        with open(self.config) as f:
+            self.assertEqual(json.load(f)["audit"], AUDIT)
+
     def test_exec_start_pre_passes_while_the_database_is_down(self):
         """A restart during a database outage: the unit's check must not fail the start."""
         self.write_config({"audit": AUDIT, "database_url": "postgresql://sb@127.0.0.1:%d/app" % sbtest.closed_port(),
