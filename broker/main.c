@@ -145,11 +145,11 @@ static void reload(void)
         for (char *p = err; *p != '\0'; ++p)
             if (*p == '\n')
                 *p = ' ';
+        sb_metrics_reload(0); /* counted before the line, so whoever reads the line sees the count */
         sb_log_begin(&l, SB_LOG_ERROR, "reload.rejected");
         sb_log_cstr(&l, "reason", err);
         sb_log_cstr(&l, "msg", "the running configuration stays");
         sb_log_end(&l);
-        sb_metrics_reload(0);
         sb_targets_free(targets);
         sb_fetch_conf_free(fc);
         sb_config_free(conf);
