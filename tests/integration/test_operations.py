@@ -238,6 +238,10 @@ class Rotation(sbtest.BrokerTestCase):
                                                 if e.get("event") == "reopened") >= n, 10),
                         self.log_events("", ".1", ".2"))
 
+    def wait_audit_lines(self, path, n):
+        """The audit writer is a thread of its own: wait until n lines are on disk."""
+        self.assertTrue(sbtest.poll(lambda: len(read_lines(path)) >= n, 10), read_lines(path))
+
     def calls(self, b, token, phase, n):
         for _ in range(n):
             self.assertEqual(b.rpc(token, "services.%s.fn" % phase).status, 501)
@@ -246,6 +250,7 @@ class Rotation(sbtest.BrokerTestCase):
         b = self.start()
         token = b.mint_ok("rot-run", {"services": ["one", "two", "three"]})
         self.calls(b, token, "one", 40)
+        self.wait_audit_lines(self.audit, 40)
         os.rename(self.audit, self.audit + ".1")
         os.rename(self.logf, self.logf + ".1")
         self.calls(b, token, "two", 40)  # still into the renamed files: the broker holds them open
@@ -303,6 +308,7 @@ class Rotation(sbtest.BrokerTestCase):
         b = self.start()
         token = b.mint_ok("lr-run", {"services": ["before", "after"]})
         self.calls(b, token, "before", 10)
+        self.wait_audit_lines(self.audit, 10)  # notifempty: an empty file would not be rotated
         conf = conf[:post.start()] + "        kill -USR1 %d" % self.proc.pid + conf[post.end():]
         conf = conf.replace("/var/log/sandbox-broker/", self.dir + "/")
         conf = conf.replace("create 0600 sandbox-broker sandbox-broker", "create 0600 root root")
