@@ -65,6 +65,7 @@ status=0
 echo "== lint"
 ./scripts/checksrc || status=1
 ./scripts/checkformat || status=1
+./scripts/verify-unit build/bin/sandbox-broker || status=1
 
 echo "== fuzz smoke"
 if [ -x fuzz/run-smoke.sh ]; then

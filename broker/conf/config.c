@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <libpq-fe.h>
 #include "conf/config.h"
 #include "obs/log.h"
 #include "util/util.h"
@@ -36,6 +37,7 @@ static const struct key {
     {"quota_fetch_bytes", K_INT, offsetof(sb_config_t, quota_fetch_bytes), 1, 1LL << 40},
     {"log_level", K_STR, offsetof(sb_config_t, log_level), 0, 0},
     {"log_calls", K_BOOL, offsetof(sb_config_t, log_calls), 0, 0},
+    {"log_file", K_STR, offsetof(sb_config_t, log_file), 0, 0},
     {"audit", K_STR, offsetof(sb_config_t, audit), 0, 0},
     {"targets", K_OBJ, offsetof(sb_config_t, targets), 0, 0},
     {"database_url", K_STR, offsetof(sb_config_t, database_url), 0, 0},
@@ -43,6 +45,12 @@ static const struct key {
     {"egress", K_OBJ, offsetof(sb_config_t, egress), 0, 0},
 };
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
+_Static_assert(NKEYS <= 64, "sb_config_t records each key's source in a 64-bit mask");
+
+#define ENV_PREFIX "SANDBOX_BROKER_"
+#define ENV_PREFIX_LEN (sizeof(ENV_PREFIX) - 1)
+/* the one variable that is not a key: the secret itself never goes into the file */
+#define ENV_SECRET ENV_PREFIX "ADMIN_SECRET"
 
 typedef struct st_errs_t {
     char *buf;
@@ -115,6 +123,16 @@ static void set_from_json(sb_config_t *c, const struct key *k, json_t *v, const 
     }
 }
 
+void sb_config_env_name(const char *key, char *buf, size_t bufsz)
+{
+    size_t n = (size_t)snprintf(buf, bufsz, ENV_PREFIX "%s", key);
+    if (n >= bufsz)
+        n = bufsz - 1;
+    for (size_t j = ENV_PREFIX_LEN; j < n; ++j)
+        if (buf[j] >= 'a' && buf[j] <= 'z')
+            buf[j] = (char)(buf[j] - 'a' + 'A');
+}
+
 /* SANDBOX_BROKER_<KEY>: strings are taken as they are, everything else as JSON text */
 static void apply_env(sb_config_t *c, errs_t *e)
 {
@@ -122,12 +140,10 @@ static void apply_env(sb_config_t *c, errs_t *e)
         char name[64], origin[80];
         const char *val;
         json_t *v;
-        size_t n = (size_t)snprintf(name, sizeof(name), "SANDBOX_BROKER_%s", keys[i].name);
-        for (size_t j = 15; j < n; ++j)
-            if (name[j] >= 'a' && name[j] <= 'z')
-                name[j] = (char)(name[j] - 'a' + 'A');
+        sb_config_env_name(keys[i].name, name, sizeof(name));
         if ((val = getenv(name)) == NULL)
             continue;
+        c->_from_env |= UINT64_C(1) << i;
         snprintf(origin, sizeof(origin), "env %s", name);
         if (keys[i].kind == K_STR) {
             v = json_string(val);
@@ -144,6 +160,79 @@ static void apply_env(sb_config_t *c, errs_t *e)
         }
         set_from_json(c, &keys[i], v, origin, e);
         json_decref(v);
+    }
+}
+
+static int name_char(char c)
+{
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+}
+
+static char ascii_upper(char c)
+{
+    return c >= 'a' && c <= 'z' ? (char)(c - 'a' + 'A') : c;
+}
+
+/* Levenshtein distance of two short ASCII strings, ignoring case (names are cut at 63 bytes) */
+static size_t edit_distance(const char *a, const char *b)
+{
+    size_t la = strnlen(a, 63), lb = strnlen(b, 63), row[64], i, j;
+    for (j = 0; j <= lb; ++j)
+        row[j] = j;
+    for (i = 1; i <= la; ++i) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (j = 1; j <= lb; ++j) {
+            size_t up = row[j], best = diag + (ascii_upper(a[i - 1]) != ascii_upper(b[j - 1]));
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+/*
+ * A SANDBOX_BROKER_* variable that names no key is a typo that would
+ * otherwise be silent: SANDBOX_BROKER_TOKENSTORE=redis://... left the memory
+ * store in place, and two instances stopped sharing tokens. Refuse it, and
+ * name the closest known variable. Only names are printed, never values.
+ */
+static void check_unknown_env(errs_t *e)
+{
+    extern char **environ;
+    for (char **ep = environ; ep != NULL && *ep != NULL; ++ep) {
+        const char *var = *ep, *eq = strchr(var, '=');
+        char name[64], best[64] = ENV_SECRET, cand[64];
+        size_t nlen = eq != NULL ? (size_t)(eq - var) : strlen(var), bestd, i;
+        if (nlen < ENV_PREFIX_LEN || memcmp(var, ENV_PREFIX, ENV_PREFIX_LEN) != 0)
+            continue;
+        if (nlen == sizeof(ENV_SECRET) - 1 && memcmp(var, ENV_SECRET, nlen) == 0)
+            continue;
+        for (i = 0; i < NKEYS; ++i) {
+            sb_config_env_name(keys[i].name, cand, sizeof(cand));
+            if (strlen(cand) == nlen && memcmp(cand, var, nlen) == 0)
+                break;
+        }
+        if (i != NKEYS)
+            continue;
+        /* quote the name safely: at most 63 bytes, anything but [A-Za-z0-9_] shown as '?' */
+        for (i = 0; i < nlen && i < sizeof(name) - 1; ++i)
+            name[i] = name_char(var[i]) ? var[i] : '?';
+        name[i] = '\0';
+        bestd = edit_distance(name + ENV_PREFIX_LEN, best + ENV_PREFIX_LEN);
+        for (i = 0; i < NKEYS; ++i) {
+            size_t d;
+            sb_config_env_name(keys[i].name, cand, sizeof(cand));
+            if ((d = edit_distance(name + ENV_PREFIX_LEN, cand + ENV_PREFIX_LEN)) < bestd) {
+                bestd = d;
+                memcpy(best, cand, sizeof(best));
+            }
+        }
+        fail(e, "env %s%s: not a configuration variable; did you mean %s?", name, nlen >= sizeof(name) ? "..." : "", best);
     }
 }
 
@@ -264,6 +353,7 @@ sb_status_t sb_config_load(const char *path, int require_secret, sb_config_t **o
     c->log_level = sb_mem_strdup("info");
     c->log_calls = 1;
     c->audit = sb_mem_strdup("off");
+    c->log_file = sb_mem_strdup("stderr");
     c->targets = json_object();
     c->egress = json_object();
 
@@ -287,12 +377,14 @@ sb_status_t sb_config_load(const char *path, int require_secret, sb_config_t **o
                     fail(&e, "%s: %s: unknown key", path, k);
                     continue;
                 }
+                c->_from_file |= UINT64_C(1) << i;
                 set_from_json(c, &keys[i], v, path, &e);
             }
             json_decref(root);
         }
     }
     apply_env(c, &e);
+    check_unknown_env(&e);
 
     if (sb_config_parse_addr(c->listen, &c->listen_addr, &c->listen_addrlen) != 0)
         fail(&e, "listen: expected host:port with a numeric host, got \"%s\"", c->listen);
@@ -306,10 +398,20 @@ sb_status_t sb_config_load(const char *path, int require_secret, sb_config_t **o
     if (c->default_ttl_ms > c->max_ttl_ms)
         fail(&e, "default_ttl_ms: larger than max_ttl_ms");
     validate_targets(c->targets, &e);
+    if (c->database_url != NULL) {
+        /* syntax only, without connecting; libpq's message is not quoted: it may repeat part of a password */
+        char *perr = NULL;
+        PQconninfoOption *opts = PQconninfoParse(c->database_url, &perr);
+        if (opts == NULL)
+            fail(&e, "database_url: not a valid PostgreSQL connection string (a URI or key=value pairs)");
+        PQconninfoFree(opts);
+        PQfreemem(perr);
+    }
 
-    if ((env_secret = getenv("SANDBOX_BROKER_ADMIN_SECRET")) != NULL && env_secret[0] != '\0')
+    if ((env_secret = getenv(ENV_SECRET)) != NULL && env_secret[0] != '\0') {
         c->admin_secret = sb_mem_strdup(env_secret);
-    else if (c->admin_secret_file != NULL)
+        c->_secret_from_env = 1;
+    } else if (c->admin_secret_file != NULL)
         c->admin_secret = read_secret_file(c->admin_secret_file, &e);
     if (c->admin_secret != NULL && strlen(c->admin_secret) < 16)
         fail(&e, "admin secret: shorter than 16 bytes");
@@ -340,8 +442,43 @@ void sb_config_free(sb_config_t *c)
     free(c->redis_prefix);
     free(c->log_level);
     free(c->audit);
+    free(c->log_file);
     free(c->database_url);
     json_decref(c->targets);
     json_decref(c->egress);
     free(c);
+}
+
+void sb_config_print_keys(FILE *fp)
+{
+    char env[64];
+    for (size_t i = 0; i < NKEYS; ++i) {
+        sb_config_env_name(keys[i].name, env, sizeof(env));
+        fprintf(fp, "%s %s\n", keys[i].name, env);
+    }
+    fprintf(fp, "- %s\n", ENV_SECRET);
+}
+
+static void append_word(char *buf, size_t sz, size_t *len, const char *w)
+{
+    int n = snprintf(buf + *len, sz - *len, "%s%s", *len != 0 ? " " : "", w);
+    if (n > 0)
+        *len = *len + (size_t)n < sz ? *len + (size_t)n : sz - 1;
+}
+
+void sb_config_sources(const sb_config_t *c, char *env, size_t envsz, char *overridden, size_t osz)
+{
+    size_t elen = 0, olen = 0;
+    char name[64];
+    env[0] = overridden[0] = '\0';
+    for (size_t i = 0; i < NKEYS; ++i) {
+        if ((c->_from_env & (UINT64_C(1) << i)) == 0)
+            continue;
+        sb_config_env_name(keys[i].name, name, sizeof(name));
+        append_word(env, envsz, &elen, name);
+        if (c->_from_file & (UINT64_C(1) << i))
+            append_word(overridden, osz, &olen, keys[i].name);
+    }
+    if (c->_secret_from_env)
+        append_word(env, envsz, &elen, ENV_SECRET);
 }

@@ -3,29 +3,33 @@
  *
  * Sources, later ones winning: embedded defaults, the JSON file given with
  * --config, then one environment variable per key, SANDBOX_BROKER_<KEY> in
- * upper case (objects such as targets take JSON text). Unknown keys and wrong
- * types are errors naming the key; nothing is silently ignored.
+ * upper case (objects such as targets take JSON text). Unknown keys, unknown
+ * SANDBOX_BROKER_* variables and wrong types are errors naming the key;
+ * nothing is silently ignored. The environment is read once per load, but a
+ * process's environment never changes, so a key set there keeps its value
+ * over every reload.
  */
 #ifndef SB_CONFIG_H
 #define SB_CONFIG_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/socket.h>
 #include <jansson.h>
 #include "sb/status.h"
 
 typedef struct st_sb_config_t {
-    char *listen;            /* public RPC listener, "host:port" */
-    char *admin_listen;      /* admin listener, "host:port" (default loopback) */
-    char *admin_secret_file; /* file holding the admin bearer secret */
-    char *admin_secret;      /* resolved secret (env SANDBOX_BROKER_ADMIN_SECRET or the file) */
-    char *rpc_path;          /* "/api/sandbox/rpc" */
-    char *token_store;       /* "memory" or a redis URL */
-    char *redis_prefix;      /* key prefix in Redis */
-    unsigned threads;
-    size_t max_connections; /* open connections at most, spread over the workers */ /* worker threads */
-    int64_t max_ttl_ms;                                                             /* upper bound of any token's lifetime */
+    char *listen;              /* public RPC listener, "host:port" */
+    char *admin_listen;        /* admin listener, "host:port" (default loopback) */
+    char *admin_secret_file;   /* file holding the admin bearer secret */
+    char *admin_secret;        /* resolved secret (env SANDBOX_BROKER_ADMIN_SECRET or the file) */
+    char *rpc_path;            /* "/api/sandbox/rpc" */
+    char *token_store;         /* "memory" or a redis URL */
+    char *redis_prefix;        /* key prefix in Redis */
+    unsigned threads;          /* worker threads */
+    size_t max_connections;    /* open connections at most, spread over the workers */
+    int64_t max_ttl_ms;        /* upper bound of any token's lifetime */
     int64_t default_ttl_ms;    /* lifetime when neither ttlMs nor timeoutMs is given */
     size_t max_tokens;         /* memory store capacity */
     uint64_t store_timeout_ms; /* redis connect and command timeout */
@@ -35,6 +39,7 @@ typedef struct st_sb_config_t {
     int64_t quota_fetch_bytes;
     char *log_level;             /* debug | info | warn | error */
     int log_calls;               /* one log line per RPC */
+    char *log_file;              /* "stderr" or a file path the log is appended to (reopened on SIGUSR1 and SIGHUP) */
     char *audit;                 /* "off", "stderr" or a file path */
     json_t *targets;             /* targets.<name> (owned) */
     char *database_url;          /* PostgreSQL, for targets that use it */
@@ -43,6 +48,9 @@ typedef struct st_sb_config_t {
     /* resolved listener addresses */
     struct sockaddr_storage listen_addr, admin_addr;
     socklen_t listen_addrlen, admin_addrlen;
+    /* where each key came from: bit i is the i-th key of sb_config_print_keys */
+    uint64_t _from_env, _from_file;
+    int _secret_from_env;
 } sb_config_t;
 
 /**
@@ -54,6 +62,20 @@ typedef struct st_sb_config_t {
  */
 SB_WARN_UNUSED sb_status_t sb_config_load(const char *path, int require_secret, sb_config_t **out, char *err, size_t errsz);
 void sb_config_free(sb_config_t *c);
+/**
+ * Prints every configuration key, one a line: "<key> SANDBOX_BROKER_<KEY>",
+ * then "- SANDBOX_BROKER_ADMIN_SECRET" (a variable with no key). This is the
+ * table the loader uses; sandbox-broker --print-config-keys shows it.
+ */
+void sb_config_print_keys(FILE *fp);
+/** the environment variable of a key, e.g. "SANDBOX_BROKER_TOKEN_STORE" for "token_store" */
+void sb_config_env_name(const char *key, char *buf, size_t bufsz);
+/**
+ * Describes where c's settings came from, names only (never values).
+ * @param env receives the environment variables that set something, space separated
+ * @param overridden receives the keys the file set that the environment then replaced
+ */
+void sb_config_sources(const sb_config_t *c, char *env, size_t envsz, char *overridden, size_t osz);
 /** parses "host:port" / "[v6]:port" with a numeric host; 0 on success */
 int sb_config_parse_addr(const char *s, struct sockaddr_storage *ss, socklen_t *len);
 

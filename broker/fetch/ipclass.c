@@ -40,12 +40,15 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
-#include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include "fetch/ipclass.h"
 #include "util/util.h"
 
@@ -790,44 +793,160 @@ static sb_status_t parse_list(const json_t *arr, const char *key, int is_allow, 
     return SB_OK;
 }
 
-static sb_status_t load_interfaces(cidr_list_t *out, char *err, size_t errsz)
-{
-    struct ifaddrs *ifa = NULL, *it;
-    char ebuf[128];
-    const char *emsg;
-    sb_status_t st = SB_OK;
-    sb_ip_t ip;
-    size_t n = 0;
+/*
+ * The broker's own addresses, read without netlink. getifaddrs() asks the
+ * kernel over an AF_NETLINK socket, which the systemd unit does not allow
+ * (deploy/systemd/sandbox-broker.service: RestrictAddressFamilies=AF_INET
+ * AF_INET6 AF_UNIX), so the broker could not start under it. Two older
+ * interfaces give the same lists with what the unit allows:
+ *  - IPv4: SIOCGIFCONF on an AF_INET socket lists every IPv4 address of every
+ *    interface, secondary addresses included (netdevice(7));
+ *  - IPv6: /proc/net/if_inet6 has one line per address, the address first as
+ *    32 hex digits, then index, prefix length, scope, flags and name.
+ * Either list unreadable fails closed: no policy, so no start with a partial
+ * list. The one exception is a kernel without IPv6 (no if_inet6 and no
+ * AF_INET6 sockets): it has no IPv6 address to deny.
+ */
+#define MAX_IFADDRS 4096u
 
-    if (getifaddrs(&ifa) != 0) {
-        emsg = strerror_r(errno, ebuf, sizeof(ebuf));
-        if (err != NULL && errsz != 0)
-            snprintf(err, errsz, "egress: cannot list the broker's interface addresses (getifaddrs: %s)", emsg);
-        return SB_E_UNAVAILABLE;
+static sb_status_t iface_fail(char *err, size_t errsz, const char *what, int e)
+{
+    char ebuf[128];
+    if (err != NULL && errsz != 0)
+        snprintf(err, errsz, "egress: cannot list the broker's interface addresses (%s: %s)", what,
+                 e != 0 ? strerror_r(e, ebuf, sizeof(ebuf)) : "unexpected contents");
+    return SB_E_UNAVAILABLE;
+}
+
+static sb_status_t push_local(cidr_list_t *out, size_t *cap, int family, const uint8_t *addr, char *err, size_t errsz)
+{
+    if (out->n == *cap) {
+        size_t ncap = *cap == 0 ? 16 : *cap * 2;
+        cidr_t *v;
+        if (out->n == MAX_IFADDRS)
+            return iface_fail(err, errsz, "more than 4096 addresses", 0);
+        if (ncap > MAX_IFADDRS)
+            ncap = MAX_IFADDRS;
+        if ((v = realloc(out->v, ncap * sizeof(*v))) == NULL) {
+            if (err != NULL && errsz != 0)
+                snprintf(err, errsz, "egress: out of memory");
+            return SB_E_NOMEM;
+        }
+        out->v = v;
+        *cap = ncap;
     }
-    for (it = ifa; it != NULL; it = it->ifa_next)
-        if (it->ifa_addr != NULL && (it->ifa_addr->sa_family == AF_INET || it->ifa_addr->sa_family == AF_INET6))
-            ++n;
-    if (n == 0)
-        goto Exit;
-    if ((out->v = calloc(n, sizeof(*out->v))) == NULL) {
-        st = SB_E_NOMEM;
-        if (err != NULL && errsz != 0)
-            snprintf(err, errsz, "egress: out of memory");
-        goto Exit;
+    memset(&out->v[out->n], 0, sizeof(out->v[out->n]));
+    out->v[out->n].family = family;
+    out->v[out->n].plen = max_plen(family);
+    memcpy(out->v[out->n].addr, addr, family == AF_INET ? 4 : 16);
+    ++out->n;
+    return SB_OK;
+}
+
+static sb_status_t load_ipv4(cidr_list_t *out, size_t *cap, char *err, size_t errsz)
+{
+    struct ifreq *req = NULL;
+    struct ifconf ifc;
+    size_t room = 16, i, got;
+    sb_status_t st = SB_OK;
+    int fd;
+
+    if ((fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)) < 0)
+        return iface_fail(err, errsz, "an AF_INET socket for SIOCGIFCONF", errno);
+    for (;;) {
+        struct ifreq *r = realloc(req, room * sizeof(*req));
+        if (r == NULL) {
+            st = SB_E_NOMEM;
+            if (err != NULL && errsz != 0)
+                snprintf(err, errsz, "egress: out of memory");
+            goto Exit;
+        }
+        req = r;
+        memset(&ifc, 0, sizeof(ifc));
+        ifc.ifc_len = (int)(room * sizeof(*req));
+        ifc.ifc_req = req;
+        if (ioctl(fd, SIOCGIFCONF, &ifc) != 0) {
+            st = iface_fail(err, errsz, "SIOCGIFCONF", errno);
+            goto Exit;
+        }
+        /* the kernel fills what fits and says nothing of the rest: a full buffer is asked again, larger */
+        if ((size_t)ifc.ifc_len < room * sizeof(*req))
+            break;
+        if (room >= MAX_IFADDRS) {
+            st = iface_fail(err, errsz, "more than 4096 addresses", 0);
+            goto Exit;
+        }
+        room *= 2;
     }
-    for (it = ifa; it != NULL && out->n != n; it = it->ifa_next) {
-        if (it->ifa_addr == NULL || sb_ip_from_sockaddr(it->ifa_addr, &ip) != 0)
+    got = (size_t)ifc.ifc_len / sizeof(*req);
+    for (i = 0; i != got && st == SB_OK; ++i) {
+        struct sockaddr_in sin;
+        if (req[i].ifr_addr.sa_family != AF_INET)
             continue;
-        out->v[out->n].family = ip.family;
-        out->v[out->n].plen = max_plen(ip.family);
-        memcpy(out->v[out->n].addr, ip.addr, sizeof(ip.addr));
-        ++out->n;
+        memcpy(&sin, &req[i].ifr_addr, sizeof(sin));
+        st = push_local(out, cap, AF_INET, (const uint8_t *)&sin.sin_addr, err, errsz);
     }
 
 Exit:
-    freeifaddrs(ifa);
+    free(req);
+    close(fd);
     return st;
+}
+
+static int hexval(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+static int ipv6_supported(void)
+{
+    int fd = socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return errno != EAFNOSUPPORT;
+    close(fd);
+    return 1;
+}
+
+static sb_status_t load_ipv6(cidr_list_t *out, size_t *cap, char *err, size_t errsz)
+{
+    /* a line is "<32 hex> <index> <plen> <scope> <flags> <name>": well under 128 bytes with IFNAMSIZ names */
+    char line[128];
+    sb_status_t st = SB_OK;
+    FILE *fp;
+
+    if ((fp = fopen("/proc/net/if_inet6", "re")) == NULL) {
+        int e = errno;
+        if (e == ENOENT && !ipv6_supported())
+            return SB_OK; /* no IPv6 in this kernel */
+        return iface_fail(err, errsz, "/proc/net/if_inet6", e);
+    }
+    while (st == SB_OK && fgets(line, sizeof(line), fp) != NULL) {
+        uint8_t addr[16];
+        size_t len = strlen(line);
+        if (len == 0 || line[len - 1] != '\n' || len < 33 || line[32] != ' ') {
+            st = iface_fail(err, errsz, "/proc/net/if_inet6", 0);
+            break;
+        }
+        for (size_t i = 0; i != 16 && st == SB_OK; ++i) {
+            int hi = hexval(line[2 * i]), lo = hexval(line[2 * i + 1]);
+            if (hi < 0 || lo < 0)
+                st = iface_fail(err, errsz, "/proc/net/if_inet6", 0);
+            addr[i] = (uint8_t)(hi << 4 | lo);
+        }
+        if (st == SB_OK)
+            st = push_local(out, cap, AF_INET6, addr, err, errsz);
+    }
+    if (st == SB_OK && ferror(fp))
+        st = iface_fail(err, errsz, "/proc/net/if_inet6", EIO);
+    fclose(fp);
+    return st;
+}
+
+static sb_status_t load_interfaces(cidr_list_t *out, char *err, size_t errsz)
+{
+    size_t cap = 0;
+    sb_status_t st = load_ipv4(out, &cap, err, errsz);
+    return st != SB_OK ? st : load_ipv6(out, &cap, err, errsz);
 }
 
 sb_status_t sb_egress_policy_create(const json_t *deny_cidrs, const json_t *allow_cidrs, int deny_local_interfaces,

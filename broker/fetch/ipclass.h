@@ -112,8 +112,9 @@ typedef struct st_sb_egress_policy_t sb_egress_policy_t;
  *        prefix must be zero ("10.0.0.1/8" is refused). At most SB_EGRESS_MAX_CIDRS entries.
  * @param allow_cidrs egress.allow_cidrs, same syntax; additionally an entry inside an IPv4-embedding
  *        transition prefix (::ffff:0:0/96, ::/96, 2002::/16, 2001::/32) is refused.
- * @param deny_local_interfaces nonzero to read the broker's interface addresses (getifaddrs) now and
- *        deny them; addresses that appear later (DHCP, hotplug) are not seen until the policy is rebuilt.
+ * @param deny_local_interfaces nonzero to read the broker's interface addresses now and deny them (IPv4
+ *        by SIOCGIFCONF, IPv6 from /proc/net/if_inet6: no netlink socket, which the systemd unit does not
+ *        allow); addresses that appear later (DHCP, hotplug) are not seen until the policy is rebuilt.
  * @param out receives the policy on success (NULL on failure); the caller owns it and frees it with
  *        sb_egress_policy_free once no thread reads it any more.
  * @param err receives a one-line message naming the offending entry on failure, e.g.
@@ -121,7 +122,7 @@ typedef struct st_sb_egress_policy_t sb_egress_policy_t;
  *        may be NULL. Set to "" on success.
  * @param errsz size of err.
  * @return SB_OK; SB_E_BAD_ARGS for a malformed list or entry; SB_E_UNAVAILABLE when
- *         deny_local_interfaces is set and getifaddrs fails (fail closed); SB_E_NOMEM.
+ *         deny_local_interfaces is set and either list cannot be read (fail closed); SB_E_NOMEM.
  */
 SB_WARN_UNUSED sb_status_t sb_egress_policy_create(const json_t *deny_cidrs, const json_t *allow_cidrs, int deny_local_interfaces,
                                                    sb_egress_policy_t **out, char *err, size_t errsz);

@@ -27,26 +27,48 @@
 
 __thread sb_worker_t *sb_current_worker;
 
+/* "host:port" or "[v6]:port" of an address */
+static void format_addr(const struct sockaddr_storage *ss, char *out, size_t outsz)
+{
+    char host[INET6_ADDRSTRLEN] = "?";
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *sin = (const struct sockaddr_in *)ss;
+        inet_ntop(AF_INET, &sin->sin_addr, host, sizeof(host));
+        snprintf(out, outsz, "%s:%u", host, (unsigned)ntohs(sin->sin_port));
+    } else if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *sin6 = (const struct sockaddr_in6 *)ss;
+        inet_ntop(AF_INET6, &sin6->sin6_addr, host, sizeof(host));
+        snprintf(out, outsz, "[%s]:%u", host, (unsigned)ntohs(sin6->sin6_port));
+    } else {
+        snprintf(out, outsz, "?");
+    }
+}
+
 static int bind_listener(const struct sockaddr_storage *ss, socklen_t len, const char *what)
 {
-    int fd, on = 1;
+    int fd = -1, on = 1;
     struct sockaddr_storage bound;
     socklen_t blen = sizeof(bound);
-    char host[INET6_ADDRSTRLEN] = "?";
-    int port = 0;
+    char host[INET6_ADDRSTRLEN] = "?", addr[INET6_ADDRSTRLEN + 16], ebuf[128];
+    const char *step;
+    int port = 0, e;
     sb_logline_t l;
 
-    if ((fd = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0 ||
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on)) != 0 || bind(fd, (const struct sockaddr *)ss, len) != 0 ||
-        listen(fd, 1024) != 0 || fcntl(fd, F_SETFL, O_NONBLOCK) != 0) {
-        sb_log_begin(&l, SB_LOG_ERROR, "listen.failed");
-        sb_log_cstr(&l, "listener", what);
-        sb_log_cstr(&l, "error", strerror(errno));
-        sb_log_end(&l);
-        if (fd >= 0)
-            close(fd);
-        return -1;
-    }
+    step = "socket";
+    if ((fd = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0)
+        goto Fail;
+    step = "setsockopt";
+    if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on)) != 0)
+        goto Fail;
+    step = "bind";
+    if (bind(fd, (const struct sockaddr *)ss, len) != 0)
+        goto Fail;
+    step = "listen";
+    if (listen(fd, 1024) != 0)
+        goto Fail;
+    step = "fcntl";
+    if (fcntl(fd, F_SETFL, O_NONBLOCK) != 0)
+        goto Fail;
     if (getsockname(fd, (struct sockaddr *)&bound, &blen) == 0) {
         if (bound.ss_family == AF_INET) {
             struct sockaddr_in *sin = (struct sockaddr_in *)&bound;
@@ -65,6 +87,20 @@ static int bind_listener(const struct sockaddr_storage *ss, socklen_t len, const
     sb_log_int(&l, "port", port);
     sb_log_end(&l);
     return fd;
+
+Fail:
+    /* one line: which listener, where, which step and why */
+    e = errno;
+    format_addr(ss, addr, sizeof(addr));
+    sb_log_begin(&l, SB_LOG_ERROR, "listen.failed");
+    sb_log_cstr(&l, "listener", what);
+    sb_log_cstr(&l, "address", addr);
+    sb_log_cstr(&l, "step", step);
+    sb_log_cstr(&l, "error", strerror_r(e, ebuf, sizeof(ebuf)));
+    sb_log_end(&l);
+    if (fd >= 0)
+        close(fd);
+    return -1;
 }
 
 static int on_public_req(h2o_handler_t *self, h2o_req_t *req)

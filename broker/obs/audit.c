@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "obs/audit.h"
+#include "obs/log.h"
 #include "util/util.h"
 
 static struct {
@@ -14,11 +15,13 @@ static struct {
     pthread_t tid;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    char *buf; /* lines, newline-terminated, [0, len) */
+    pthread_mutex_t io_mu; /* held while the writer writes, so a reopen never splits a batch of lines */
+    char *path;            /* the audit file, NULL for stderr */
+    char *buf;             /* lines, newline-terminated, [0, len) */
     size_t len;
     int stopping;
     _Atomic uint64_t dropped;
-} A = {.fd = -1, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+} A = {.fd = -1, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .io_mu = PTHREAD_MUTEX_INITIALIZER};
 
 static void write_all(const char *p, size_t n)
 {
@@ -48,7 +51,9 @@ static void *writer(void *arg)
         A.len = 0;
         stop = A.stopping;
         pthread_mutex_unlock(&A.mu);
+        pthread_mutex_lock(&A.io_mu);
         write_all(out, n);
+        pthread_mutex_unlock(&A.io_mu);
         if (stop && n == 0)
             break;
     }
@@ -56,15 +61,27 @@ static void *writer(void *arg)
     return NULL;
 }
 
-sb_status_t sb_audit_open(const char *target, const char **err)
+sb_status_t sb_audit_check(const char *target, char *err, size_t errsz)
+{
+    int fd;
+    if (target == NULL || strcmp(target, "off") == 0 || strcmp(target, "stderr") == 0)
+        return SB_OK;
+    if ((fd = sb_log_open_append("audit", target, err, errsz)) < 0)
+        return SB_E_BAD_ARGS;
+    close(fd);
+    return SB_OK;
+}
+
+sb_status_t sb_audit_open(const char *target, char *err, size_t errsz)
 {
     if (target == NULL || strcmp(target, "off") == 0)
         return SB_OK;
     if (strcmp(target, "stderr") == 0) {
         A.fd = 2;
-    } else if ((A.fd = open(target, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600)) < 0) {
-        *err = "audit: cannot open the audit file";
-        return SB_E_BAD_ARGS;
+    } else {
+        if ((A.fd = sb_log_open_append("audit", target, err, errsz)) < 0)
+            return SB_E_BAD_ARGS;
+        A.path = sb_mem_strdup(target);
     }
     A.buf = sb_mem_alloc(SB_AUDIT_BUFFER);
     A.enabled = 1;
@@ -85,7 +102,28 @@ void sb_audit_close(void)
         close(A.fd);
     free(A.buf);
     A.buf = NULL;
+    free(A.path);
+    A.path = NULL;
     A.enabled = 0;
+}
+
+sb_status_t sb_audit_reopen(char *err, size_t errsz)
+{
+    int fd;
+    if (!A.enabled || A.path == NULL)
+        return SB_OK;
+    if ((fd = sb_log_open_append("audit", A.path, err, errsz)) < 0)
+        return SB_E_UNAVAILABLE;
+    /*
+     * The descriptor number stays, the file under it changes: lines the writer
+     * holds are written to the old file before the swap or to the new one
+     * after it, whole, since the writer holds io_mu for a batch.
+     */
+    pthread_mutex_lock(&A.io_mu);
+    dup3(fd, A.fd, O_CLOEXEC);
+    pthread_mutex_unlock(&A.io_mu);
+    close(fd);
+    return SB_OK;
 }
 
 int sb_audit_enabled(void)

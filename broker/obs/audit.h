@@ -21,9 +21,24 @@
 /**
  * Opens the sink and starts the writer thread.
  * @param target "stderr", "off", or a file path (opened for append, created 0600)
- * @param err receives a static message on failure
+ * @param err receives "audit: cannot open <path>: <reason>" on failure
+ * @return SB_OK or SB_E_BAD_ARGS
  */
-SB_WARN_UNUSED sb_status_t sb_audit_open(const char *target, const char **err);
+SB_WARN_UNUSED sb_status_t sb_audit_open(const char *target, char *err, size_t errsz);
+/**
+ * What --check-config does: opens the file as sb_audit_open would (creating
+ * it when it does not exist) and closes it again.
+ * @return SB_OK or SB_E_BAD_ARGS with err as for sb_audit_open
+ */
+SB_WARN_UNUSED sb_status_t sb_audit_check(const char *target, char *err, size_t errsz);
+/**
+ * Opens the audit file's path again, for rotation: lines written from now on
+ * go to the file now at the path; every line lands whole in one of the two
+ * files and none is lost. Nothing to do for "stderr" or "off". On failure the
+ * old file stays in use.
+ * @return SB_OK, or SB_E_UNAVAILABLE with err naming the path and the reason
+ */
+SB_WARN_UNUSED sb_status_t sb_audit_reopen(char *err, size_t errsz);
 /** flushes what is buffered and stops the writer */
 void sb_audit_close(void);
 /** 1 when an audit sink is open */

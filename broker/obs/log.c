@@ -1,3 +1,5 @@
+#include <errno.h>
+#include <fcntl.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -7,6 +9,7 @@
 #include <unistd.h>
 #include "obs/audit.h"
 #include "obs/log.h"
+#include "util/util.h"
 
 static _Atomic int min_level = SB_LOG_INFO;
 
@@ -328,4 +331,59 @@ void sb_log_msg(sb_log_level_t level, const char *event, const char *msg)
     sb_log_begin(&l, level, event);
     sb_log_cstr(&l, "msg", msg);
     sb_log_end(&l);
+}
+
+static char *log_path; /* NULL: the log is stderr as the process got it */
+
+int sb_log_open_append(const char *what, const char *path, char *err, size_t errsz)
+{
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        char ebuf[128];
+        snprintf(err, errsz, "%s: cannot open %s: %s", what, path, strerror_r(errno, ebuf, sizeof(ebuf)));
+    }
+    return fd;
+}
+
+sb_status_t sb_log_open_file(const char *path, char *err, size_t errsz)
+{
+    int fd;
+    if (path == NULL || strcmp(path, "stderr") == 0)
+        return SB_OK;
+    if ((fd = sb_log_open_append("log_file", path, err, errsz)) < 0)
+        return SB_E_BAD_ARGS;
+    dup2(fd, 2);
+    close(fd);
+    free(log_path);
+    log_path = sb_mem_strdup(path);
+    return SB_OK;
+}
+
+sb_status_t sb_log_check_file(const char *path, char *err, size_t errsz)
+{
+    int fd;
+    if (path == NULL || strcmp(path, "stderr") == 0)
+        return SB_OK;
+    if ((fd = sb_log_open_append("log_file", path, err, errsz)) < 0)
+        return SB_E_BAD_ARGS;
+    close(fd);
+    return SB_OK;
+}
+
+sb_status_t sb_log_reopen(char *err, size_t errsz)
+{
+    int fd;
+    if (log_path == NULL)
+        return SB_OK;
+    if ((fd = sb_log_open_append("log_file", log_path, err, errsz)) < 0)
+        return SB_E_UNAVAILABLE;
+    /* dup2 swaps the file under descriptor 2 at once: a write in progress finishes in the old file */
+    dup2(fd, 2);
+    close(fd);
+    return SB_OK;
+}
+
+const char *sb_log_file(void)
+{
+    return log_path != NULL ? log_path : "stderr";
 }

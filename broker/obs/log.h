@@ -15,6 +15,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "sb/status.h"
 
 typedef enum en_sb_log_level_t { SB_LOG_DEBUG = 0, SB_LOG_INFO, SB_LOG_WARN, SB_LOG_ERROR } sb_log_level_t;
 
@@ -48,6 +49,33 @@ void sb_log_begin_always(sb_logline_t *l, const char *event);
  */
 void sb_log_thread_buffered(int on);
 void sb_log_flush(void);
+/**
+ * Opens path for appending (created 0600), as the log and audit files are.
+ * @param what names the file in the message ("log_file", "audit")
+ * @param err receives "<what>: cannot open <path>: <reason>" on failure
+ * @return the descriptor (close-on-exec), or -1
+ */
+int sb_log_open_append(const char *what, const char *path, char *err, size_t errsz);
+/**
+ * Sends the log to a file instead of stderr: the file becomes descriptor 2,
+ * so whatever else writes to stderr lands there too.
+ * @param path "stderr" (nothing changes) or a file path
+ * @return SB_OK, or SB_E_BAD_ARGS with err naming the path and the reason
+ */
+SB_WARN_UNUSED sb_status_t sb_log_open_file(const char *path, char *err, size_t errsz);
+/** what --check-config does: opens the file as sb_log_open_file would, and closes it */
+SB_WARN_UNUSED sb_status_t sb_log_check_file(const char *path, char *err, size_t errsz);
+/**
+ * Opens the log file's path again and makes it descriptor 2, for rotation:
+ * once the old file has been renamed, new lines go to a new file at the
+ * path. A line is written with one write(), so each lands whole in one of the
+ * two files. Does nothing when the log goes to stderr. On failure the old
+ * file stays in use.
+ * @return SB_OK, or SB_E_UNAVAILABLE with err naming the path and the reason
+ */
+SB_WARN_UNUSED sb_status_t sb_log_reopen(char *err, size_t errsz);
+/** the log file's path, or "stderr" */
+const char *sb_log_file(void);
 /** one-line helper: {"level", "event", "msg"} */
 void sb_log_msg(sb_log_level_t level, const char *event, const char *msg);
 

@@ -7,6 +7,7 @@
 #include "obs/audit.h"
 #include "obs/metrics.h"
 #include "util/util.h"
+#include "sb_build_info.h"
 
 static const uint64_t bucket_us[] = {100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 1000000};
 #define NBUCKETS (sizeof(bucket_us) / sizeof(bucket_us[0]))
@@ -29,6 +30,12 @@ void sb_metrics_quota_hit(const char *quota)
 }
 
 static _Atomic uint64_t connections_refused;
+static _Atomic uint64_t reloads[2]; /* rejected, applied */
+
+void sb_metrics_reload(int applied)
+{
+    atomic_fetch_add_explicit(&reloads[applied ? 1 : 0], 1, memory_order_relaxed);
+}
 
 void sb_metrics_connection_refused(void)
 {
@@ -157,6 +164,15 @@ size_t sb_metrics_render(char **outp)
     char buf[64];
     uint64_t cum = 0;
 
+    emit(&o,
+         "# HELP sb_build_info The broker's version and the commit it was built from.\n# TYPE sb_build_info gauge\n"
+         "sb_build_info{version=\"%s\",commit=\"%s\"} 1\n",
+         SB_VERSION, SB_GIT_COMMIT);
+    emit(&o,
+         "# HELP sb_reload_total SIGHUP reloads by result.\n# TYPE sb_reload_total counter\n"
+         "sb_reload_total{result=\"applied\"} %llu\nsb_reload_total{result=\"rejected\"} %llu\n",
+         (unsigned long long)atomic_load_explicit(&reloads[1], memory_order_relaxed),
+         (unsigned long long)atomic_load_explicit(&reloads[0], memory_order_relaxed));
     emit(&o, "# HELP sb_calls_total RPC calls by method kind and result code.\n# TYPE sb_calls_total counter\n");
     for (int k = 0; k <= SB_MK_COUNT_; ++k) {
         for (int s = 0; s < SB_STATUS_COUNT_; ++s) {

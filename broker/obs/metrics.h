@@ -33,6 +33,8 @@ void sb_metrics_egress(const char *rule, int allowed);
 void sb_metrics_quota_hit(const char *quota);
 /** counts a connection closed at accept because max_connections was reached */
 void sb_metrics_connection_refused(void);
+/** counts one SIGHUP reload: applied (1) or rejected (0), as sb_reload_total{result} */
+void sb_metrics_reload(int applied);
 /** sets the function that reports database health (1 up, 0 down, -1 no database configured) */
 void sb_metrics_set_db_up_fn(int (*fn)(void));
 /** sets the function that reports live tokens (-1 when unknown) */

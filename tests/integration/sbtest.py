@@ -142,8 +142,9 @@ def http_request(port, method, path, body=None, headers=None, timeout=10.0):
 class Broker:
     """One sandbox-broker process on loopback, port 0."""
 
-    def __init__(self, env=None, config=None, args=(), secret=ADMIN_SECRET, start_timeout=20.0):
+    def __init__(self, env=None, config=None, args=(), secret=ADMIN_SECRET, start_timeout=20.0, wrapper=()):
         self.extra_env = dict(env or {})
+        self.wrapper = list(wrapper)  # a command that runs the broker, e.g. unitjail.py UNIT --
         self.config = config
         self.args = list(args)
         self.secret = secret
@@ -168,7 +169,7 @@ class Broker:
                 json.dump(self.config, f)
             args = ["--config", path] + args
         env = base_env(self.extra_env, secret=self.secret)
-        self.proc = subprocess.Popen([BROKER_BIN] + args, env=env, stdin=subprocess.DEVNULL,
+        self.proc = subprocess.Popen(self.wrapper + [BROKER_BIN] + args, env=env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self._reader = threading.Thread(target=self._read_stderr, daemon=True)
         self._reader.start()

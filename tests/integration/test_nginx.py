@@ -4,6 +4,7 @@ nginx runs with deploy/nginx/sandbox-broker.conf, rewritten only for its ports,
 so what is tested is the file operators deploy. Everything listens on 127.0.0.1.
 """
 
+import json
 import os
 import re
 import shutil
@@ -15,7 +16,11 @@ import unittest
 import sbtest
 
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
-CONF = os.path.join(sbtest.SOURCE_DIR, "deploy", "nginx", "sandbox-broker.conf")
+NGINX_DIR = os.path.join(sbtest.SOURCE_DIR, "deploy", "nginx")
+CONF = os.path.join(NGINX_DIR, "sandbox-broker.conf")
+SHIM = os.path.join(sbtest.BIN_DIR, "sandbox-shim")
+FAKE_GUEST = os.path.join(sbtest.SOURCE_DIR, "tests", "shim", "fake_guest.py")
+MSG_NO_INSTANCE = "no sandbox broker instance answered"
 
 
 class Nginx:
@@ -31,6 +36,12 @@ class Nginx:
         servers = "".join("    server 127.0.0.1:%d max_fails=0;\n" % p for p in upstream_ports)
         site = re.sub(r"(    server 127\.0\.0\.1:\d+ max_fails=0;\n)+", servers, site, count=1)
         site = site.replace("listen 127.0.0.1:8443;", "listen 127.0.0.1:%d;" % self.port)
+        # the answers nginx gives when no instance answers: installed next to the configuration
+        for name in ("unavailable.json", "unavailable.msgpack"):
+            shutil.copy(os.path.join(NGINX_DIR, name), os.path.join(self.dir, name))
+            os.chmod(os.path.join(self.dir, name), 0o644)
+        self.has_answer_root = "root /etc/nginx/sandbox-broker;" in site
+        site = site.replace("root /etc/nginx/sandbox-broker;", "root %s;" % self.dir)
         with open(os.path.join(self.dir, "nginx.conf"), "w") as f:
             f.write("daemon off;\nworker_processes 1;\npid %s/nginx.pid;\nerror_log %s/error.log warn;\n"
                     "events { worker_connections 256; }\n"
@@ -105,11 +116,20 @@ class ThroughNginx(sbtest.BrokerTestCase):
 
     def test_admin_paths_and_metrics_are_not_exposed(self):
         for method, path in (("POST", "/admin/v1/tokens"), ("DELETE", "/admin/v1/runs/x"), ("GET", "/metrics"),
-                             ("GET", "/readyz"), ("GET", "/api/sandbox/rpc/../../admin/v1/tokens")):
+                             ("GET", "/_sb_unavailable"), ("GET", "/unavailable.json"),
+                             ("GET", "/api/sandbox/rpc/../../admin/v1/tokens")):
             with self.subTest(path=path):
                 r = sbtest.http_request(self.nginx.port, method, path, b"{}" if method == "POST" else None,
                                         {"Authorization": "Bearer " + sbtest.ADMIN_SECRET})
                 self.assertEqual(r.status, 404, r)
+
+    def test_readyz_is_the_load_balancer_check(self):
+        for path in ("/readyz", "/healthz"):
+            with self.subTest(path=path):
+                r = sbtest.http_request(self.nginx.port, "GET", path)
+                self.assertEqual(r.status, 200, r)
+                self.assertIs(r.body["ok"], True, r)
+        self.assertEqual(sbtest.http_request(self.nginx.port, "POST", "/readyz", b"{}").status, 403)
 
     def test_only_post_reaches_the_route(self):
         r = sbtest.http_request(self.nginx.port, "GET", sbtest.RPC_PATH)
@@ -135,6 +155,69 @@ class ThroughNginx(sbtest.BrokerTestCase):
         r = sbtest.http_request(self.nginx.port, "POST", sbtest.RPC_PATH, body + b" ",
                                 {"Content-Type": "application/json", sbtest.TOKEN_HEADER: token}, timeout=30)
         self.assertEqual(r.status, 413, r)
+
+
+@unittest.skipUnless(os.path.exists(NGINX), "nginx is not installed")
+class NoLiveUpstream(sbtest.BrokerTestCase):
+    """Every instance down: nginx answers the RPC error shape, 503 unavailable, in the request's
+    encoding, rather than its HTML 502 page (which a client decoding msgpack cannot read)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.nginx = Nginx([sbtest.closed_port(), sbtest.closed_port()])
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.nginx.stop()
+
+    def test_the_configuration_names_the_installed_answers(self):
+        self.assertTrue(self.nginx.has_answer_root)
+
+    def test_rpc_answers_unavailable_in_the_request_encoding(self):
+        for ctype, enc in (("application/json", "json"), ("application/msgpack", "msgpack"),
+                           ("application/msgpack; charset=binary", "msgpack"), ("Application/MsgPack", "msgpack"),
+                           ("text/plain", "json"), (None, "json"), ("application/msgpackx", "json")):
+            with self.subTest(content_type=ctype):
+                hdrs = {sbtest.TOKEN_HEADER: "0" * 64, "X-Request-Id": "rid-down"}
+                if ctype is not None:
+                    hdrs["Content-Type"] = ctype
+                r = sbtest.http_request(self.nginx.port, "POST", sbtest.RPC_PATH,
+                                        sbtest.encode({"method": "services.a.b"}, enc), hdrs)
+                self.assertError(r, 503, "unavailable", MSG_NO_INSTANCE, enc=enc)
+                self.assertEqual(r.headers.get("x-request-id"), "rid-down")
+                self.assertEqual(r.headers.get("cache-control"), "no-store")
+                with open(os.path.join(NGINX_DIR, "unavailable." + enc), "rb") as f:
+                    self.assertEqual(r.raw, f.read())
+
+    def test_both_answers_say_the_same(self):
+        with open(os.path.join(NGINX_DIR, "unavailable.json"), "rb") as f:
+            j = sbtest.decode_body("application/json", f.read())
+        with open(os.path.join(NGINX_DIR, "unavailable.msgpack"), "rb") as f:
+            m = sbtest.decode_body("application/msgpack", f.read())
+        self.assertEqual(j, m)
+        self.assertEqual(j, {"ok": False, "error": {"code": "unavailable", "message": MSG_NO_INSTANCE}})
+
+    def test_readyz_and_healthz_answer_503(self):
+        for path in ("/readyz", "/healthz"):
+            with self.subTest(path=path):
+                r = sbtest.http_request(self.nginx.port, "GET", path)
+                self.assertError(r, 503, "unavailable", MSG_NO_INSTANCE, enc="json")
+
+    @unittest.skipUnless(os.path.exists(SHIM), "sandbox-shim is not built")
+    def test_the_shim_reports_unavailable_not_a_protocol_error(self):
+        """The real shim, relaying a guest's call through nginx with no live instance."""
+        with tempfile.NamedTemporaryFile("w", suffix=".json") as scen:
+            json.dump({"calls": [[1, "services.echo.x"]]}, scen)
+            scen.flush()
+            env = dict(os.environ, SB_TEST_TOKEN="ab" * 32)
+            p = subprocess.run([SHIM, "relay", "--broker-url", "http://127.0.0.1:%d%s" % (self.nginx.port, sbtest.RPC_PATH),
+                                "--token-env", "SB_TEST_TOKEN", "--on-denial", "reply", "--", "/usr/bin/python3",
+                                FAKE_GUEST, scen.name], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        outcome = json.loads(p.stdout)
+        reply = outcome["output"]["replies"]["1"]
+        self.assertEqual(reply["error"], {"code": "unavailable", "message": MSG_NO_INSTANCE}, outcome)
 
 
 if __name__ == "__main__":

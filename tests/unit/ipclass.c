@@ -6,8 +6,18 @@
  * names, CIDR errors with their exact messages, and the sb_ip_t helpers.
  */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <ifaddrs.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <net/if.h>
 #include <netinet/in.h>
+#include <stddef.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -520,34 +530,91 @@ static void test_operator(void)
     sb_egress_policy_free(p);
 }
 
-/* the broker's own addresses, read by getifaddrs here as the policy does */
+/*
+ * Denies socket(AF_NETLINK, ...) with EAFNOSUPPORT for the rest of the
+ * process, as the systemd unit's RestrictAddressFamilies=AF_INET AF_INET6
+ * AF_UNIX does: a classic BPF seccomp filter, so the test needs no library.
+ * Returns 0 when installed, -1 on an architecture this does not know.
+ */
+static int deny_netlink(void)
+{
+#if defined(__x86_64__) || defined(__aarch64__)
+#if defined(__x86_64__)
+    const uint32_t arch = AUDIT_ARCH_X86_64;
+#else
+    const uint32_t arch = AUDIT_ARCH_AARCH64;
+#endif
+    struct sock_filter prog[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, arch, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_socket, 0, 3),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0])),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AF_NETLINK, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EAFNOSUPPORT & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog fprog = {(unsigned short)(sizeof(prog) / sizeof(prog[0])), prog};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &fprog) != 0)
+        return -1;
+    return 0;
+#else
+    return -1;
+#endif
+}
+
+/*
+ * The broker's own addresses: getifaddrs (netlink) is the oracle, read before
+ * netlink is denied; the policy must then find every one of them without it,
+ * as it must under the systemd unit.
+ */
 static void test_interfaces(void)
 {
     struct ifaddrs *ifa = NULL, *it;
+    sb_ip_t addrs[512];
+    char names[512][IFNAMSIZ];
+    size_t naddrs = 0;
     sb_egress_policy_t *with, *without;
-    int checked = 0;
+    int checked = 0, sock;
+
+    ok(getifaddrs(&ifa) == 0, "getifaddrs");
+    for (it = ifa; it != NULL && naddrs < sizeof(addrs) / sizeof(addrs[0]); it = it->ifa_next) {
+        if (it->ifa_addr == NULL || sb_ip_from_sockaddr(it->ifa_addr, &addrs[naddrs]) != 0)
+            continue;
+        snprintf(names[naddrs], sizeof(names[naddrs]), "%s", it->ifa_name);
+        ++naddrs;
+    }
+    freeifaddrs(ifa);
+    ok(naddrs != 0, "the host has interface addresses (%zu)", naddrs);
+
+    if (deny_netlink() == 0) {
+        sock = socket(AF_NETLINK, SOCK_RAW, 0);
+        ok(sock < 0 && errno == EAFNOSUPPORT, "netlink sockets are refused from here on, as under the unit");
+        if (sock >= 0)
+            close(sock);
+    } else {
+        ok(1, "# skip: no seccomp filter for this architecture; the policy still reads without netlink");
+    }
 
     with = make_policy(NULL, "[\"0.0.0.0/0\", \"::/0\"]", 1);
     without = make_policy(NULL, "[\"0.0.0.0/0\", \"::/0\"]", 0);
-    ok(getifaddrs(&ifa) == 0, "getifaddrs");
-    for (it = ifa; it != NULL; it = it->ifa_next) {
-        sb_ip_t ip;
+    for (size_t i = 0; i < naddrs && with != NULL; ++i) {
+        const sb_ip_t *ip = &addrs[i];
         const char *rule = NULL, *base = NULL;
         int allowed;
         char text[SB_IP_STRLEN];
-        if (it->ifa_addr == NULL || sb_ip_from_sockaddr(it->ifa_addr, &ip) != 0)
-            continue;
-        sb_ip_format(&ip, text, sizeof(text));
-        allowed = sb_egress_check_ip(with, &ip, &rule);
-        ok(!allowed, "interface address %s (%s) is denied: %s", text, it->ifa_name, rule);
+        sb_ip_format(ip, text, sizeof(text));
+        allowed = sb_egress_check_ip(with, ip, &rule);
+        ok(!allowed, "interface address %s (%s) is denied: %s", text, names[i], rule);
         /* what it would be without the interface layer: loopback and link-local keep their own name */
-        if (sb_egress_check_ip(without, &ip, &base) && (strcmp(base, OP_ALLOW) == 0 || strcmp(base, GLOBAL) == 0)) {
+        if (sb_egress_check_ip(without, ip, &base) && (strcmp(base, OP_ALLOW) == 0 || strcmp(base, GLOBAL) == 0)) {
             is_str(rule, IFACE, "interface address %s is named as such", text);
             ++checked;
-            if (ip.family == AF_INET) {
+            if (ip->family == AF_INET) {
                 uint8_t b[16] = {0, 0x64, 0xff, 0x9b};
                 sb_ip_t v6;
-                memcpy(b + 12, ip.addr, 4);
+                memcpy(b + 12, ip->addr, 4);
                 v6 = v6_from(b);
                 check_ip(with, "nat64 of interface", &v6, 0, NAT64 IFACE);
             }
@@ -555,7 +622,6 @@ static void test_interfaces(void)
             is_str(rule, base, "interface address %s keeps its built-in rule", text);
         }
     }
-    freeifaddrs(ifa);
     if (checked == 0)
         ok(1, "# skip: no interface address outside loopback/link-local on this host");
     sb_egress_policy_free(with);
@@ -857,9 +923,9 @@ int main(void)
     test_tables();
     test_embedded();
     test_operator();
-    test_interfaces();
     test_names();
     test_errors();
     test_ip_helpers();
+    test_interfaces(); /* last: it denies netlink for the rest of the process */
     return done_testing();
 }
