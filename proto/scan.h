@@ -8,6 +8,7 @@
 #ifndef SB_PROTO_SCAN_H
 #define SB_PROTO_SCAN_H
 
+#include <locale.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -70,5 +71,11 @@ static inline size_t sb__utf8_seq(const uint8_t *p, size_t left)
     }
     return 0;
 }
+
+/**
+ * The "C" locale, made once (json_parse.c): JSON numbers use '.' whatever
+ * LC_NUMERIC the process has. (locale_t)0 if it could not be made.
+ */
+locale_t sb__c_locale(void);
 
 #endif
