@@ -166,7 +166,7 @@ typedef struct st_sb_reader_t {
  * its own "truncated" error. Views point into the reader's bytes.
  */
 
-/** starts a reader over `len` bytes at `p` (which must outlive the reader and every view it returns) */
+/** starts a reader over `len` bytes at `p` (which must outlive the reader and every view it returns); NULL reads as no bytes */
 static inline void sb_reader_init(sb_reader_t *r, const void *p, size_t len);
 /** bytes left */
 static inline size_t sb_reader_remaining(const sb_reader_t *r);
@@ -295,8 +295,11 @@ static inline uint64_t sb_load_be64(const uint8_t *p)
 
 static inline void sb_reader_init(sb_reader_t *r, const void *p, size_t len)
 {
+    /* a reader over nothing still points somewhere, so no fetch does arithmetic on NULL */
+    if (p == NULL)
+        p = "", len = 0;
     r->_base = r->_p = (const uint8_t *)p;
-    r->_end = r->_p != NULL ? r->_p + len : NULL;
+    r->_end = r->_p + len;
 }
 
 static inline size_t sb_reader_remaining(const sb_reader_t *r)

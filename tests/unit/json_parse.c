@@ -86,7 +86,7 @@ static void test_cases_agree(void)
     }
 }
 
-/* every seed of the JSON fuzzer: the same verdict and tree as the old route */
+/* every seed of the JSON fuzzer: the same verdict and tree as the old route (but for a raw NUL, see test_raw_nul) */
 static void test_corpus_agrees(void)
 {
     static const char dir[] = SB_SOURCE_DIR "/fuzz/corpus/json";
@@ -115,7 +115,17 @@ static void test_corpus_agrees(void)
             abort();
         fclose(f);
         ++files;
-        if (!agrees(buf, (size_t)n, &st, &why)) {
+        if (n != 0 && memchr(buf, 0, (size_t)n) != NULL) {
+            /* the one place the old route was wrong (test_raw_nul): a raw NUL is refused, whatever jansson said */
+            msgpack_zone z;
+            msgpack_object o;
+            msgpack_zone_init(&z, 1024);
+            if (sb_json_parse(buf, (size_t)n, &z, &o, &why) == SB_OK) {
+                ++differ;
+                printf("#   %s: a raw NUL accepted\n", e->d_name);
+            }
+            msgpack_zone_destroy(&z);
+        } else if (!agrees(buf, (size_t)n, &st, &why)) {
             ++differ;
             printf("#   %s: the routes differ (new: %d %s)\n", e->d_name, (int)st, why ? why : "");
         }
@@ -373,6 +383,30 @@ static void test_caps(void)
     msgpack_zone_destroy(&z);
 }
 
+/*
+ * Where the old route was wrong: jansson 2.14 drops a raw NUL byte right
+ * after a number or a literal, so it took "[1\0]" for [1]. RFC 8259 allows no
+ * raw NUL anywhere (inside a string it is a control character).
+ */
+static void test_raw_nul(void)
+{
+    static const json_case_t t[] = {JC("[1\0]"), JC("1\0"), JC("[true\0]"), JC("{\"a\":null\0}"), JC("[-1\0,2]")};
+    msgpack_sbuffer sb;
+    msgpack_zone z;
+    msgpack_object o;
+    const char *why;
+
+    for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); ++i) {
+        msgpack_sbuffer_init(&sb);
+        msgpack_zone_init(&z, 1024);
+        is_int(old_route(t[i].text, t[i].len, &sb, &z, &o), SB_OK, "raw NUL case %zu: the old route accepted it", i);
+        is_int(parse(t[i].text, t[i].len, &z, &o, &why), SB_E_BAD_ARGS, "raw NUL case %zu: refused", i);
+        is_str(why, i == 1 ? "trailing bytes after the JSON value" : "invalid JSON", "raw NUL case %zu: why", i);
+        msgpack_zone_destroy(&z);
+        msgpack_sbuffer_destroy(&sb);
+    }
+}
+
 /* every allocation of a parse failed in turn: NOMEM (or success), never a crash or a leak */
 static void torture(const char *t, size_t len, const char *name)
 {
@@ -430,6 +464,7 @@ int main(void)
     test_floats_match_strtod();
     test_strings();
     test_caps();
+    test_raw_nul();
     test_nomem();
     return done_testing();
 }
