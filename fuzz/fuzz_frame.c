@@ -86,7 +86,7 @@ static void run(const uint8_t *s, size_t len, size_t cap, sb_fuzz_rng_t *rng)
     reference(s, len, cap, &e);
     sb_frame_reader_init(&r, cap);
     while (pos < len && !(e.truncated && got == e.n)) {
-        size_t chunk = sb_fuzz_rng_chunk(rng, len - pos), consumed = (size_t)-1, plen = 0, alloc_before = r.alloc;
+        size_t chunk = sb_fuzz_rng_chunk(rng, len - pos), consumed = (size_t)-1, plen = 0, alloc_before = r.payload._alloc;
         const uint8_t *payload = NULL;
         /* a fresh copy per call, so reading past the chunk is an ASan error */
         uint8_t *copy = malloc(chunk);
@@ -97,10 +97,10 @@ static void run(const uint8_t *s, size_t len, size_t cap, sb_fuzz_rng_t *rng)
         free(copy);
 
         SB_FUZZ_ASSERT(consumed <= chunk, "consumed %zu of a %zu-byte chunk", consumed, chunk);
-        SB_FUZZ_ASSERT(r.alloc <= cap, "buffer of %zu bytes above the cap %zu", r.alloc, cap);
-        SB_FUZZ_ASSERT(r.alloc >= r.have, "buffer of %zu bytes holds %zu", r.alloc, r.have);
-        SB_FUZZ_ASSERT(r.alloc <= alloc_before || r.alloc <= 4096 || r.alloc <= 2 * r.have,
-                       "buffer grew from %zu to %zu with only %zu bytes received", alloc_before, r.alloc, r.have);
+        SB_FUZZ_ASSERT(r.payload._alloc <= cap + 1, "buffer of %zu bytes above the cap %zu and its NUL", r.payload._alloc, cap);
+        SB_FUZZ_ASSERT(r.payload._alloc >= r.payload.len, "buffer of %zu bytes holds %zu", r.payload._alloc, r.payload.len);
+        SB_FUZZ_ASSERT(r.payload._alloc <= alloc_before || r.payload._alloc <= 4096 || r.payload._alloc <= 2 * r.payload.len,
+                       "buffer grew from %zu to %zu with only %zu bytes received", alloc_before, r.payload._alloc, r.payload.len);
         pos += consumed;
         if (last == SB_OK) {
             SB_FUZZ_ASSERT(got < e.n, "decoder produced frame %zu, the reference only %zu", got, e.n);
@@ -118,7 +118,7 @@ static void run(const uint8_t *s, size_t len, size_t cap, sb_fuzz_rng_t *rng)
         SB_FUZZ_ASSERT(last == e.end, "status %d, the reference says %d", (int)last, (int)e.end);
         SB_FUZZ_ASSERT(pos == e.end_off, "error at offset %zu, want %zu", pos, e.end_off);
         SB_FUZZ_ASSERT(got == e.n, "error after %zu frames, want %zu", got, e.n);
-        SB_FUZZ_ASSERT(last != SB_E_TOO_LARGE || r.have == 0, "TOO_LARGE after buffering %zu bytes", r.have);
+        SB_FUZZ_ASSERT(last != SB_E_TOO_LARGE || r.payload.len == 0, "TOO_LARGE after buffering %zu bytes", r.payload.len);
         break;
     }
     if (!e.truncated && (last == SB_OK || last == SB_E_AGAIN)) {
@@ -126,7 +126,7 @@ static void run(const uint8_t *s, size_t len, size_t cap, sb_fuzz_rng_t *rng)
         SB_FUZZ_ASSERT(got == e.n, "%zu frames decoded, the reference has %zu", got, e.n);
         SB_FUZZ_ASSERT(e.end == SB_E_AGAIN, "the reference ends in error %d, the decoder did not", (int)e.end);
         if (last == SB_E_AGAIN && e.hdr_have == SB_FRAME_HEADER_LEN)
-            SB_FUZZ_ASSERT(r.have == e.partial, "unfinished frame holds %zu bytes, want %zu", r.have, e.partial);
+            SB_FUZZ_ASSERT(r.payload.len == e.partial, "unfinished frame holds %zu bytes, want %zu", r.payload.len, e.partial);
     }
     sb_frame_reader_dispose(&r);
 }

@@ -270,11 +270,13 @@ static void on_message(stream_t *t, const sb_frame_reader_t *rd, const sb_shim_m
     e->why = st == SB_OK ? NULL : why;
     if (st == SB_OK && m->kind == SB_SHIM_MSG_CALL) {
         /* the message points into the reader's copy of the payload, which equals the stream's */
-        SB_FUZZ_ASSERT(rd->have == plen && memcmp(rd->buf, p, plen) == 0, "the reader's payload differs from the stream's");
-        SB_FUZZ_ASSERT((const uint8_t *)m->method >= rd->buf && (const uint8_t *)m->method + m->method_len <= rd->buf + plen,
+        SB_FUZZ_ASSERT(rd->payload.len == plen && memcmp(rd->payload.base, p, plen) == 0,
+                       "the reader's payload differs from the stream's");
+        SB_FUZZ_ASSERT((const uint8_t *)m->method >= (const uint8_t *)rd->payload.base &&
+                           (const uint8_t *)m->method + m->method_len <= (const uint8_t *)rd->payload.base + plen,
                        "the method does not point into the frame's payload");
         e->id = m->id;
-        e->method_off = (size_t)((const uint8_t *)m->method - rd->buf);
+        e->method_off = (size_t)((const uint8_t *)m->method - (const uint8_t *)rd->payload.base);
         e->method_len = m->method_len;
         e->has_args = m->args != NULL;
     }

@@ -1,11 +1,15 @@
 /*
- * JSON at the edge (PROTOCOL.md, "Values"): jansson parses and prints, and
- * these functions convert to and from the msgpack representation used inside.
+ * JSON at the edge (PROTOCOL.md, "Values"), the jansson route: jansson parses
+ * and prints, and these functions convert to and from the msgpack
+ * representation used inside. sb_json_parse (json_parse.c) and sb_json_write
+ * (json_write.c) replace it on the RPC route; this stays as the reference the
+ * tests and fuzz/fuzz_json.c compare them with, and for callers not moved yet.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "sb/limits.h"
+#include "sb/mem.h"
 #include "sb/value.h"
 
 /*
@@ -196,11 +200,11 @@ static sb_status_t from_mp(const msgpack_object *o, json_t **out, unsigned depth
         break;
     case MSGPACK_OBJECT_BIN: {
         char *b64;
-        if ((b64 = malloc(sb_b64_encoded_len(o->via.bin.size) + 1)) == NULL)
+        if ((b64 = sb_mem_try_alloc(sb_b64_encoded_len(o->via.bin.size) + 1)) == NULL)
             return SB_E_NOMEM;
         sb_b64_encode((const uint8_t *)o->via.bin.ptr, o->via.bin.size, b64);
         v = json_string_nocheck(b64);
-        free(b64);
+        sb_mem_free(b64);
         break;
     }
     case MSGPACK_OBJECT_ARRAY:

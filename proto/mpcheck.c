@@ -10,12 +10,14 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include "sb/buf.h"
 #include "sb/limits.h"
+#include "sb/mem.h"
 #include "sb/value.h"
+#include "scan.h"
 
 typedef struct st_cursor_t {
-    const uint8_t *p;
-    size_t left;
+    sb_reader_t r;
     size_t nodes;
     const char *why;
 } cursor_t;
@@ -27,24 +29,44 @@ typedef struct st_key_t {
 
 static int take(cursor_t *c, size_t n, const uint8_t **out)
 {
-    if (n > c->left) {
+    sb_view_t v;
+    if (sb_reader_bytes(&c->r, n, &v) != SB_OK) {
         c->why = "truncated msgpack";
         return 0;
     }
-    *out = c->p;
-    c->p += n;
-    c->left -= n;
+    *out = v.base;
     return 1;
 }
 
+/* a big-endian integer of n = 1, 2, 4 or 8 bytes */
 static int read_be(cursor_t *c, size_t n, uint64_t *v)
 {
-    const uint8_t *b;
-    if (!take(c, n, &b))
+    sb_status_t st;
+    uint8_t u8 = 0;
+    uint16_t u16 = 0;
+    uint32_t u32 = 0;
+
+    switch (n) {
+    case 1:
+        st = sb_reader_u8(&c->r, &u8);
+        *v = u8;
+        break;
+    case 2:
+        st = sb_reader_be16(&c->r, &u16);
+        *v = u16;
+        break;
+    case 4:
+        st = sb_reader_be32(&c->r, &u32);
+        *v = u32;
+        break;
+    default:
+        st = sb_reader_be64(&c->r, v);
+        break;
+    }
+    if (st != SB_OK) {
+        c->why = "truncated msgpack";
         return 0;
-    *v = 0;
-    for (size_t i = 0; i < n; ++i)
-        *v = *v << 8 | b[i];
+    }
     return 1;
 }
 
@@ -66,7 +88,7 @@ static sb_status_t walk_map(cursor_t *c, unsigned depth, uint64_t n)
     sb_status_t st = SB_OK;
 
     /* each pair needs at least two bytes */
-    if (n > c->left / 2) {
+    if (n > sb_reader_remaining(&c->r) / 2) {
         c->why = "msgpack map count exceeds the bytes left";
         return SB_E_BAD_ARGS;
     }
@@ -75,7 +97,7 @@ static sb_status_t walk_map(cursor_t *c, unsigned depth, uint64_t n)
         c->why = "value has too many nodes";
         return SB_E_TOO_LARGE;
     }
-    if (n > sizeof(small) / sizeof(small[0]) && (keys = malloc((size_t)n * sizeof(*keys))) == NULL)
+    if (n > sizeof(small) / sizeof(small[0]) && (keys = sb_mem_try_alloc_array((size_t)n, sizeof(*keys))) == NULL)
         return SB_E_NOMEM;
     for (uint64_t i = 0; i < n; ++i) {
         if ((st = walk(c, depth + 1, &keys[i])) != SB_OK)
@@ -95,7 +117,7 @@ static sb_status_t walk_map(cursor_t *c, unsigned depth, uint64_t n)
     }
 Exit:
     if (keys != small)
-        free(keys);
+        sb_mem_free(keys);
     return st;
 }
 
@@ -223,7 +245,7 @@ static sb_status_t walk(cursor_t *c, unsigned depth, span_t *as_key)
         }
         if (is_map)
             return walk_map(c, depth, n);
-        if (n > c->left) {
+        if (n > sb_reader_remaining(&c->r)) {
             c->why = "msgpack array count exceeds the bytes left";
             return SB_E_BAD_ARGS;
         }
@@ -238,15 +260,18 @@ static sb_status_t walk(cursor_t *c, unsigned depth, span_t *as_key)
 
 sb_status_t sb_mp_check(const uint8_t *p, size_t len, size_t *obj_len, const char **why)
 {
-    cursor_t c = {p, len, 0, "invalid msgpack"};
-    sb_status_t st = walk(&c, 0, NULL);
+    cursor_t c = {.nodes = 0, .why = "invalid msgpack"};
+    sb_status_t st;
+
+    sb_reader_init(&c.r, p, len);
+    st = walk(&c, 0, NULL);
 
     if (st != SB_OK) {
         if (why != NULL)
             *why = st == SB_E_NOMEM ? "out of memory" : c.why;
         return st;
     }
-    *obj_len = len - c.left;
+    *obj_len = sb_reader_offset(&c.r);
     return SB_OK;
 }
 
@@ -332,31 +357,19 @@ int sb_utf8_valid(const uint8_t *p, size_t len)
     size_t i = 0;
 
     while (i < len) {
-        uint8_t b = p[i];
-        uint32_t cp;
-        size_t n;
-        if (b < 0x80) {
+        size_t k;
+        /* ASCII, eight bytes at a time: most strings are mostly ASCII */
+        if (len - i >= 8 && sb__ascii8(sb__load8(p + i))) {
+            i += 8;
+            continue;
+        }
+        if (p[i] < 0x80) {
             ++i;
             continue;
-        } else if (b >= 0xc2 && b <= 0xdf) {
-            n = 1, cp = b & 0x1f;
-        } else if (b >= 0xe0 && b <= 0xef) {
-            n = 2, cp = b & 0x0f;
-        } else if (b >= 0xf0 && b <= 0xf4) {
-            n = 3, cp = b & 0x07;
-        } else {
-            return 0;
         }
-        if (len - i - 1 < n)
+        if ((k = sb__utf8_seq(p + i, len - i)) == 0)
             return 0;
-        for (size_t k = 1; k <= n; ++k) {
-            if ((p[i + k] & 0xc0) != 0x80)
-                return 0;
-            cp = cp << 6 | (p[i + k] & 0x3f);
-        }
-        if ((n == 2 && cp < 0x800) || (n == 3 && (cp < 0x10000 || cp > 0x10ffff)) || (cp >= 0xd800 && cp <= 0xdfff))
-            return 0;
-        i += n + 1;
+        i += k;
     }
     return 1;
 }

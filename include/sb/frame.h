@@ -11,6 +11,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "sb/buf.h"
 #include "sb/status.h"
 
 #ifdef __cplusplus
@@ -20,14 +21,12 @@ extern "C" {
 #define SB_FRAME_HEADER_LEN 4u
 
 typedef struct st_sb_frame_reader_t {
-    size_t cap;      /* largest payload accepted */
-    uint8_t hdr[4];  /* the length prefix being assembled */
-    size_t hdr_have; /* bytes of hdr received */
-    size_t need;     /* payload length of the current frame (valid once hdr_have == 4) */
-    uint8_t *buf;    /* payload bytes received so far (owned) */
-    size_t have;     /* bytes in buf */
-    size_t alloc;    /* capacity of buf */
-    int ready;       /* the previous call returned a whole frame */
+    size_t cap;       /* largest payload accepted */
+    uint8_t hdr[4];   /* the length prefix being assembled */
+    size_t hdr_have;  /* bytes of hdr received */
+    size_t need;      /* payload length of the current frame (valid once hdr_have == 4) */
+    sb_buf_t payload; /* payload bytes received so far; its cap is `need` */
+    int ready;        /* the previous call returned a whole frame */
 } sb_frame_reader_t;
 
 /** initialises a reader that accepts payloads of 1..cap bytes */

@@ -2,10 +2,13 @@
  * sandbox-broker: decoding and encoding of untrusted values.
  *
  * Inside the project a request or reply value is a msgpack_object tree (it
- * is also our native wire encoding). JSON arrives and leaves through jansson.
- * Both directions are bounded: nesting at most SB_MAX_DEPTH containers, at
- * most SB_MAX_NODES nodes, strict UTF-8, string map keys, no duplicate keys,
- * no msgpack ext types, no non-finite floats (PROTOCOL.md, "Values").
+ * is also our native wire encoding). JSON arrives through sb_json_parse and
+ * leaves through sb_json_write, straight between JSON text and that tree;
+ * the older jansson route (sb_json_decode, sb_json_from_mp) stays until every
+ * caller has moved. Both directions are bounded: nesting at most SB_MAX_DEPTH
+ * containers, at most SB_MAX_NODES nodes, strict UTF-8, string map keys, no
+ * duplicate keys, no msgpack ext types, no non-finite floats (PROTOCOL.md,
+ * "Values").
  */
 #ifndef SB_VALUE_H
 #define SB_VALUE_H
@@ -14,6 +17,7 @@
 #include <stdint.h>
 #include <msgpack.h>
 #include <jansson.h>
+#include "sb/buf.h"
 #include "sb/status.h"
 
 #ifdef __cplusplus
@@ -56,6 +60,72 @@ SB_WARN_UNUSED sb_status_t sb_mp_decode_packed(const uint8_t *p, size_t len, msg
  * @return SB_OK, SB_E_BAD_ARGS (not JSON), SB_E_TOO_LARGE (depth or node cap), SB_E_NOMEM
  */
 SB_WARN_UNUSED sb_status_t sb_json_decode(const char *text, size_t len, msgpack_sbuffer *packed, const char **why);
+
+/**
+ * Decodes JSON text (RFC 8259) in one pass into a msgpack_object tree, the
+ * form the rest of the broker reads; no jansson, no packed intermediate.
+ *
+ * The rules (PROTOCOL.md, "Values"), each refused with SB_E_BAD_ARGS unless
+ * said otherwise:
+ *  - the RFC 8259 grammar exactly: one value, optionally surrounded by
+ *    whitespace (space, tab, LF, CR; nothing else, no byte order mark), no
+ *    trailing bytes, no comments, no single quotes, no trailing commas;
+ *  - strings: strict UTF-8 (no overlongs, no surrogates, nothing above
+ *    U+10FFFF), no raw control characters, only the RFC's escapes, UTF-16
+ *    surrogate escapes only as a high-low pair; \u0000 is allowed in values
+ *    and refused in object keys;
+ *  - objects: string keys, no duplicate keys (compared after unescaping);
+ *  - numbers: an integer (no fraction, no exponent) becomes
+ *    MSGPACK_OBJECT_POSITIVE_INTEGER (0 and above, "-0" included) or
+ *    MSGPACK_OBJECT_NEGATIVE_INTEGER, and must fit int64 (as jansson's
+ *    json_int_t, which the old route used); anything else becomes
+ *    MSGPACK_OBJECT_FLOAT64, rounded correctly; a number whose magnitude
+ *    overflows a double is refused, one that underflows becomes 0 or a
+ *    subnormal, as strtod gives it;
+ *  - at most SB_MAX_DEPTH - 1 nested containers and SB_MAX_NODES values
+ *    (object keys are not values, as sb_mp_check counts them): SB_E_TOO_LARGE.
+ *    Both are checked as each value starts, before the zone or the scratch
+ *    stack grows for it.
+ * Memory: container arrays and unescaped copies of strings that hold escapes
+ * live in `zone`; a string without escapes points into `text`. So the tree
+ * lives as long as both `text` and `zone` (the same contract as sb_mp_decode
+ * with its buffer). Empty strings point at a valid address, never NULL.
+ * Besides the zone, a scratch stack is allocated (sb/mem.h) for objects and
+ * arrays with more than 64 pending values, and freed before returning.
+ * @param text the JSON bytes (need not be NUL-terminated)
+ * @param out on SB_OK, the root value; untouched otherwise
+ * @param why on failure, a static description of the first problem (may be NULL)
+ * @return SB_OK, SB_E_BAD_ARGS, SB_E_TOO_LARGE or SB_E_NOMEM. On failure the
+ *         zone may hold memory from the attempt; destroy or reuse it.
+ */
+SB_WARN_UNUSED sb_status_t sb_json_parse(const char *text, size_t len, msgpack_zone *zone, msgpack_object *out, const char **why);
+
+/**
+ * Writes a msgpack_object tree as compact JSON text at the end of `buf`.
+ *
+ * The output is byte for byte what sb_json_from_mp followed by
+ * json_dumps(JSON_COMPACT | JSON_ENCODE_ANY) produced, so replies do not
+ * change: nil, booleans; integers in decimal; floats as "%.17g" (which reads
+ * back to the same double), with ".0" added when that has no '.' or exponent
+ * and the exponent written without '+' or leading zeros (-0.0 is "-0.0",
+ * 1e300 is "1.0000000000000001e300"); strings escaped as
+ * sb_buf_append_json_str does; bin as base64 text (RFC 4648, padded);
+ * arrays and maps in their order, and a map that repeats a key keeps the
+ * key's first position with its last value (as a jansson object did).
+ * The text is always valid JSON and valid UTF-8.
+ *
+ * Refused, with SB_E_BAD_ARGS: a str (value or key) that is not valid UTF-8,
+ * a map key that is not a str or holds NUL, an ext, a non-finite float, a
+ * positive integer above INT64_MAX, a value nested deeper than SB_MAX_DEPTH
+ * containers or with more than SB_MAX_NODES values.
+ * The buffer's cap is enforced as the text is written: the writer stops at
+ * the first append that would pass it (SB_E_TOO_LARGE); it never builds the
+ * whole text first.
+ * @param why on failure, a static description (may be NULL)
+ * @return SB_OK, SB_E_BAD_ARGS, SB_E_TOO_LARGE (the buffer's cap) or
+ *         SB_E_NOMEM; on failure `buf` is as it was before the call
+ */
+SB_WARN_UNUSED sb_status_t sb_json_write(sb_buf_t *buf, const msgpack_object *o, const char **why);
 
 /** packs a jansson value as msgpack (depth- and node-capped) */
 SB_WARN_UNUSED sb_status_t sb_mp_pack_json(msgpack_packer *pk, const json_t *v, const char **why);

@@ -8,6 +8,7 @@
 #include "tap.h"
 #include "sb/frame.h"
 #include "sb/limits.h"
+#include "sb/mem.h"
 
 #define MAX_FRAMES 8
 
@@ -164,7 +165,7 @@ static void test_zero_length(void)
     sb_frame_reader_init(&r, 65536);
     is_int(sb_frame_feed(&r, in, sizeof(in), &consumed, &payload, &plen), SB_E_BAD_ARGS, "zero length -> SB_E_BAD_ARGS");
     is_int(consumed, 4, "zero length: refused right after the header");
-    ok(r.buf == NULL && r.alloc == 0, "zero length: nothing allocated");
+    ok(r.payload.base == NULL && r.payload._alloc == 0, "zero length: nothing allocated");
     sb_frame_reader_dispose(&r);
 
     /* the same, fed one byte at a time */
@@ -205,7 +206,7 @@ static void test_too_large(void)
     is_int(sb_frame_feed(&r, in + 3, sizeof(in) - 3, &consumed, &payload, &plen), SB_E_TOO_LARGE,
            "cap+1 -> SB_E_TOO_LARGE on the 4th header byte");
     is_int(consumed, 1, "cap+1: nothing after the header consumed");
-    ok(r.buf == NULL && r.alloc == 0 && r.have == 0, "cap+1: nothing allocated");
+    ok(r.payload.base == NULL && r.payload._alloc == 0 && r.payload.len == 0, "cap+1: nothing allocated");
     sb_frame_reader_dispose(&r);
 
     /* exactly the cap is accepted */
@@ -218,7 +219,7 @@ static void test_too_large(void)
         sb_frame_reader_init(&r, 1000);
         is_int(sb_frame_feed(&r, s, 4 + 1000, &consumed, &payload, &plen), SB_OK, "length == cap is accepted");
         is_int(plen, 1000, "length == cap: payload length");
-        ok(r.alloc <= 1000, "length == cap: buffer never larger than the cap (%zu)", r.alloc);
+        ok(r.payload._alloc <= 1001, "length == cap: buffer never larger than the cap and its NUL (%zu)", r.payload._alloc);
         sb_frame_reader_dispose(&r);
         free(s);
     }
@@ -227,14 +228,14 @@ static void test_too_large(void)
     sb_frame_reader_init(&r, SB_MAX_FRAME);
     sb_frame_header(SB_MAX_FRAME + 1, in);
     is_int(sb_frame_feed(&r, in, sizeof(in), &consumed, &payload, &plen), SB_E_TOO_LARGE, "SB_MAX_FRAME + 1 -> SB_E_TOO_LARGE");
-    ok(r.buf == NULL && r.alloc == 0, "SB_MAX_FRAME + 1: nothing allocated");
+    ok(r.payload.base == NULL && r.payload._alloc == 0, "SB_MAX_FRAME + 1: nothing allocated");
     sb_frame_reader_dispose(&r);
 
     sb_frame_reader_init(&r, SB_MAX_FRAME);
     memset(in, 0xff, 4);
     is_int(sb_frame_feed(&r, in, sizeof(in), &consumed, &payload, &plen), SB_E_TOO_LARGE, "4 GiB prefix ff ff ff ff -> SB_E_TOO_LARGE");
     is_int(consumed, 4, "4 GiB prefix: refused right after the header");
-    ok(r.buf == NULL && r.alloc == 0, "4 GiB prefix: nothing allocated");
+    ok(r.payload.base == NULL && r.payload._alloc == 0, "4 GiB prefix: nothing allocated");
     sb_frame_reader_dispose(&r);
 
     /* 0x80000000: would be negative as a signed 32-bit length */
@@ -260,27 +261,28 @@ static void test_memory_growth(void)
     sb_frame_reader_init(&r, SIZE_MAX);
     memset(hdr, 0xff, 4);
     is_int(sb_frame_feed(&r, hdr, 4, &consumed, &payload, &plen), SB_E_AGAIN, "4 GiB prefix without a cap: AGAIN");
-    ok(r.buf == NULL && r.alloc == 0, "4 GiB prefix without a cap: header alone allocates nothing");
+    ok(r.payload.base == NULL && r.payload._alloc == 0, "4 GiB prefix without a cap: header alone allocates nothing");
     is_int(sb_frame_feed(&r, chunk, 100, &consumed, &payload, &plen), SB_E_AGAIN, "4 GiB prefix: 100 payload bytes -> AGAIN");
-    ok(r.alloc <= 4096, "4 GiB prefix: 100 bytes received, %zu bytes allocated", r.alloc);
+    ok(r.payload._alloc <= 4096, "4 GiB prefix: 100 bytes received, %zu bytes allocated", r.payload._alloc);
     sb_frame_reader_dispose(&r);
 
     /* a declared 7 MB frame (the production cap), fed in 10000-byte chunks: the buffer stays within 2x what arrived */
     sb_frame_reader_init(&r, SB_MAX_FRAME);
     sb_frame_header(SB_MAX_FRAME, hdr);
     is_int(sb_frame_feed(&r, hdr, 4, &consumed, &payload, &plen), SB_E_AGAIN, "SB_MAX_FRAME header: AGAIN");
-    ok(r.alloc == 0, "SB_MAX_FRAME header: nothing allocated yet");
+    ok(r.payload._alloc == 0, "SB_MAX_FRAME header: nothing allocated yet");
     is_int(sb_frame_feed(&r, chunk, 1, &consumed, &payload, &plen), SB_E_AGAIN, "SB_MAX_FRAME: one byte -> AGAIN");
-    ok(r.alloc <= 4096, "SB_MAX_FRAME: one byte received, %zu bytes allocated", r.alloc);
+    ok(r.payload._alloc <= 4096, "SB_MAX_FRAME: one byte received, %zu bytes allocated", r.payload._alloc);
     total = 1;
     while (total < SB_MAX_FRAME) {
         size_t n = SB_MAX_FRAME - total < sizeof(chunk) ? SB_MAX_FRAME - total : sizeof(chunk);
         sb_status_t st = sb_frame_feed(&r, chunk, n, &consumed, &payload, &plen);
         total += consumed;
-        if (r.alloc > (total < 2048 ? 4096 : 2 * total) || r.alloc < r.have || r.alloc > SB_MAX_FRAME)
+        if (r.payload._alloc > (total < 2048 ? 4096 : 2 * total) || r.payload._alloc < r.payload.len ||
+            r.payload._alloc > SB_MAX_FRAME + 1)
             bounded = 0;
-        if (r.alloc > worst)
-            worst = r.alloc;
+        if (r.payload._alloc > worst)
+            worst = r.payload._alloc;
         if (st == SB_OK)
             break;
         if (st != SB_E_AGAIN || consumed != n) {
@@ -291,9 +293,9 @@ static void test_memory_growth(void)
     ok(bounded, "memory grows only with the bytes received (allocation <= 2x bytes, <= cap)");
     is_int(total, SB_MAX_FRAME, "the whole SB_MAX_FRAME payload was consumed");
     is_int(plen, SB_MAX_FRAME, "SB_MAX_FRAME payload delivered");
-    ok(worst <= SB_MAX_FRAME, "buffer never exceeded the cap (%zu)", worst);
+    ok(worst <= SB_MAX_FRAME + 1, "buffer never exceeded the cap and its NUL (%zu)", worst);
     sb_frame_reader_dispose(&r);
-    ok(r.buf == NULL && r.alloc == 0 && r.have == 0, "dispose releases the buffer");
+    ok(r.payload.base == NULL && r.payload._alloc == 0 && r.payload.len == 0, "dispose releases the buffer");
 }
 
 /* a large frame followed by a small one reuses the buffer and delivers the right bytes */
@@ -326,6 +328,26 @@ static void test_empty_feed(void)
     sb_frame_reader_dispose(&r);
 }
 
+/* the payload buffer cannot grow: NOMEM, with the header bytes accounted as consumed */
+static void test_nomem(void)
+{
+    sb_frame_reader_t r;
+    const uint8_t *payload = NULL;
+    size_t consumed = 0, plen = 0;
+    uint8_t in[4 + 3] = {0, 0, 0, 3, 'a', 'b', 'c'};
+
+    sb_frame_reader_init(&r, 16);
+    sb_mem_fail_nth(1);
+    is_int(sb_frame_feed(&r, in, sizeof(in), &consumed, &payload, &plen), SB_E_NOMEM, "payload allocation fails: NOMEM");
+    is_int(consumed, 4, "NOMEM: the header was consumed, the payload was not");
+    ok(r.payload.base == NULL && r.payload.len == 0, "NOMEM: nothing buffered");
+    sb_frame_reader_dispose(&r);
+    sb_frame_reader_init(&r, 16);
+    is_int(sb_frame_feed(&r, in, sizeof(in), &consumed, &payload, &plen), SB_OK, "without the failure: the frame");
+    ok(plen == 3 && memcmp(payload, "abc", 3) == 0, "without the failure: its payload");
+    sb_frame_reader_dispose(&r);
+}
+
 int main(void)
 {
     stream_t s = {0};
@@ -347,6 +369,7 @@ int main(void)
     test_memory_growth();
     test_reuse();
     test_empty_feed();
+    test_nomem();
     free(s.bytes);
     return done_testing();
 }

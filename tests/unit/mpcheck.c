@@ -17,6 +17,7 @@
 #include <msgpack.h>
 #include "tap.h"
 #include "sb/limits.h"
+#include "sb/mem.h"
 #include "sb/value.h"
 
 #define B(s) (const uint8_t *)(s), sizeof(s) - 1
@@ -414,6 +415,89 @@ static void test_utf8(void)
     ok(!sb_utf8_valid(B("\xf8\x88\x80\x80\x80")), "utf8: 5-byte form");
 }
 
+/* the validator as it was before it learned to skip ASCII eight bytes at a time: the reference */
+static int ref_utf8_valid(const uint8_t *p, size_t len)
+{
+    size_t i = 0;
+
+    while (i < len) {
+        uint8_t b = p[i];
+        uint32_t cp;
+        size_t n;
+        if (b < 0x80) {
+            ++i;
+            continue;
+        } else if (b >= 0xc2 && b <= 0xdf) {
+            n = 1, cp = b & 0x1f;
+        } else if (b >= 0xe0 && b <= 0xef) {
+            n = 2, cp = b & 0x0f;
+        } else if (b >= 0xf0 && b <= 0xf4) {
+            n = 3, cp = b & 0x07;
+        } else {
+            return 0;
+        }
+        if (len - i - 1 < n)
+            return 0;
+        for (size_t k = 1; k <= n; ++k) {
+            if ((p[i + k] & 0xc0) != 0x80)
+                return 0;
+            cp = cp << 6 | (p[i + k] & 0x3f);
+        }
+        if ((n == 2 && cp < 0x800) || (n == 3 && (cp < 0x10000 || cp > 0x10ffff)) || (cp >= 0xd800 && cp <= 0xdfff))
+            return 0;
+        i += n + 1;
+    }
+    return 1;
+}
+
+/* every input of up to 3 bytes, and 4-byte forms, alone and after 7 ASCII bytes (so the 8-byte skip straddles them) */
+static void test_utf8_exhaustive(void)
+{
+    static const uint8_t last[] = {0x00, 0x7f, 0x80, 0x8f, 0x90, 0xbf, 0xc0, 0xff};
+    uint8_t b[7 + 4];
+    size_t differ = 0, checked = 0;
+
+    memset(b, 'a', 7);
+    for (size_t len = 1; len <= 3; ++len) {
+        uint32_t total = 1u << (8 * len);
+        for (uint32_t v = 0; v < total; ++v) {
+            for (size_t i = 0; i < len; ++i)
+                b[7 + i] = (uint8_t)(v >> (8 * i));
+            differ += sb_utf8_valid(b + 7, len) != ref_utf8_valid(b + 7, len);
+            differ += sb_utf8_valid(b, 7 + len) != ref_utf8_valid(b, 7 + len);
+            checked += 2;
+        }
+    }
+    for (uint32_t lead = 0xe0; lead <= 0xf7; ++lead) {
+        for (uint32_t v = 0; v < 65536; ++v) {
+            for (size_t k = 0; k < sizeof(last); ++k) {
+                b[7] = (uint8_t)lead, b[8] = (uint8_t)v, b[9] = (uint8_t)(v >> 8), b[10] = last[k];
+                differ += sb_utf8_valid(b + 7, 4) != ref_utf8_valid(b + 7, 4);
+                differ += sb_utf8_valid(b, 11) != ref_utf8_valid(b, 11);
+                checked += 2;
+            }
+        }
+    }
+    ok(differ == 0, "utf8: agrees with the byte-at-a-time reference on %zu inputs (%zu differ)", checked, differ);
+}
+
+/* the key list of a map of more than 16 pairs cannot be allocated: NOMEM, with its reason */
+static void test_nomem(void)
+{
+    uint8_t m[3 + 17 * 3];
+    size_t n = 0, obj_len = 0;
+    const char *why = NULL;
+
+    /* map16 of 17 pairs: "a".."q" -> 1 */
+    m[n++] = 0xde, m[n++] = 0, m[n++] = 17;
+    for (int i = 0; i < 17; ++i)
+        m[n++] = 0xa1, m[n++] = (uint8_t)('a' + i), m[n++] = 1;
+    is_int(sb_mp_check(m, n, &obj_len, &why), SB_OK, "map of 17 pairs passes");
+    sb_mem_fail_nth(1);
+    is_int(sb_mp_check(m, n, &obj_len, &why), SB_E_NOMEM, "map of 17 pairs, key list allocation fails: NOMEM");
+    is_str(why, "out of memory", "NOMEM: why");
+}
+
 /*
  * Exhaustive over every input of up to 3 bytes: whenever sb_mp_check accepts,
  * msgpack_unpack succeeds and consumes exactly obj_len bytes (and whenever
@@ -517,6 +601,8 @@ int main(void)
     test_nodes();
     test_decode();
     test_utf8();
+    test_utf8_exhaustive();
+    test_nomem();
     test_exhaustive_small();
     test_map_count_bounded_before_alloc();
     return done_testing();
