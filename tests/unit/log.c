@@ -278,12 +278,12 @@ static void test_every_cut_point(void)
 
 static void test_audit_lines(void)
 {
-    const char *err = NULL;
+    char err[256];
     sb_logline_t l;
     json_t *o;
 
     capture_begin();
-    if (sb_audit_open("stderr", &err) != SB_OK)
+    if (sb_audit_open("stderr", err, sizeof(err)) != SB_OK)
         abort();
     sb_log_begin_always(&l, "rpc");
     sb_log_str(&l, "method", S("collections.\xff\xfe.find"));
