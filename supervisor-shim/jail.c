@@ -51,7 +51,7 @@
 #define CGROUP2_SUPER_MAGIC 0x63677270
 #endif
 
-/* the namespaces every jailed guest gets (clone(2) flags) */
+/* the namespaces of every jailed guest, as clone(2) flags */
 #define JAIL_NS_FLAGS ((unsigned long)(CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP))
 
 /*
@@ -249,6 +249,14 @@ static int build_filter(sb_shim_jail_t *j, char *err, size_t errsz)
     if (ctx == NULL) {
         snprintf(err, errsz, "jail: cannot build the seccomp filter (out of memory)");
         return -1;
+    }
+    /* a kernel (or container) without seccomp filters: say so, rather than what libseccomp makes of it */
+    {
+        uint32_t act = SECCOMP_RET_KILL_PROCESS;
+        if (syscall(SYS_seccomp, SECCOMP_GET_ACTION_AVAIL, 0, &act) != 0) {
+            snprintf(err, errsz, "jail: the kernel refuses seccomp filters (seccomp: %s)", strerror(errno));
+            goto Exit;
+        }
     }
     /* foreign ABIs (i386 through int 0x80, x32 on x86_64) never reach the rules: they kill */
     if ((rc = seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS)) != 0 ||
@@ -516,12 +524,13 @@ sb_shim_jail_t *sb_shim_jail_new(const sb_shim_jail_config_t *cfg, char *err, si
                      j->cgroup_path, SB_SHIM_JAIL_DENO_OVERHEAD_MB, j->nproc);
         else
             snprintf(mem, sizeof(mem),
-                     "no cgroup v2 subtree (--jail-cgroup): memory is bounded by the V8 heap cap "
-                     "only, processes by RLIMIT_NPROC");
+                     "no cgroup v2 subtree (--jail-cgroup): memory is bounded only by the V8 heap cap and "
+                     "RLIMIT_DATA, processes by RLIMIT_NPROC");
         snprintf(j->describe, sizeof(j->describe),
                  "jail: on: user, pid, net (lo down), ipc, uts, cgroup namespaces; %s, no groups or capabilities; "
-                 "no_new_privs; seccomp (%u rules); rlimits nproc %u, fsize %llu MiB, core 0; %s",
-                 ids, j->rules, j->nproc, j->fsize / (1024u * 1024u), mem);
+                 "no_new_privs; seccomp (%u rules); rlimits nproc %u, fsize %llu MiB, data memory limit + %u MiB + "
+                 "%u MiB per CPU, core 0; %s",
+                 ids, j->rules, j->nproc, j->fsize / (1024u * 1024u), SB_SHIM_JAIL_DATA_BASE_MB, SB_SHIM_JAIL_DATA_PER_CPU_MB, mem);
     }
     return j;
 Fail:
@@ -655,6 +664,13 @@ sb_status_t sb_shim_jail_begin(sb_shim_jail_t *j, unsigned memory_mb, const char
     if (!sb_shim_jail_enabled(j))
         return SB_OK;
     run->active = 1;
+    {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        unsigned long long mb = (unsigned long long)(memory_mb != 0 ? memory_mb : SB_SHIM_JAIL_DEFAULT_MEMORY_MB) +
+                                SB_SHIM_JAIL_DATA_BASE_MB +
+                                SB_SHIM_JAIL_DATA_PER_CPU_MB * (unsigned long long)(cpus > 0 ? cpus : 1);
+        run->data_limit = mb * 1024u * 1024u;
+    }
     if (j->privileged) {
         if (take_uid(j, run, err, errsz) != 0)
             goto Fail;
@@ -770,6 +786,9 @@ int sb_shim_jail_enter(const sb_shim_jail_t *j, const sb_shim_jail_run_t *run, u
         ENTER_FAIL(SB_SHIM_JAIL_STAGE_RLIMIT);
     rl.rlim_cur = rl.rlim_max = (rlim_t)j->fsize;
     if (setrlimit(RLIMIT_FSIZE, &rl) != 0)
+        ENTER_FAIL(SB_SHIM_JAIL_STAGE_RLIMIT);
+    rl.rlim_cur = rl.rlim_max = (rlim_t)run->data_limit;
+    if (setrlimit(RLIMIT_DATA, &rl) != 0)
         ENTER_FAIL(SB_SHIM_JAIL_STAGE_RLIMIT);
     if (nofile != 0) {
         rl.rlim_cur = rl.rlim_max = nofile;

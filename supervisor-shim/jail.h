@@ -39,6 +39,15 @@
 #define SB_SHIM_JAIL_LOCK_FILE "/run/sandbox-shim/uids.lock"
 /* cgroup memory.max = the run's memory limit plus this (Deno beyond its V8 old space; README.md) */
 #define SB_SHIM_JAIL_DENO_OVERHEAD_MB 160u
+/*
+ * RLIMIT_DATA (writable private memory, resident or not) = the run's memory limit plus this plus
+ * SB_SHIM_JAIL_DATA_PER_CPU_MB per CPU. The V8 heap cap does not cover ArrayBuffer backing stores
+ * (a guest filling Uint8Arrays under --max-old-space-size=32 reached 6.6 GiB resident in 20 s);
+ * this bounds them where no cgroup does. Deno 2.9 maps about 545 MiB of it when idle (a 512 MiB
+ * code range, thread stacks, malloc arenas) on 2 CPUs.
+ */
+#define SB_SHIM_JAIL_DATA_BASE_MB 768u
+#define SB_SHIM_JAIL_DATA_PER_CPU_MB 16u
 /* the memory limit of a run that names none (relay without --memory-mb) */
 #define SB_SHIM_JAIL_DEFAULT_MEMORY_MB 256u
 
@@ -59,8 +68,9 @@ typedef struct st_sb_shim_jail_run_t {
     int active; /* begin succeeded and end has not run */
     uid_t uid;  /* the guest's uid and gid, inside and outside its user namespace */
     gid_t gid;
-    int lock_fd;   /* holds the byte lock on `uid` in the lock file; -1: none (not root) */
-    int cgroup_fd; /* the run's cgroup directory; -1: none */
+    int lock_fd;                   /* holds the byte lock on `uid` in the lock file; -1: none (not root) */
+    int cgroup_fd;                 /* the run's cgroup directory; -1: none */
+    unsigned long long data_limit; /* RLIMIT_DATA in bytes */
     char cgroup_name[48];
 } sb_shim_jail_run_t;
 
@@ -138,7 +148,8 @@ unsigned long sb_shim_jail_clone_flags(void);
 
 /**
  * Per run, before the child exists: takes a free guest uid and, with a cgroup, creates the run's
- * cgroup with memory.max = memory_mb + SB_SHIM_JAIL_DENO_OVERHEAD_MB and pids.max = nproc.
+ * cgroup with memory.max = memory_mb + SB_SHIM_JAIL_DENO_OVERHEAD_MB and pids.max = nproc; sets
+ * the run's RLIMIT_DATA from memory_mb.
  * @param memory_mb the run's memory limit in MiB (0: the shim's default)
  * @param home when not NULL, a directory handed to the guest: chowned to its uid and gid
  */
@@ -154,8 +165,9 @@ SB_WARN_UNUSED sb_status_t sb_shim_jail_attach(const sb_shim_jail_t *j, const sb
 
 /**
  * Child side, between the parent's attach and exec. Async-signal-safe: raw system calls only, no
- * allocation. Sets the hostname, drops groups, gid, uid and every capability, sets the rlimits (and
- * RLIMIT_NOFILE to `nofile` when not 0), then no_new_privs and the seccomp filter.
+ * allocation. Sets the hostname, drops groups, gid, uid and every capability, sets the rlimits
+ * (NPROC, FSIZE, DATA, CORE 0, and NOFILE to `nofile` when not 0), then no_new_privs and the
+ * seccomp filter.
  * @return 0, or -1 with `fail` filled in
  */
 int sb_shim_jail_enter(const sb_shim_jail_t *j, const sb_shim_jail_run_t *run, unsigned nofile, sb_shim_jail_fail_t *fail);
