@@ -47,6 +47,9 @@ static void child_exec(const child_args_t *a)
     sigset_t all;
     char c;
 
+    /* our copy of the shim's memory holds secrets until exec replaces it */
+    if (sp->scrub != NULL)
+        explicit_bzero(sp->scrub, sp->scrub_len);
     if (a->run != NULL) {
         /*
          * A session of its own: no controlling terminal to open as /dev/tty, and the process group
@@ -56,11 +59,17 @@ static void child_exec(const child_args_t *a)
          */
         if (setsid() < 0 || prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
             child_fail(a, SB_SHIM_JAIL_STAGE_HANDSHAKE, errno);
+        /* an unprivileged shim can write our id maps only while /proc/<us> is ours, i.e. while we
+         * are dumpable (the shim is not); the token was wiped above, and it ends with the maps */
+        if (!sb_shim_jail_privileged(sp->jail) && prctl(PR_SET_DUMPABLE, 1) != 0)
+            child_fail(a, SB_SHIM_JAIL_STAGE_HANDSHAKE, errno);
         if (write(a->sync, "r", 1) != 1)
             _exit(127);
         if (read(a->sync, &c, 1) != 1 || c != 'g')
             _exit(127); /* the parent failed (and says why) or died */
         close(a->sync);
+        if (prctl(PR_SET_DUMPABLE, 0) != 0)
+            child_fail(a, SB_SHIM_JAIL_STAGE_HANDSHAKE, errno);
     } else {
         if (setpgid(0, 0) != 0)
             child_fail(a, SB_SHIM_JAIL_STAGE_SETUP, errno);

@@ -29,6 +29,8 @@ typedef struct st_sb_shim_spawn_t {
     sb_shim_jail_t *jail; /* sb_shim_jail_new(); NULL or a jail that is off: no jail */
     unsigned memory_mb;   /* jailed: the run's memory limit, for its cgroup's memory.max (0: the default) */
     const char *home;     /* jailed: a directory the guest must own (its HOME); chowned to its uid; NULL: none */
+    void *scrub;          /* memory the child wipes first thing (the run token): NULL: none */
+    size_t scrub_len;
 } sb_shim_spawn_t;
 
 typedef struct st_sb_shim_child_t {

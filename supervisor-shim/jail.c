@@ -555,6 +555,11 @@ int sb_shim_jail_enabled(const sb_shim_jail_t *j)
     return j != NULL && j->on;
 }
 
+int sb_shim_jail_privileged(const sb_shim_jail_t *j)
+{
+    return j != NULL && j->privileged;
+}
+
 const char *sb_shim_jail_describe(const sb_shim_jail_t *j)
 {
     return j->describe;

@@ -110,6 +110,9 @@ void sb_shim_jail_free(sb_shim_jail_t *j);
 /** @return 1 when the jail is on */
 int sb_shim_jail_enabled(const sb_shim_jail_t *j);
 
+/** @return 1 when the shim runs as root and gives each guest a uid of its own */
+int sb_shim_jail_privileged(const sb_shim_jail_t *j);
+
 /**
  * @return a one-line, static-lifetime description of what the jail applies (or that it is off, or
  * that no cgroup is configured and the V8 heap cap is the memory bound); the shim prints it at start-up

@@ -594,6 +594,8 @@ int main(int argc, char **argv)
     memset(&sp, 0, sizeof(sp));
     sp.nofile = SB_SHIM_GUEST_NOFILE;
     sp.jail = jail;
+    sp.scrub = cfg.token;
+    sp.scrub_len = sizeof(cfg.token);
     sp.memory_mb = o.run || o.memory_set ? (unsigned)o.memory_mb : 0;
     if (o.run) {
         size_t a = 0, e = 0;

@@ -2,7 +2,7 @@
  * Test fixture for tests/shim/test_jail.py: a guest that bypasses Deno entirely and asks the
  * kernel directly for what the jail must refuse. Two modes:
  *
- *   jail_probe probe [--dir D] [--tcp-port P] [--unix-path S] [--only a,b,...]
+ *   jail_probe probe [--dir D] [--tcp-port P] [--unix-path S] [--only a,b,...] [--hold-ms N]
  *       Runs behind `sandbox-shim relay`: reads the init frame, tries every probe (or those named
  *       by --only), and sends one result frame whose output maps each probe to
  *       {ret, errno, detail}: `ret` is the system call's return value, `errno` its symbolic errno
@@ -327,10 +327,7 @@ static void probe_processes(long shim, unsigned bomb_cap)
         }
         r = add("fork_bomb", e != 0 ? -1 : 0, e);
         snprintf(r->detail, sizeof(r->detail), "%u", forked);
-        /* as pid 1 of our namespace, kill(-1) reaches every other process in it */
-        (void)kill(-1, SIGKILL);
-        while (waitpid(-1, NULL, 0) > 0 || errno == EINTR)
-            ;
+        /* the children stay until the end (main), so that concurrent runs overlap */
     }
 }
 
@@ -576,13 +573,13 @@ int main(int argc, char **argv)
 {
     const char *dir = NULL, *unix_path = NULL;
     int tcp_port = 0;
-    unsigned bomb_cap = 4096;
+    unsigned bomb_cap = 4096, hold_ms = 0;
     long shim;
 
     if (argc >= 3 && strncmp(argv[1], "deny-", 5) == 0)
         return deny(argv[1], argv + 2);
     if (argc < 2 || strcmp(argv[1], "probe") != 0) {
-        fprintf(stderr, "usage: jail_probe probe [--dir D] [--tcp-port P] [--unix-path S] [--only a,b] | "
+        fprintf(stderr, "usage: jail_probe probe [--dir D] [--tcp-port P] [--unix-path S] [--only a,b] [--hold-ms N] | "
                         "jail_probe deny-userns|deny-seccomp CMD ARGS...\n");
         return 2;
     }
@@ -597,6 +594,8 @@ int main(int argc, char **argv)
             only = argv[i + 1];
         else if (strcmp(argv[i], "--bomb-cap") == 0)
             bomb_cap = (unsigned)strtoul(argv[i + 1], NULL, 10);
+        else if (strcmp(argv[i], "--hold-ms") == 0)
+            hold_ms = (unsigned)strtoul(argv[i + 1], NULL, 10);
     }
     if (skip_init() != 0)
         return 3;
@@ -605,5 +604,13 @@ int main(int argc, char **argv)
     probe_network(tcp_port, unix_path);
     probe_files(dir);
     probe_processes(shim, bomb_cap);
+    if (hold_ms > 0)
+        usleep((useconds_t)hold_ms * 1000u);
+    /* as pid 1 of our namespace, kill(-1) reaches every other process in it (the fork bomb) */
+    if (getpid() == 1) {
+        (void)kill(-1, SIGKILL);
+        while (waitpid(-1, NULL, 0) > 0 || errno == EINTR)
+            ;
+    }
     return send_result() == 0 ? 0 : 4;
 }
