@@ -271,6 +271,94 @@ export default () => { const a: number[][] = []; for (;;) a.push(new Array(1e6).
     check(not o["ok"] and "subprocess exited without result" in o["error"] and not o.get("timedOut"), "OOM ends run", o)
 
 
+def t_jail_clean_errors():
+    # jailed (the default), Deno's own permission checks still answer first, with clean errors
+    o, _, _, err = guest("""
+export default async () => {
+  const r: Record<string, string> = {};
+  const attempt = async (name: string, f: () => unknown) => {
+    try { await f(); r[name] = "SUCCEEDED"; } catch (e) { r[name] = (e as Error).name + ": " + (e as Error).message; }
+  };
+  await attempt("connect", () => Deno.connect({ hostname: "127.0.0.1", port: 9 }));
+  await attempt("listen", () => Deno.listen({ port: 0 }));
+  await attempt("command", () => new Deno.Command("/bin/true").output());
+  await attempt("hostname", () => Deno.hostname());
+  return r;
+};""")
+    check("sandbox-shim: jail: on:" in err, "the run was jailed", err)
+    check(o["ok"], "the guest finished", o)
+    for name, v in o["output"].items():
+        check(v.startswith("NotCapable: Requires ") and "run again with the --allow-" in v, name + ": a clean error", v)
+
+
+def t_jail_kernel_under_deno():
+    # Deno itself granted net (loopback only), read, write (the unix socket), run and sys: the
+    # kernel jail is what refuses, and Deno reports each refusal as a clean error
+    import socket as so
+    d = tempfile.mkdtemp(prefix="jail-", dir=TMP)
+    os.chmod(d, 0o777)
+    tcp = so.socket()
+    tcp.bind(("127.0.0.1", 0))
+    tcp.listen(4)
+    tcp.setblocking(False)
+    upath = os.path.join(d, "s")
+    us = so.socket(so.AF_UNIX)
+    us.bind(upath)
+    os.chmod(upath, 0o777)
+    us.listen(4)
+    us.setblocking(False)
+    port = tcp.getsockname()[1]
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jail_guest.js")
+    env = dict(os.environ, SB_E2E_TOKEN=broker.mint({}), HOME=d, DENO_DIR=os.path.join(d, "deno"), NO_COLOR="1",
+               DENO_NO_UPDATE_CHECK="1")
+    args = [SHIM, "relay", "--broker-url", broker.url, "--token-env", "SB_E2E_TOKEN", "--", DENO, "run", "--no-prompt",
+            "--no-config", "--no-lock", "--no-npm", "--no-remote", "--allow-net=127.0.0.1,unix:" + upath, "--allow-read",
+            "--allow-write=" + upath, "--allow-run=/bin/cat", "--allow-sys=hostname", src, str(port), upath]
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p_pid = [proc.pid]
+    out, err = proc.communicate(timeout=60)
+    p = subprocess.CompletedProcess(args, proc.returncode, out, err)
+    accepted = []
+    for s in (tcp, us):
+        try:
+            s.accept()
+            accepted.append(s)
+        except BlockingIOError:
+            pass
+        s.close()
+    check(p.returncode == 0, "shim ran", p.returncode, p.stdout, p.stderr)
+    o = json.loads(p.stdout)
+    check(o["ok"], "the guest finished", o, p.stderr)
+    r = o["output"]
+    eperm = "PermissionDenied: Operation not permitted (os error 1)"
+    check(r["connect"].startswith(eperm) and r["listen"].startswith(eperm) and r["unix"].startswith(eperm),
+          "sockets: EPERM from seccomp, reported cleanly", r)
+    check(accepted == [], "neither listener saw a connection", accepted)
+    check(r["environ"] == "SUCCEEDED: exit 1: /bin/cat: /proc/%d/environ: Permission denied (0 bytes)" % p_pid[0],
+          "the shim's environ: EACCES", r)
+    check(r["shimPid"] == str(p_pid[0]), "the guest aimed at the shim", r, p_pid)
+    check(r["hostname"] == "SUCCEEDED: sandbox", "UTS namespace", r)
+    uid, nnp, sc = r["child"].replace("SUCCEEDED: ", "").split()
+    check(int(uid) != 0 and nnp == "1" and sc == "2", "a subprocess inherits the jail", r)
+
+
+def t_jail_fail_closed_run():
+    probe = os.environ.get("SB_JAIL_PROBE")
+    check(probe is not None and os.access(probe, os.X_OK), "SB_JAIL_PROBE names the fixture", probe)
+    path = os.path.join(TMP, "guest.ts")
+    with open(path, "w") as f:
+        f.write("export default () => 'ran';")
+    args = [probe, "deny-userns", SHIM, "run", "--broker-url", broker.url, "--token-env", "SB_E2E_TOKEN", "--source",
+            path, "--deno", DENO]
+    env = dict(os.environ, SB_E2E_TOKEN=broker.mint({}))
+    p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
+    check(p.returncode == 2 and p.stdout == "" and "jail: the kernel refused new user, pid, network, ipc, uts and cgroup "
+          "namespaces (clone: Operation not permitted); refusing to start the guest" in p.stderr, "run refuses", p)
+    p = subprocess.run(args[:4] + ["--jail=off"] + args[4:], env=env, capture_output=True, text=True, timeout=60)
+    check(p.returncode == 0 and json.loads(p.stdout)["output"] == "ran" and "jail: OFF (--jail=off)" in p.stderr,
+          "--jail=off runs the guest and says so", p)
+
+
 def shim_private_dirs():
     # exactly the shim's mkdtemp("sb-shim-XXXXXX") names: other tests running in parallel
     # create their own sb-shim-<something> files in the same temp directory
@@ -304,6 +392,9 @@ tap.case("attack: garbage on stdout", t_garbage_stdout)
 tap.case("wall-clock timeout", t_wall_timeout)
 tap.case("memory cap", t_memory_cap)
 tap.case("private temp dir is removed", t_workdir_cleaned)
+tap.case("jail: Deno.connect/listen/Command/hostname without permissions give clean errors", t_jail_clean_errors)
+tap.case("jail: Deno granted net/read/run meets the kernel's refusals, reported cleanly", t_jail_kernel_under_deno)
+tap.case("jail: run fails closed on a kernel refusing user namespaces; --jail=off runs", t_jail_fail_closed_run)
 broker.close()
 try:
     os.rmdir(TMP) if not os.listdir(TMP) else [os.unlink(os.path.join(TMP, f)) for f in os.listdir(TMP)] and os.rmdir(TMP)
