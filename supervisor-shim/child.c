@@ -274,10 +274,44 @@ Exit:
     return st;
 }
 
+/* 1 when the process catches `sig` (the SigCgt mask of /proc/<pid>/status); 0 when not or unknown */
+static int catches(pid_t pid, int sig)
+{
+    char path[64], buf[4096];
+    const char *p;
+    unsigned long long mask = 0;
+    ssize_t n;
+    int fd;
+
+    snprintf(path, sizeof(path), "/proc/%ld/status", (long)pid);
+    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+        return 0;
+    n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    if ((p = strstr(buf, "\nSigCgt:")) == NULL)
+        return 0;
+    for (p += 8; *p == '\t' || *p == ' '; ++p)
+        ;
+    for (; (*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f'); ++p)
+        mask = mask << 4 | (unsigned long long)(*p <= '9' ? *p - '0' : *p - 'a' + 10);
+    return (mask >> (sig - 1)) & 1;
+}
+
 void sb_shim_child_signal(const sb_shim_child_t *c, int sig)
 {
-    if (c->pid > 0)
-        (void)kill(-c->pid, sig);
+    if (c->pid <= 0)
+        return;
+    /*
+     * A jailed guest is pid 1 of its PID namespace, and the kernel drops signals an init does not
+     * catch, even from outside: a SIGTERM it has no handler for would do nothing. It gets what a
+     * default SIGTERM does to any other process, SIGKILL (the rest of the group still sees SIGTERM).
+     */
+    if (c->jail_run.active && sig == SIGTERM && !catches(c->pid, SIGTERM))
+        (void)kill(c->pid, SIGKILL);
+    (void)kill(-c->pid, sig);
 }
 
 /*

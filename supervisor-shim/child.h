@@ -53,7 +53,10 @@ typedef struct st_sb_shim_child_t {
  */
 SB_WARN_UNUSED sb_status_t sb_shim_child_spawn(const sb_shim_spawn_t *sp, sb_shim_child_t *out, char *err, size_t errsz);
 
-/** sends `sig` to the child's whole process group */
+/**
+ * sends `sig` to the child's whole process group; a jailed child (pid 1 of its namespace, which
+ * the kernel shields from signals it does not catch) that does not catch SIGTERM is SIGKILLed
+ */
 void sb_shim_child_signal(const sb_shim_child_t *c, int sig);
 
 /**

@@ -464,6 +464,17 @@ static int make_workdir(int jailed, char *dir, size_t dirsz, char *runtime, size
     if (base == NULL || base[0] != '/' || strlen(base) > 200)
         base = "/tmp";
     snprintf(dir, dirsz, "%s/sb-shim-XXXXXX", base);
+    if (jailed) {
+        /* the guest runs as another uid: it must be able to reach the runtime through every parent */
+        char walk[256];
+        struct stat st;
+        snprintf(walk, sizeof(walk), "%s", base);
+        for (char *slash = walk + strlen(walk); slash > walk; slash = strrchr(walk, '/')) {
+            *slash = '\0';
+            if (stat(walk[0] != '\0' ? walk : "/", &st) != 0 || (st.st_mode & S_IXOTH) == 0)
+                return fail_usage("the guest cannot reach the temporary directory %s (every parent needs o+x; set TMPDIR)", base);
+        }
+    }
     if (mkdtemp(dir) == NULL)
         return fail_usage("cannot create a private temporary directory: %s", strerror(errno));
     snprintf(home, homesz, "%s/home", dir);

@@ -3,6 +3,7 @@
  * kernel directly for what the jail must refuse. Two modes:
  *
  *   jail_probe probe [--dir D] [--tcp-port P] [--unix-path S] [--only a,b,...] [--hold-ms N]
+ *                    [--term-file F]   (catch SIGTERM: write "term" to F and exit)
  *       Runs behind `sandbox-shim relay`: reads the init frame, tries every probe (or those named
  *       by --only), and sends one result frame whose output maps each probe to
  *       {ret, errno, detail}: `ret` is the system call's return value, `errno` its symbolic errno
@@ -54,6 +55,19 @@ typedef struct st_result_t {
 } result_t;
 
 static result_t results[MAX_RESULTS];
+static const char *term_file;
+
+/* --term-file: a guest that catches SIGTERM says so in a file, then exits */
+static void on_term(int sig)
+{
+    int fd = open(term_file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    (void)sig;
+    if (fd >= 0) {
+        (void)!write(fd, "term", 4);
+        close(fd);
+    }
+    _exit(0);
+}
 static size_t nresults;
 static const char *only;
 
@@ -596,7 +610,11 @@ int main(int argc, char **argv)
             bomb_cap = (unsigned)strtoul(argv[i + 1], NULL, 10);
         else if (strcmp(argv[i], "--hold-ms") == 0)
             hold_ms = (unsigned)strtoul(argv[i + 1], NULL, 10);
+        else if (strcmp(argv[i], "--term-file") == 0)
+            term_file = argv[i + 1];
     }
+    if (term_file != NULL)
+        signal(SIGTERM, on_term);
     if (skip_init() != 0)
         return 3;
     shim = shim_pid();

@@ -353,6 +353,17 @@ def t_cgroup():
         os.rmdir(base)
 
 
+def t_sigterm_reaches_a_catching_guest():
+    # the guest is pid 1 of its namespace: the shim SIGKILLs it at once unless it catches SIGTERM,
+    # in which case it gets the SIGTERM (and its grace period) like any unjailed guest
+    d = writable_dir()
+    f = os.path.join(d, "t")
+    rc, o, out, err, _ = shim_relay(["--timeout-ms", "300"], ["--only", "status", "--hold-ms", "10000",
+                                                              "--term-file", f])
+    check(rc == 0 and o["timedOut"] is True, "the run timed out", rc, out, err)
+    check(os.path.exists(f) and open(f).read() == "term", "the guest's SIGTERM handler ran", os.listdir(d))
+
+
 def t_usage():
     for flags, needle in ((["--jail", "maybe"], "--jail wants on or off"), (["--jail=", "x"], "--jail wants on or off"),
                           (["--jail-nproc", "0"], "--jail-nproc wants 1..65536"),
@@ -371,6 +382,7 @@ tap.case("concurrent guests get distinct uids", t_distinct_uids)
 tap.case("all guest uids in use: refused; the uid comes back after the run", t_slots_exhausted)
 tap.case("unprivileged shim: shared uid, still jailed, RLIMIT_NPROC per run", t_nonroot_shim)
 tap.case("cgroup: start-up line, refusals, per-run cgroup where the machine delegates one", t_cgroup)
+tap.case("SIGTERM reaches a jailed guest that catches it", t_sigterm_reaches_a_catching_guest)
 tap.case("jail option usage errors", t_usage)
 shutil.rmtree(TMP, ignore_errors=True)
 tap.done()
