@@ -149,7 +149,7 @@ static pid_t clone_jailed(child_args_t *a, sb_shim_child_t *out, char *err, size
     close(sv[1]);
     if (pid < 0) {
         snprintf(err, errsz,
-                 "jail: the kernel refused new user, pid, network, ipc, uts and cgroup namespaces (clone: %s); refusing to "
+                 "jail: the kernel refused new user, pid, network, ipc and uts namespaces (clone: %s); refusing to "
                  "start the guest (--jail=off runs it without the jail)",
                  strerror(errno));
         close(sv[0]);
@@ -274,7 +274,11 @@ Exit:
     return st;
 }
 
-/* 1 when the process catches `sig` (the SigCgt mask of /proc/<pid>/status); 0 when not or unknown */
+/*
+ * 1 when the process catches `sig` (the SigCgt mask of /proc/<pid>/status); 0 when not or unknown.
+ * The guest controls only the Name: line of that file, which the kernel prints with newlines
+ * escaped, so it cannot forge a SigCgt line.
+ */
 static int catches(pid_t pid, int sig)
 {
     char path[64], buf[4096];

@@ -52,7 +52,8 @@
 #endif
 
 /* the namespaces of every jailed guest, as clone(2) flags */
-#define JAIL_NS_FLAGS ((unsigned long)(CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP))
+/* (the cgroup namespace comes later, in sb_shim_jail_enter: once the guest is in its run's cgroup) */
+#define JAIL_NS_FLAGS ((unsigned long)(CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS))
 
 /*
  * Refused outright with EPERM. Grouped by what they would give a guest that got past Deno:
@@ -753,9 +754,12 @@ int sb_shim_jail_enter(const sb_shim_jail_t *j, const sb_shim_jail_run_t *run, u
     struct __user_cap_data_struct data[2];
     struct rlimit rl;
 
-    /* while we still hold CAP_SYS_ADMIN over our UTS namespace */
+    /* while we still hold CAP_SYS_ADMIN in our user namespace: the hostname of our UTS namespace,
+     * and a cgroup namespace rooted at the cgroup the parent has just moved us into */
     if (sethostname(hostname, sizeof(hostname) - 1) != 0)
         ENTER_FAIL(SB_SHIM_JAIL_STAGE_HOSTNAME);
+    if (unshare(CLONE_NEWCGROUP) != 0)
+        ENTER_FAIL(SB_SHIM_JAIL_STAGE_CGROUPNS);
     if (j->privileged && setgroups(0, NULL) != 0)
         ENTER_FAIL(SB_SHIM_JAIL_STAGE_GROUPS);
     if (setresgid(run->gid, run->gid, run->gid) != 0)
@@ -850,6 +854,8 @@ const char *sb_shim_jail_stage_name(int stage)
         return "starting the guest";
     case SB_SHIM_JAIL_STAGE_HOSTNAME:
         return "setting the hostname in the guest's UTS namespace";
+    case SB_SHIM_JAIL_STAGE_CGROUPNS:
+        return "a cgroup namespace";
     case SB_SHIM_JAIL_STAGE_GROUPS:
         return "dropping supplementary groups";
     case SB_SHIM_JAIL_STAGE_GID:

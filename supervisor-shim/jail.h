@@ -145,8 +145,9 @@ uint64_t sb_shim_jail_failures(void);
 #define SB_SHIM_JAIL_STAGE_NO_NEW_PRIVS 8
 #define SB_SHIM_JAIL_STAGE_SECCOMP 9
 #define SB_SHIM_JAIL_STAGE_SETUP 10 /* not a jail stage: dup2, chdir, ... */
+#define SB_SHIM_JAIL_STAGE_CGROUPNS 11
 
-/** @return the clone(2) namespace flags a jailed guest is started with */
+/** @return the clone(2) namespace flags a jailed guest is started with (the cgroup namespace follows in enter) */
 unsigned long sb_shim_jail_clone_flags(void);
 
 /**
@@ -168,7 +169,7 @@ SB_WARN_UNUSED sb_status_t sb_shim_jail_attach(const sb_shim_jail_t *j, const sb
 
 /**
  * Child side, between the parent's attach and exec. Async-signal-safe: raw system calls only, no
- * allocation. Sets the hostname, drops groups, gid, uid and every capability, sets the rlimits
+ * allocation. Sets the hostname, enters a new cgroup namespace, drops groups, gid, uid and every capability, sets the rlimits
  * (NPROC, FSIZE, DATA, CORE 0, and NOFILE to `nofile` when not 0), then no_new_privs and the
  * seccomp filter.
  * @return 0, or -1 with `fail` filled in

@@ -352,7 +352,7 @@ def t_jail_fail_closed_run():
             path, "--deno", DENO]
     env = dict(os.environ, SB_E2E_TOKEN=broker.mint({}))
     p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
-    check(p.returncode == 2 and p.stdout == "" and "jail: the kernel refused new user, pid, network, ipc, uts and cgroup "
+    check(p.returncode == 2 and p.stdout == "" and "jail: the kernel refused new user, pid, network, ipc and uts "
           "namespaces (clone: Operation not permitted); refusing to start the guest" in p.stderr, "run refuses", p)
     p = subprocess.run(args[:4] + ["--jail=off"] + args[4:], env=env, capture_output=True, text=True, timeout=60)
     check(p.returncode == 0 and json.loads(p.stdout)["output"] == "ran" and "jail: OFF (--jail=off)" in p.stderr,

@@ -208,7 +208,7 @@ def t_off_contrast():
           res["namespaces"])
 
 
-MSG_USERNS = ("sandbox-shim: jail: the kernel refused new user, pid, network, ipc, uts and cgroup namespaces "
+MSG_USERNS = ("sandbox-shim: jail: the kernel refused new user, pid, network, ipc and uts namespaces "
               "(clone: Operation not permitted); refusing to start the guest (--jail=off runs it without the jail)")
 
 
