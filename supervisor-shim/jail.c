@@ -736,8 +736,7 @@ Errno:
     snprintf(err, errsz, "jail: cannot write the guest's %s (uid %lu): %s", what, (unsigned long)run->uid, strerror(errno));
     close(proc);
 Fail:
-    sb_shim_jail_count_failure();
-    return SB_E_EXECUTION;
+    return SB_E_EXECUTION; /* counted by the spawn, which owns the child */
 }
 
 #define ENTER_FAIL(st)                                                                                                             \

@@ -8,6 +8,7 @@ import sys
 sys.dont_write_bytecode = True  # noqa: E402 - keep tests/shim free of __pycache__
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,9 +28,10 @@ tap = Tap()
 broker = RealBroker({"SANDBOX_BROKER_EGRESS": json.dumps({"allow_cidrs": ["127.0.0.1/32"],
                                                           "deny_local_interfaces": False})})
 TMP = tempfile.mkdtemp(prefix="sb-shim-e2e-")
+os.chmod(TMP, 0o711)  # jailed guests run as another uid and must reach what the tests put here
 
 
-def guest(src, caps=None, flags=(), inp=None, token=None, on_running=None, timeout=60):
+def guest(src, caps=None, flags=(), inp=None, token=None, on_running=None, timeout=60, env_extra=None):
     """Runs `src` as the guest module; returns (outcome, token, stdout, stderr)."""
     tok = token or broker.mint(caps or {})
     path = os.path.join(TMP, "guest.ts")
@@ -40,6 +42,7 @@ def guest(src, caps=None, flags=(), inp=None, token=None, on_running=None, timeo
         args += ["--input", json.dumps(inp)]
     args += list(flags)
     env = dict(os.environ, SB_E2E_TOKEN=tok)
+    env.update(env_extra or {})
     p = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     if on_running is not None:
         on_running(p)
@@ -359,20 +362,24 @@ def t_jail_fail_closed_run():
           "--jail=off runs the guest and says so", p)
 
 
-def shim_private_dirs():
-    # exactly the shim's mkdtemp("sb-shim-XXXXXX") names: other tests running in parallel
-    # create their own sb-shim-<something> files in the same temp directory
-    import re
-    pat = re.compile(r"^sb-shim-[A-Za-z0-9]{6}$")
-    tmp = tempfile.gettempdir()
-    return set(x for x in os.listdir(tmp) if pat.match(x) and os.path.isdir(os.path.join(tmp, x)))
-
-
 def t_workdir_cleaned():
-    before = shim_private_dirs()
-    guest("export default () => 1;")
-    after = shim_private_dirs()
-    check(after - before == set(), "private temp dir removed", after - before)
+    # a TMPDIR of its own: other shims on the machine make and remove sb-shim-* directories in /tmp
+    # at any time; o+x so that the jailed guest can reach the runtime inside
+    tmp = tempfile.mkdtemp(prefix="tmpdir-", dir=TMP)
+    os.chmod(tmp, 0o711)
+    seen = {}
+
+    def probe(p):
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not seen.get("dirs"):
+            seen["dirs"] = os.listdir(tmp)
+            time.sleep(0.01)
+    o, _, _, _ = guest("export default async () => { await new Promise((r) => setTimeout(r, 300)); return 1; };",
+                       env_extra={"TMPDIR": tmp}, on_running=probe)
+    check(o["ok"] and len(seen.get("dirs", [])) == 1 and seen["dirs"][0].startswith("sb-shim-"),
+          "the run made its private directory under TMPDIR", seen, o)
+    check(os.listdir(tmp) == [], "private temp dir removed", os.listdir(tmp))
+    os.rmdir(tmp)
 
 
 tap.case("basic run: input, output, console captured", t_basic)
@@ -396,8 +403,5 @@ tap.case("jail: Deno.connect/listen/Command/hostname without permissions give cl
 tap.case("jail: Deno granted net/read/run meets the kernel's refusals, reported cleanly", t_jail_kernel_under_deno)
 tap.case("jail: run fails closed on a kernel refusing user namespaces; --jail=off runs", t_jail_fail_closed_run)
 broker.close()
-try:
-    os.rmdir(TMP) if not os.listdir(TMP) else [os.unlink(os.path.join(TMP, f)) for f in os.listdir(TMP)] and os.rmdir(TMP)
-except OSError:
-    pass
+shutil.rmtree(TMP, ignore_errors=True)
 tap.done()
