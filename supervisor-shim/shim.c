@@ -29,6 +29,7 @@
 #include "sb/value.h"
 #include "buf.h"
 #include "child.h"
+#include "jail.h"
 #include "relay.h"
 #include "runtime_js.h"
 #include "url.h"
@@ -54,6 +55,8 @@ typedef struct st_opts_t {
     const char *deno;
     const char *ca_file;
     unsigned long memory_mb;
+    int memory_set;
+    sb_shim_jail_config_t jail;
     char **cmd; /* relay: CMD ARGS... */
 } opts_t;
 
@@ -64,8 +67,11 @@ static void usage(FILE *f)
           "                     [--input JSON | --input-file F] [--memory-mb N] [--deno PATH] [limits]\n"
           "  sandbox-shim relay --broker-url URL (--token-env NAME | --token-fd N)\n"
           "                     [--source FILE] [--input JSON | --input-file F] [limits] -- CMD ARGS...\n"
+          "  sandbox-shim jail-check [jail options]   (starts one jailed probe guest; exit 0 when it worked)\n"
           "limits: [--timeout-ms N] [--max-calls N] [--max-inflight N] [--call-timeout-ms N]\n"
-          "        [--on-denial terminate|reply]\n"
+          "        [--on-denial terminate|reply] [--memory-mb N]\n"
+          "jail (on by default): [--jail on|off] [--jail-uid-base N] [--jail-slots N] [--jail-nproc N]\n"
+          "        [--jail-fsize-mb N] [--jail-cgroup DIR] [--jail-lock-file F]\n"
           "https brokers: [--ca-file F] (PEM CAs to trust instead of the system store)\n"
           "Prints one JSON line {ok, output?, error?, logs, timedOut?, ms, calls}; exit 0 when a run completed,\n"
           "2 for usage or configuration errors.\n",
@@ -164,6 +170,7 @@ static int parse_args(int argc, char **argv, opts_t *o, sb_shim_config_t *cfg)
     int i;
 
     memset(o, 0, sizeof(*o));
+    sb_shim_jail_config_init(&o->jail);
     o->token_fd = -1;
     o->memory_mb = SB_SHIM_DEFAULT_MEMORY_MB;
     cfg->timeout_ms = SB_SHIM_DEFAULT_TIMEOUT_MS;
@@ -195,6 +202,12 @@ static int parse_args(int argc, char **argv, opts_t *o, sb_shim_config_t *cfg)
         }
         if (strncmp(a, "--", 2) != 0)
             return fail_usage("unexpected argument \"%s\"", a);
+        if (strncmp(a, "--jail=", 7) == 0) {
+            const char *why = NULL;
+            if (sb_shim_jail_config_option(&o->jail, a, NULL, &why) < 0)
+                return fail_usage("%s", why);
+            continue;
+        }
         if (val == NULL)
             return fail_usage("%s needs a value", a);
         ++i;
@@ -237,14 +250,20 @@ static int parse_args(int argc, char **argv, opts_t *o, sb_shim_config_t *cfg)
             o->input = val;
         } else if (strcmp(a, "--input-file") == 0) {
             o->input_file = val;
-        } else if (strcmp(a, "--memory-mb") == 0 && o->run) {
+        } else if (strcmp(a, "--memory-mb") == 0) {
             if (parse_num(val, 16, 16384, &v) != 0)
                 return fail_usage("--memory-mb wants 16..16384, not \"%s\"", val);
             o->memory_mb = (unsigned long)v;
+            o->memory_set = 1;
         } else if (strcmp(a, "--deno") == 0 && o->run) {
             o->deno = val;
         } else {
-            return fail_usage("unknown option %s", a);
+            const char *why = NULL;
+            int jr = sb_shim_jail_config_option(&o->jail, a, val, &why);
+            if (jr < 0)
+                return fail_usage("%s", why);
+            if (jr == 0)
+                return fail_usage("unknown option %s", a);
         }
     }
     if (o->run && i < argc)
@@ -430,8 +449,13 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
     return 0;
 }
 
-/* the private directory Deno gets as HOME and DENO_DIR; it also holds the runtime */
-static int make_workdir(char *dir, size_t dirsz, char *runtime, size_t rtsz)
+/*
+ * The private directory that holds the runtime, and `home`, the guest's HOME, DENO_DIR and TMPDIR.
+ * Jailed, the guest runs as another uid: the directory itself stays ours and only searchable
+ * (0711), the runtime readable but not writable (0444), and `home` is handed to the guest's uid
+ * when it is spawned (sb_shim_spawn_t.home).
+ */
+static int make_workdir(int jailed, char *dir, size_t dirsz, char *runtime, size_t rtsz, char *home, size_t homesz)
 {
     const char *base = getenv("TMPDIR");
     int fd;
@@ -440,10 +464,26 @@ static int make_workdir(char *dir, size_t dirsz, char *runtime, size_t rtsz)
     if (base == NULL || base[0] != '/' || strlen(base) > 200)
         base = "/tmp";
     snprintf(dir, dirsz, "%s/sb-shim-XXXXXX", base);
+    if (jailed) {
+        /* the guest runs as another uid: it must be able to reach the runtime through every parent */
+        char walk[256];
+        struct stat st;
+        snprintf(walk, sizeof(walk), "%s", base);
+        for (char *slash = walk + strlen(walk); slash > walk; slash = strrchr(walk, '/')) {
+            *slash = '\0';
+            if (stat(walk[0] != '\0' ? walk : "/", &st) != 0 || (st.st_mode & S_IXOTH) == 0)
+                return fail_usage("the guest cannot reach the temporary directory %s (every parent needs o+x; set TMPDIR)", base);
+        }
+    }
     if (mkdtemp(dir) == NULL)
         return fail_usage("cannot create a private temporary directory: %s", strerror(errno));
+    snprintf(home, homesz, "%s/home", dir);
+    if (mkdir(home, 0700) != 0)
+        return fail_usage("cannot create a private temporary directory: %s", strerror(errno));
+    if (jailed && chmod(dir, 0711) != 0)
+        return fail_usage("cannot open the private temporary directory to the guest: %s", strerror(errno));
     snprintf(runtime, rtsz, "%s/runtime.js", dir);
-    if ((fd = open(runtime, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0400)) < 0)
+    if ((fd = open(runtime, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, jailed ? 0444 : 0400)) < 0)
         return fail_usage("cannot write the guest runtime: %s", strerror(errno));
     while (off < sizeof(sb_shim_runtime_js)) {
         ssize_t n = write(fd, sb_shim_runtime_js + off, sizeof(sb_shim_runtime_js) - off);
@@ -457,6 +497,40 @@ static int make_workdir(char *dir, size_t dirsz, char *runtime, size_t rtsz)
     }
     close(fd);
     return 0;
+}
+
+/*
+ * `sandbox-shim jail-check [jail options]`: says what the jail applies on this machine and starts
+ * one jailed probe guest (sb_shim_jail_probe), so an operator or a service unit's start-up check
+ * learns that the kernel refuses it before any run does. Exit 0 when a guest could be jailed, 2 not.
+ */
+static int jail_check(int argc, char **argv)
+{
+    sb_shim_jail_config_t jc;
+    sb_shim_jail_t *j;
+    char err[512];
+    int rc = 0;
+
+    sb_shim_jail_config_init(&jc);
+    for (int i = 2; i < argc; ++i) {
+        const char *why = NULL, *val = strchr(argv[i], '=') == NULL && i + 1 < argc ? argv[i + 1] : NULL;
+        int r = sb_shim_jail_config_option(&jc, argv[i], strncmp(argv[i], "--jail=", 7) == 0 ? NULL : val, &why);
+        if (r < 0)
+            return fail_usage("%s", why);
+        if (r == 0)
+            return fail_usage("jail-check: unknown option %s", argv[i]);
+        if (strncmp(argv[i], "--jail=", 7) != 0)
+            ++i;
+    }
+    if ((j = sb_shim_jail_new(&jc, err, sizeof(err))) == NULL)
+        return fail_usage("%s", err);
+    fprintf(stderr, "sandbox-shim: %s\n", sb_shim_jail_describe(j));
+    if (sb_shim_jail_probe(j, err, sizeof(err)) != SB_OK)
+        rc = fail_usage("%s", err);
+    else
+        fputs(sb_shim_jail_enabled(j) ? "jail-check: ok, a jailed guest started\n" : "jail-check: the jail is off\n", stdout);
+    sb_shim_jail_free(j);
+    return rc;
 }
 
 /* relay mode: the shim's environment minus anything that carries the token */
@@ -483,8 +557,9 @@ int main(int argc, char **argv)
     sb_shim_child_t child;
     sb_shim_spawn_t sp;
     json_t *outcome = NULL;
+    sb_shim_jail_t *jail = NULL;
     char *exe = NULL, **env = NULL, *dump = NULL;
-    char workdir[256] = "", runtime[300], v8flags[64], e_home[300], e_denodir[320], e_tmp[300], err[512];
+    char workdir[256] = "", runtime[300], home[300], v8flags[64], e_home[320], e_denodir[340], e_tmp[320], err[512];
     char *deno_argv[32], *deno_env[16];
     const char *why = NULL;
     int rc;
@@ -497,6 +572,8 @@ int main(int argc, char **argv)
     child.pid = -1;
     msgpack_sbuffer_init(&init);
 
+    if (argc >= 2 && strcmp(argv[1], "jail-check") == 0)
+        return jail_check(argc, argv);
     if ((rc = parse_args(argc, argv, &o, &cfg)) != 0)
         return rc < 0 ? 0 : rc;
     /* the token is read (and scrubbed) first, so that no early exit leaves it in the environment */
@@ -518,16 +595,27 @@ int main(int argc, char **argv)
     }
     if ((rc = resolve_broker(&cfg)) != 0 || (rc = build_init(&o, &init)) != 0)
         goto Exit;
+    /* the jail is checked before anything is spawned; what it applies (or that it is off) is said once */
+    if ((jail = sb_shim_jail_new(&o.jail, err, sizeof(err))) == NULL) {
+        rc = fail_usage("%s; refusing to start the guest (--jail=off runs it without the jail)", err);
+        goto Exit;
+    }
+    fprintf(stderr, "sandbox-shim: %s\n", sb_shim_jail_describe(jail));
 
     memset(&sp, 0, sizeof(sp));
     sp.nofile = SB_SHIM_GUEST_NOFILE;
+    sp.jail = jail;
+    sp.scrub = cfg.token;
+    sp.scrub_len = sizeof(cfg.token);
+    sp.memory_mb = o.run || o.memory_set ? (unsigned)o.memory_mb : 0;
     if (o.run) {
         size_t a = 0, e = 0;
         if ((exe = find_exe(o.deno != NULL ? o.deno : "deno")) == NULL) {
             rc = fail_usage("cannot find deno (use --deno PATH)%s", "");
             goto Exit;
         }
-        if ((rc = make_workdir(workdir, sizeof(workdir), runtime, sizeof(runtime))) != 0)
+        if ((rc = make_workdir(sb_shim_jail_enabled(jail), workdir, sizeof(workdir), runtime, sizeof(runtime), home,
+                               sizeof(home))) != 0)
             goto Exit;
         snprintf(v8flags, sizeof(v8flags), "--v8-flags=--max-old-space-size=%lu", o.memory_mb);
         /*
@@ -554,9 +642,9 @@ int main(int argc, char **argv)
         deno_argv[a++] = v8flags;
         deno_argv[a++] = runtime;
         deno_argv[a] = NULL;
-        snprintf(e_home, sizeof(e_home), "HOME=%s", workdir);
-        snprintf(e_denodir, sizeof(e_denodir), "DENO_DIR=%s/deno", workdir);
-        snprintf(e_tmp, sizeof(e_tmp), "TMPDIR=%s", workdir);
+        snprintf(e_home, sizeof(e_home), "HOME=%s", home);
+        snprintf(e_denodir, sizeof(e_denodir), "DENO_DIR=%s/deno", home);
+        snprintf(e_tmp, sizeof(e_tmp), "TMPDIR=%s", home);
         deno_env[e++] = e_home;
         deno_env[e++] = e_denodir;
         deno_env[e++] = e_tmp;
@@ -568,6 +656,7 @@ int main(int argc, char **argv)
         sp.argv = deno_argv;
         sp.envp = deno_env;
         sp.cwd = "/";
+        sp.home = home;
     } else {
         if ((exe = find_exe(o.cmd[0])) == NULL) {
             rc = fail_usage("cannot find %s", o.cmd[0]);
@@ -598,6 +687,7 @@ int main(int argc, char **argv)
     rc = fflush(stdout) == 0 ? 0 : 1;
 Exit:
     sb_shim_child_close(&child);
+    sb_shim_jail_free(jail);
     explicit_bzero(cfg.token, sizeof(cfg.token));
     SSL_CTX_free(cfg.tls);
     if (workdir[0] != '\0')

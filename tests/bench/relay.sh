@@ -12,9 +12,21 @@
 #   - relay:  `sandbox-shim relay --on-denial reply -- relay_guest N WARMUP`; the guest
 #     (tests/bench/relay_guest.c) writes one call frame, waits for its reply frame, and repeats.
 #     The granted call answers not_implemented (HTTP 501), which --on-denial reply hands back.
+#   - relay, jail off: the same, with --jail=off; the "jail on/off" line is the median per-round
+#     ratio of the two relay rows (the jail's cost per call: the seccomp filter on the guest's
+#     system calls).
+#   - trivial runs: whole invocations, spawn to outcome, timed by bash ($EPOCHREALTIME, no fork),
+#     jail off and on alternating: `relay -- relay_guest 1 0` (a C guest making one call) and, when
+#     Deno is found, `run` of `export default () => 1;`. The jail's cost per run (clone into the
+#     namespaces, id maps, uid lock, filter load) shows here; the target is < 1.10x, informational.
+#     Measured on the 2-core VM (40 runs each): per call 1.07x; a Deno run 64.0 -> 64.7 ms (1.01x);
+#     the C guest's run 6.9 -> 8.3 ms (1.21x). That 1.4 ms is the jail's fixed cost per run, about
+#     0.6 ms of it the kernel creating and tearing down the network namespace, 0.25 ms compiling
+#     the filter with libseccomp (once per process: a service pays it once, `run` every time).
 #   Each sample is one round trip timed by the client itself (CLOCK_MONOTONIC, before the write to
 #   after the whole answer is read); the warm-up calls are not counted. Both clients check every
-#   answer is the broker's not_implemented error. Direct and relay alternate for ROUNDS rounds.
+#   answer is the broker's not_implemented error. Direct, relay (jailed, the default) and relay
+#   with --jail=off alternate for ROUNDS rounds.
 #
 # Output: per round p50/p99 (microseconds) for both paths and the p50 ratio relay/direct; then the
 # median over the rounds of the per-round ratios (p50 and p99). The target, relay p50 <= 1.5x
@@ -48,6 +60,8 @@
 #   BENCH_PIN            one (default), split or none, as described above (taskset)
 #   BENCH_BUILD_DIR      where the two clients are built (default: build/bench)
 #   BENCH_KEEP=1         keep the work directory (broker log, raw results)
+#   BENCH_TRIVIAL_RUNS   trivial runs of each kind, jail off and on (default 30)
+#   SB_DENO / SB_NODE_PREFIX  Deno for the trivial `run` rows (left out without it)
 # Needs gcc, pkg-config, libmsgpack-dev and curl. Takes a few seconds with the defaults; the runs
 # share a 45-second budget (each runs under `timeout` with what is left), so even a hung process
 # cannot keep the script past a minute.
@@ -62,6 +76,12 @@ WARMUP=${BENCH_WARMUP:-1000}
 ROUNDS=${BENCH_ROUNDS:-3}
 THREADS=${BENCH_THREADS:-1}
 BUILD_DIR=${BENCH_BUILD_DIR:-$ROOT/build/bench}
+TRIVIAL_RUNS=${BENCH_TRIVIAL_RUNS:-30}
+# Deno for the trivial `run` rows: SB_DENO, else SB_NODE_PREFIX/node_modules/.bin/deno; without it those rows are left out
+DENO=${SB_DENO:-}
+if [ -z "$DENO" ] && [ -n "${SB_NODE_PREFIX:-}" ] && [ -x "$SB_NODE_PREFIX/node_modules/.bin/deno" ]; then
+    DENO=$SB_NODE_PREFIX/node_modules/.bin/deno
+fi
 SECRET="relay-bench-secret-$$-0123456789abcdef"
 
 say() { printf '%s\n' "$*" >&2; }
@@ -73,7 +93,8 @@ done
 pkg-config --exists msgpack || die "msgpack-c not found (apt-get install -y libmsgpack-dev)"
 [ -x "$BROKER" ] || die "no broker binary at $BROKER (cmake -S . -B build && cmake --build build -j2)"
 [ -x "$SHIM" ] || die "no shim binary at $SHIM (cmake -S . -B build && cmake --build build -j2)"
-case "$N$WARMUP$ROUNDS" in *[!0-9]*) die "BENCH_N, BENCH_WARMUP and BENCH_ROUNDS must be numbers" ;; esac
+case "$N$WARMUP$ROUNDS$TRIVIAL_RUNS" in *[!0-9]*) die "BENCH_N, BENCH_WARMUP, BENCH_ROUNDS and BENCH_TRIVIAL_RUNS must be numbers" ;; esac
+[ "$TRIVIAL_RUNS" -ge 1 ] && [ "$TRIVIAL_RUNS" -le 500 ] || die "BENCH_TRIVIAL_RUNS must be 1..500"
 [ "$N" -ge 100 ] && [ "$N" -le 100000 ] || die "BENCH_N must be 100..100000"
 [ "$WARMUP" -le 100000 ] || die "BENCH_WARMUP must be 0..100000"
 [ "$ROUNDS" -ge 1 ] && [ "$ROUNDS" -le 10 ] || die "BENCH_ROUNDS must be 1..10"
@@ -133,7 +154,7 @@ PORT=$(sed -n 's/.*"event":"listening".*"listener":"public".*"port":\([0-9]*\).*
 ADMIN=$(sed -n 's/.*"event":"listening".*"listener":"admin".*"port":\([0-9]*\).*/\1/p' "$LOG" | head -1)
 [ -n "$PORT" ] && [ -n "$ADMIN" ] || die "no ports in the broker log: $(cat "$LOG")"
 # every call counts against the run's quota (default 1,024): allow all of this run's calls
-QUOTA=$((ROUNDS * 2 * (N + WARMUP) + 100))
+QUOTA=$((ROUNDS * 3 * (N + WARMUP) + 2 * TRIVIAL_RUNS + 100))
 body=$(curl -s --max-time 5 -X POST -H "Authorization: Bearer $SECRET" -H 'Content-Type: application/json' \
     -d "{\"runId\":\"bench\",\"capabilities\":{\"services\":[\"svc\"]},\"quotas\":{\"calls\":$QUOTA}}" \
     "http://127.0.0.1:$ADMIN/admin/v1/tokens") ||
@@ -164,11 +185,12 @@ run_direct() { # ROUND
     echo "direct $1 ${line#BENCH }" >>"$RESULTS"
 }
 
-run_relay() { # ROUND
-    local out field v left line=""
+run_relay() { # ROUND JAIL(on|off)
+    local out field v left line="" name=relay
+    [ "$2" = off ] && name=relayoff
     left=$(budget) || { FAILED=1; return; }
     # the token reaches the shim through --token-env only; the shim scrubs it before spawning the guest
-    out=$(timeout "$left" "${CLI_PIN[@]}" "$SHIM" relay --broker-url "http://127.0.0.1:$PORT/api/sandbox/rpc" \
+    out=$(timeout "$left" "${CLI_PIN[@]}" "$SHIM" relay --jail="$2" --broker-url "http://127.0.0.1:$PORT/api/sandbox/rpc" \
         --token-env SB_BENCH_TOKEN --on-denial reply --max-calls $((N + WARMUP)) \
         --timeout-ms $((left * 1000)) -- "$BUILD_DIR/relay_guest" "$N" "$WARMUP" 2>"$WORK/relay.err")
     case "$out" in
@@ -180,15 +202,53 @@ run_relay() { # ROUND
         [ -n "$v" ] || { say "round $1 relay: no $field in $out"; FAILED=1; return; }
         line="$line $field=$v"
     done
-    echo "relay $1${line}" >>"$RESULTS"
+    echo "$name $1${line}" >>"$RESULTS"
+}
+
+# One whole run, start to outcome, as the host sees it: spawn (and jail), init, the guest's work,
+# result, exit. KIND relay: relay_guest making 1 call; KIND deno: `run` of a module returning a
+# constant. Jail off and on alternate, TRIVIAL_RUNS of each; prints "KIND off_p50_us on_p50_us".
+trivial_runs() { # KIND
+    local i mode t0 t1 out left
+    : >"$WORK/trivial-off" && : >"$WORK/trivial-on"
+    for i in $(seq "$TRIVIAL_RUNS"); do
+        for mode in off on; do
+            left=$(budget) || return 1
+            t0=$EPOCHREALTIME
+            if [ "$1" = relay ]; then
+                out=$(timeout "$left" "${CLI_PIN[@]}" "$SHIM" relay --jail="$mode" \
+                    --broker-url "http://127.0.0.1:$PORT/api/sandbox/rpc" --token-env SB_BENCH_TOKEN --on-denial reply \
+                    -- "$BUILD_DIR/relay_guest" 1 0 2>"$WORK/trivial.err")
+            else
+                out=$(timeout "$left" "${CLI_PIN[@]}" "$SHIM" run --jail="$mode" \
+                    --broker-url "http://127.0.0.1:$PORT/api/sandbox/rpc" --token-env SB_BENCH_TOKEN \
+                    --source "$WORK/trivial.js" --deno "$DENO" 2>"$WORK/trivial.err")
+            fi
+            t1=$EPOCHREALTIME
+            case "$out" in
+            '{"ok":true'*) ;;
+            *) say "trivial $1 run (jail $mode) failed: $out $(cat "$WORK/trivial.err")"; return 1 ;;
+            esac
+            echo $(( (${t1/./} - ${t0/./}) )) >>"$WORK/trivial-$mode"
+        done
+    done
+    echo "$1 $(sort -n "$WORK/trivial-off" | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}') \
+$(sort -n "$WORK/trivial-on" | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}')" >>"$WORK/trivial.txt"
 }
 
 echo "relay latency benchmark: $(nproc) cores, broker threads=$THREADS, pin=$PIN, N=$N (+$WARMUP warm-up) x $ROUNDS rounds"
 echo "load average before the run: $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq "$ROUNDS"); do
     run_direct "$r"
-    run_relay "$r"
+    run_relay "$r" on
+    run_relay "$r" off
 done
+: >"$WORK/trivial.txt"
+trivial_runs relay || FAILED=1
+if [ -n "$DENO" ]; then
+    echo 'export default () => 1;' >"$WORK/trivial.js"
+    trivial_runs deno || FAILED=1
+fi
 kill -0 "$BROKER_PID" 2>/dev/null || { say "the broker died: $(tail -5 "$LOG")"; exit 1; }
 
 awk -v rounds="$ROUNDS" '
@@ -199,6 +259,11 @@ function median(v, m,   i, j, t) {
 }
 { p50[$1, $2] = val("p50_ns"); p99[$1, $2] = val("p99_ns"); mean[$1, $2] = val("mean_ns"); n[$1, $2] = val("n") }
 END {
+    jm = 0
+    for (r = 1; r <= rounds; ++r)
+        if ((("relay", r) in p50) && (("relayoff", r) in p50)) {
+            j50[++jm] = p50["relay", r] / p50["relayoff", r]; j99[jm] = p99["relay", r] / p99["relayoff", r]
+        }
     printf "\n%-6s %6s %12s %12s %12s %12s %12s %12s %9s %9s\n", "round", "n", "direct p50", "direct p99", "direct mean",
         "relay p50", "relay p99", "relay mean", "p50 x", "p99 x"
     m = 0
@@ -218,6 +283,18 @@ END {
         md50 / 1000, md99 / 1000, ml50 / 1000, ml99 / 1000
     printf "relay/direct ratio: p50 %.2fx, p99 %.2fx (median of the per-round ratios)\n", g50, g99
     printf "target relay p50 <= 1.5x direct (informational): %s\n", (g50 <= 1.5 ? "met" : "not met")
+    if (jm > 0)
+        printf "per call, jail on/off (relay rows above are jailed): p50 %.3fx, p99 %.3fx (median of per-round ratios)\n",
+            median(j50, jm), median(j99, jm)
 }' "$RESULTS" || FAILED=1
+if [ -s "$WORK/trivial.txt" ]; then
+    printf '\n%-22s %14s %14s %9s\n' "trivial run ($TRIVIAL_RUNS each)" "jail off p50" "jail on p50" "on/off"
+    while read -r kind off on; do
+        awk -v k="$kind" -v off="$off" -v on="$on" 'BEGIN {
+            printf "%-22s %12.2fms %12.2fms %8.3fx   target < 1.10x (informational): %s\n",
+                (k == "relay" ? "relay, C guest, 1 call" : "run, Deno, no call"), off / 1000, on / 1000, on / off,
+                (on / off < 1.10 ? "met" : "not met") }'
+    done <"$WORK/trivial.txt"
+fi
 [ "$FAILED" = 0 ] || say "relay.sh: some runs failed; see above"
 exit "$FAILED"

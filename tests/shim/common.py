@@ -267,6 +267,8 @@ def relay_args(url, scenario, *flags):
     fd, path = tempfile.mkstemp(prefix="sb-shim-scenario-", suffix=".json")
     with os.fdopen(fd, "w") as f:
         json.dump(scenario, f)
+    # the jailed guest runs as a uid of its own: it must be able to read its scenario
+    os.chmod(path, 0o644)
     _scenarios.append(path)
     return ["relay", "--broker-url", url, "--token-env", "SB_TEST_TOKEN"] + list(flags) + [
         "--", PYTHON, FAKE_GUEST, path]

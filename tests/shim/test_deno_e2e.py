@@ -8,6 +8,7 @@ import sys
 sys.dont_write_bytecode = True  # noqa: E402 - keep tests/shim free of __pycache__
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,9 +28,10 @@ tap = Tap()
 broker = RealBroker({"SANDBOX_BROKER_EGRESS": json.dumps({"allow_cidrs": ["127.0.0.1/32"],
                                                           "deny_local_interfaces": False})})
 TMP = tempfile.mkdtemp(prefix="sb-shim-e2e-")
+os.chmod(TMP, 0o711)  # jailed guests run as another uid and must reach what the tests put here
 
 
-def guest(src, caps=None, flags=(), inp=None, token=None, on_running=None, timeout=60):
+def guest(src, caps=None, flags=(), inp=None, token=None, on_running=None, timeout=60, env_extra=None):
     """Runs `src` as the guest module; returns (outcome, token, stdout, stderr)."""
     tok = token or broker.mint(caps or {})
     path = os.path.join(TMP, "guest.ts")
@@ -40,6 +42,7 @@ def guest(src, caps=None, flags=(), inp=None, token=None, on_running=None, timeo
         args += ["--input", json.dumps(inp)]
     args += list(flags)
     env = dict(os.environ, SB_E2E_TOKEN=tok)
+    env.update(env_extra or {})
     p = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     if on_running is not None:
         on_running(p)
@@ -271,20 +274,112 @@ export default () => { const a: number[][] = []; for (;;) a.push(new Array(1e6).
     check(not o["ok"] and "subprocess exited without result" in o["error"] and not o.get("timedOut"), "OOM ends run", o)
 
 
-def shim_private_dirs():
-    # exactly the shim's mkdtemp("sb-shim-XXXXXX") names: other tests running in parallel
-    # create their own sb-shim-<something> files in the same temp directory
-    import re
-    pat = re.compile(r"^sb-shim-[A-Za-z0-9]{6}$")
-    tmp = tempfile.gettempdir()
-    return set(x for x in os.listdir(tmp) if pat.match(x) and os.path.isdir(os.path.join(tmp, x)))
+def t_jail_clean_errors():
+    # jailed (the default), Deno's own permission checks still answer first, with clean errors
+    o, _, _, err = guest("""
+export default async () => {
+  const r: Record<string, string> = {};
+  const attempt = async (name: string, f: () => unknown) => {
+    try { await f(); r[name] = "SUCCEEDED"; } catch (e) { r[name] = (e as Error).name + ": " + (e as Error).message; }
+  };
+  await attempt("connect", () => Deno.connect({ hostname: "127.0.0.1", port: 9 }));
+  await attempt("listen", () => Deno.listen({ port: 0 }));
+  await attempt("command", () => new Deno.Command("/bin/true").output());
+  await attempt("hostname", () => Deno.hostname());
+  return r;
+};""")
+    check("sandbox-shim: jail: on:" in err, "the run was jailed", err)
+    check(o["ok"], "the guest finished", o)
+    for name, v in o["output"].items():
+        check(v.startswith("NotCapable: Requires ") and "run again with the --allow-" in v, name + ": a clean error", v)
+
+
+def t_jail_kernel_under_deno():
+    # Deno itself granted net (loopback only), read, write (the unix socket), run and sys: the
+    # kernel jail is what refuses, and Deno reports each refusal as a clean error
+    import socket as so
+    d = tempfile.mkdtemp(prefix="jail-", dir=TMP)
+    os.chmod(d, 0o777)
+    tcp = so.socket()
+    tcp.bind(("127.0.0.1", 0))
+    tcp.listen(4)
+    tcp.setblocking(False)
+    upath = os.path.join(d, "s")
+    us = so.socket(so.AF_UNIX)
+    us.bind(upath)
+    os.chmod(upath, 0o777)
+    us.listen(4)
+    us.setblocking(False)
+    port = tcp.getsockname()[1]
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jail_guest.js")
+    env = dict(os.environ, SB_E2E_TOKEN=broker.mint({}), HOME=d, DENO_DIR=os.path.join(d, "deno"), NO_COLOR="1",
+               DENO_NO_UPDATE_CHECK="1")
+    args = [SHIM, "relay", "--broker-url", broker.url, "--token-env", "SB_E2E_TOKEN", "--", DENO, "run", "--no-prompt",
+            "--no-config", "--no-lock", "--no-npm", "--no-remote", "--allow-net=127.0.0.1,unix:" + upath, "--allow-read",
+            "--allow-write=" + upath, "--allow-run=/bin/cat", "--allow-sys=hostname", src, str(port), upath]
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p_pid = [proc.pid]
+    out, err = proc.communicate(timeout=60)
+    p = subprocess.CompletedProcess(args, proc.returncode, out, err)
+    accepted = []
+    for s in (tcp, us):
+        try:
+            s.accept()
+            accepted.append(s)
+        except BlockingIOError:
+            pass
+        s.close()
+    check(p.returncode == 0, "shim ran", p.returncode, p.stdout, p.stderr)
+    o = json.loads(p.stdout)
+    check(o["ok"], "the guest finished", o, p.stderr)
+    r = o["output"]
+    eperm = "PermissionDenied: Operation not permitted (os error 1)"
+    check(r["connect"].startswith(eperm) and r["listen"].startswith(eperm) and r["unix"].startswith(eperm),
+          "sockets: EPERM from seccomp, reported cleanly", r)
+    check(accepted == [], "neither listener saw a connection", accepted)
+    check(r["environ"] == "SUCCEEDED: exit 1: /bin/cat: /proc/%d/environ: Permission denied (0 bytes)" % p_pid[0],
+          "the shim's environ: EACCES", r)
+    check(r["shimPid"] == str(p_pid[0]), "the guest aimed at the shim", r, p_pid)
+    check(r["hostname"] == "SUCCEEDED: sandbox", "UTS namespace", r)
+    uid, nnp, sc = r["child"].replace("SUCCEEDED: ", "").split()
+    check(int(uid) != 0 and nnp == "1" and sc == "2", "a subprocess inherits the jail", r)
+
+
+def t_jail_fail_closed_run():
+    probe = os.environ.get("SB_JAIL_PROBE")
+    check(probe is not None and os.access(probe, os.X_OK), "SB_JAIL_PROBE names the fixture", probe)
+    path = os.path.join(TMP, "guest.ts")
+    with open(path, "w") as f:
+        f.write("export default () => 'ran';")
+    args = [probe, "deny-userns", SHIM, "run", "--broker-url", broker.url, "--token-env", "SB_E2E_TOKEN", "--source",
+            path, "--deno", DENO]
+    env = dict(os.environ, SB_E2E_TOKEN=broker.mint({}))
+    p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
+    check(p.returncode == 2 and p.stdout == "" and "jail: the kernel refused new user, pid, network, ipc and uts "
+          "namespaces (clone: Operation not permitted); refusing to start the guest" in p.stderr, "run refuses", p)
+    p = subprocess.run(args[:4] + ["--jail=off"] + args[4:], env=env, capture_output=True, text=True, timeout=60)
+    check(p.returncode == 0 and json.loads(p.stdout)["output"] == "ran" and "jail: OFF (--jail=off)" in p.stderr,
+          "--jail=off runs the guest and says so", p)
 
 
 def t_workdir_cleaned():
-    before = shim_private_dirs()
-    guest("export default () => 1;")
-    after = shim_private_dirs()
-    check(after - before == set(), "private temp dir removed", after - before)
+    # a TMPDIR of its own: other shims on the machine make and remove sb-shim-* directories in /tmp
+    # at any time; o+x so that the jailed guest can reach the runtime inside
+    tmp = tempfile.mkdtemp(prefix="tmpdir-", dir=TMP)
+    os.chmod(tmp, 0o711)
+    seen = {}
+
+    def probe(p):
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not seen.get("dirs"):
+            seen["dirs"] = os.listdir(tmp)
+            time.sleep(0.01)
+    o, _, _, _ = guest("export default async () => { await new Promise((r) => setTimeout(r, 300)); return 1; };",
+                       env_extra={"TMPDIR": tmp}, on_running=probe)
+    check(o["ok"] and len(seen.get("dirs", [])) == 1 and seen["dirs"][0].startswith("sb-shim-"),
+          "the run made its private directory under TMPDIR", seen, o)
+    check(os.listdir(tmp) == [], "private temp dir removed", os.listdir(tmp))
+    os.rmdir(tmp)
 
 
 tap.case("basic run: input, output, console captured", t_basic)
@@ -304,9 +399,9 @@ tap.case("attack: garbage on stdout", t_garbage_stdout)
 tap.case("wall-clock timeout", t_wall_timeout)
 tap.case("memory cap", t_memory_cap)
 tap.case("private temp dir is removed", t_workdir_cleaned)
+tap.case("jail: Deno.connect/listen/Command/hostname without permissions give clean errors", t_jail_clean_errors)
+tap.case("jail: Deno granted net/read/run meets the kernel's refusals, reported cleanly", t_jail_kernel_under_deno)
+tap.case("jail: run fails closed on a kernel refusing user namespaces; --jail=off runs", t_jail_fail_closed_run)
 broker.close()
-try:
-    os.rmdir(TMP) if not os.listdir(TMP) else [os.unlink(os.path.join(TMP, f)) for f in os.listdir(TMP)] and os.rmdir(TMP)
-except OSError:
-    pass
+shutil.rmtree(TMP, ignore_errors=True)
 tap.done()

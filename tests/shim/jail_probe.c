@@ -1,0 +1,634 @@
+/*
+ * Test fixture for tests/shim/test_jail.py: a guest that bypasses Deno entirely and asks the
+ * kernel directly for what the jail must refuse. Two modes:
+ *
+ *   jail_probe probe [--dir D] [--tcp-port P] [--unix-path S] [--only a,b,...] [--hold-ms N]
+ *                    [--term-file F]   (catch SIGTERM: write "term" to F and exit)
+ *       Runs behind `sandbox-shim relay`: reads the init frame, tries every probe (or those named
+ *       by --only), and sends one result frame whose output maps each probe to
+ *       {ret, errno, detail}: `ret` is the system call's return value, `errno` its symbolic errno
+ *       ("" on success), `detail` what was seen. Never asserts anything itself: the test does.
+ *
+ *   jail_probe deny-userns|deny-seccomp|deny-seccomp-load CMD ARGS...
+ *       Execs CMD under a seccomp filter that makes this kernel look like one that refuses user
+ *       namespaces (clone/unshare with CLONE_NEWUSER: EPERM, clone3: ENOSYS), seccomp itself
+ *       (seccomp(2) and prctl(PR_SET_SECCOMP): EINVAL), or only the loading of a filter (the
+ *       refusal then comes from inside the starting guest), for the fail-closed tests.
+ *
+ * Built without sanitizers: it runs under the jail's filter, which refuses the ptrace that
+ * LeakSanitizer needs at exit.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/if.h>
+#include <linux/seccomp.h>
+#include <linux/sched.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/ptrace.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <unistd.h>
+#include <msgpack.h>
+#include <seccomp.h>
+
+#define MAX_RESULTS 64
+
+typedef struct st_result_t {
+    const char *name;
+    long ret;
+    int err;
+    char detail[1024];
+} result_t;
+
+static result_t results[MAX_RESULTS];
+static const char *term_file;
+
+/* --term-file: a guest that catches SIGTERM says so in a file, then exits */
+static void on_term(int sig)
+{
+    int fd = open(term_file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    (void)sig;
+    if (fd >= 0) {
+        (void)!write(fd, "term", 4);
+        close(fd);
+    }
+    _exit(0);
+}
+static size_t nresults;
+static const char *only;
+
+static int wanted(const char *name)
+{
+    size_t n = strlen(name);
+    if (only == NULL)
+        return 1;
+    for (const char *p = only; (p = strstr(p, name)) != NULL; p += n)
+        if ((p == only || p[-1] == ',') && (p[n] == '\0' || p[n] == ','))
+            return 1;
+    return 0;
+}
+
+static result_t *add(const char *name, long ret, int err)
+{
+    result_t *r = &results[nresults < MAX_RESULTS ? nresults++ : MAX_RESULTS - 1];
+    r->name = name;
+    r->ret = ret;
+    r->err = ret < 0 ? err : 0;
+    r->detail[0] = '\0';
+    return r;
+}
+
+/* the call is made before errno is read (argument evaluation order is unspecified) */
+#define TRY(name, expr)                                                                                                            \
+    ({                                                                                                                             \
+        long r_ = (long)(expr);                                                                                                    \
+        add((name), r_, errno);                                                                                                    \
+    })
+
+static ssize_t read_file(const char *path, char *buf, size_t bufsz)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t n, got = 0;
+    if (fd < 0)
+        return -1;
+    while ((size_t)got < bufsz - 1 && (n = read(fd, buf + got, bufsz - 1 - (size_t)got)) > 0)
+        got += n;
+    close(fd);
+    buf[got] = '\0';
+    return got;
+}
+
+/* the value of "Key:" in a /proc status file, whitespace trimmed */
+static void status_field(const char *status, const char *key, char *out, size_t outsz)
+{
+    size_t kl = strlen(key);
+    const char *p = status;
+    out[0] = '\0';
+    while (p != NULL && *p != '\0') {
+        if (strncmp(p, key, kl) == 0 && p[kl] == ':') {
+            const char *v = p + kl + 1, *e;
+            while (*v == ' ' || *v == '\t')
+                ++v;
+            e = strchr(v, '\n');
+            if (e == NULL)
+                e = v + strlen(v);
+            snprintf(out, outsz, "%.*s", (int)(e - v), v);
+            return;
+        }
+        p = strchr(p, '\n');
+        if (p != NULL)
+            ++p;
+    }
+}
+
+/* the shim: our parent, by its pid in the host's PID namespace (the one /proc is mounted for) */
+static long shim_pid(void)
+{
+    char st[4096], v[32];
+    if (read_file("/proc/self/status", st, sizeof(st)) < 0)
+        return -1;
+    status_field(st, "PPid", v, sizeof(v));
+    return strtol(v, NULL, 10);
+}
+
+/* runs fn in a child and reports how the child ended */
+static void in_child(const char *name, void (*fn)(void))
+{
+    int status = 0;
+    pid_t pid = fork();
+    result_t *r;
+    if (pid == 0) {
+        fn();
+        _exit(0);
+    }
+    if (pid < 0) {
+        add(name, -1, errno);
+        return;
+    }
+    (void)waitpid(pid, &status, 0);
+    r = add(name, 0, 0);
+    if (WIFSIGNALED(status))
+        snprintf(r->detail, sizeof(r->detail), "signal %d", WTERMSIG(status));
+    else
+        snprintf(r->detail, sizeof(r->detail), "exit %d", WEXITSTATUS(status));
+}
+
+/* child bodies: exit status 0 = the call returned an error, 1 = it succeeded */
+static void x32_socket(void)
+{
+#ifdef __x86_64__
+    long r = syscall(0x40000000L | SYS_socket, AF_INET, SOCK_STREAM, 0);
+    _exit(r >= 0 ? 1 : 0);
+#endif
+}
+
+static void i386_socket(void)
+{
+#ifdef __x86_64__
+    long r;
+    /* i386 socket(2) is number 359 */
+    __asm__ volatile("int $0x80" : "=a"(r) : "a"(359L), "b"((long)AF_INET), "c"((long)SOCK_STREAM), "d"(0L) : "memory");
+    _exit(r >= 0 ? 1 : 0);
+#endif
+}
+
+static void traceme(void)
+{
+    _exit(ptrace(PTRACE_TRACEME, 0, NULL, NULL) == 0 ? 1 : (errno == EPERM ? 2 : 3));
+}
+
+static void probe_network(int tcp_port, const char *unix_path)
+{
+    int fd;
+    result_t *r;
+    char dev[4096];
+
+    if (wanted("socket_inet")) {
+        fd = socket(AF_INET, SOCK_STREAM, 0);
+        r = add("socket_inet", fd, errno);
+        if (fd >= 0 && tcp_port > 0) {
+            struct sockaddr_in sa;
+            int c;
+            memset(&sa, 0, sizeof(sa));
+            sa.sin_family = AF_INET;
+            sa.sin_port = htons((uint16_t)tcp_port);
+            sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+            c = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
+            snprintf(r->detail, sizeof(r->detail), "connect: %s", c == 0 ? "connected" : strerrorname_np(errno));
+        }
+        if (fd >= 0)
+            close(fd);
+    }
+    if (wanted("socket_inet6")) {
+        fd = socket(AF_INET6, SOCK_DGRAM, 0);
+        add("socket_inet6", fd, errno);
+        if (fd >= 0)
+            close(fd);
+    }
+    if (wanted("socket_netlink")) {
+        fd = socket(AF_NETLINK, SOCK_RAW, 0 /* NETLINK_ROUTE */);
+        add("socket_netlink", fd, errno);
+        if (fd >= 0)
+            close(fd);
+    }
+    if (wanted("socket_packet")) {
+        fd = socket(AF_PACKET, SOCK_RAW, 0);
+        add("socket_packet", fd, errno);
+        if (fd >= 0)
+            close(fd);
+    }
+    if (wanted("socket_unix")) {
+        fd = socket(AF_UNIX, SOCK_STREAM, 0);
+        r = add("socket_unix", fd, errno);
+        if (fd >= 0 && unix_path != NULL) {
+            struct sockaddr_un su;
+            int c;
+            memset(&su, 0, sizeof(su));
+            su.sun_family = AF_UNIX;
+            snprintf(su.sun_path, sizeof(su.sun_path), "%s", unix_path);
+            c = connect(fd, (struct sockaddr *)&su, sizeof(su));
+            snprintf(r->detail, sizeof(r->detail), "connect: %s", c == 0 ? "connected" : strerrorname_np(errno));
+        }
+        if (fd >= 0)
+            close(fd);
+    }
+    if (wanted("socketpair_unix")) {
+        int sv[2];
+        int rc = socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
+        add("socketpair_unix", rc, errno);
+        if (rc == 0) {
+            close(sv[0]);
+            close(sv[1]);
+        }
+    }
+    if (wanted("interfaces")) {
+        /* /proc/self/net follows the reader's network namespace (sysfs would show the mounter's) */
+        ssize_t n = read_file("/proc/self/net/dev", dev, sizeof(dev));
+        r = add("interfaces", n < 0 ? -1 : 0, errno);
+        if (n >= 0) {
+            size_t off = 0;
+            const char *line = strchr(dev, '\n');
+            line = line != NULL ? strchr(line + 1, '\n') : NULL; /* skip the two header lines */
+            while (line != NULL && line[1] != '\0') {
+                const char *name = line + 1, *colon = strchr(name, ':');
+                struct ifreq ifr;
+                int s;
+                if (colon == NULL)
+                    break;
+                while (*name == ' ')
+                    ++name;
+                memset(&ifr, 0, sizeof(ifr));
+                snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "%.*s", (int)(colon - name), name);
+                /* interface flags through an AF_UNIX socket: the one family the filter allows */
+                s = socket(AF_UNIX, SOCK_DGRAM, 0);
+                if (s >= 0 && ioctl(s, SIOCGIFFLAGS, &ifr) == 0)
+                    off += (size_t)snprintf(r->detail + off, sizeof(r->detail) - off, "%s%s:%s", off ? " " : "", ifr.ifr_name,
+                                            (ifr.ifr_flags & IFF_UP) ? "up" : "down");
+                else
+                    off += (size_t)snprintf(r->detail + off, sizeof(r->detail) - off, "%s%s:?", off ? " " : "", ifr.ifr_name);
+                if (s >= 0)
+                    close(s);
+                if (off >= sizeof(r->detail))
+                    break;
+                line = strchr(name, '\n');
+            }
+        }
+    }
+}
+
+static void probe_processes(long shim, unsigned bomb_cap)
+{
+    result_t *r;
+    char buf[8192];
+
+    if (wanted("ptrace_attach")) {
+        long rc = ptrace(PTRACE_ATTACH, (pid_t)shim, NULL, NULL);
+        r = add("ptrace_attach", rc, errno);
+        snprintf(r->detail, sizeof(r->detail), "target %ld", shim);
+        if (rc == 0)
+            (void)ptrace(PTRACE_DETACH, (pid_t)shim, NULL, NULL);
+    }
+    if (wanted("ptrace_traceme"))
+        in_child("ptrace_traceme", traceme);
+    if (wanted("process_vm_readv")) {
+        char dst[16];
+        struct iovec l = {dst, sizeof(dst)}, rv = {(void *)0x400000, sizeof(dst)};
+        TRY("process_vm_readv", (long)process_vm_readv((pid_t)shim, &l, 1, &rv, 1, 0));
+    }
+    if (wanted("kill_shim")) {
+        /* pid numbers outside our PID namespace name nothing in it */
+        r = TRY("kill_shim", kill((pid_t)shim, 0));
+        snprintf(r->detail, sizeof(r->detail), "target %ld", shim);
+    }
+    if (wanted("shim_environ")) {
+        char path[64];
+        snprintf(path, sizeof(path), "/proc/%ld/environ", shim);
+        r = TRY("shim_environ", (long)read_file(path, buf, sizeof(buf)));
+        snprintf(r->detail, sizeof(r->detail), "%s", path);
+    }
+    if (wanted("fork_bomb")) {
+        /* fork until the kernel says no; every child just waits to be killed */
+        unsigned forked = 0;
+        int e = 0;
+        for (;;) {
+            pid_t p = fork();
+            if (p == 0) {
+                for (;;)
+                    pause();
+            }
+            if (p < 0) {
+                e = errno;
+                break;
+            }
+            if (++forked >= bomb_cap) {
+                e = 0;
+                break;
+            }
+        }
+        r = add("fork_bomb", e != 0 ? -1 : 0, e);
+        snprintf(r->detail, sizeof(r->detail), "%u", forked);
+        /* the children stay until the end (main), so that concurrent runs overlap */
+    }
+}
+
+static void probe_files(const char *dir)
+{
+    char path[512];
+    static char chunk[1 << 20];
+    result_t *r;
+
+    if (wanted("write_1g") && dir != NULL) {
+        int fd;
+        unsigned long long written = 0;
+        int e = 0;
+        /* RLIMIT_FSIZE raises SIGXFSZ; ignored, the write fails with EFBIG instead */
+        signal(SIGXFSZ, SIG_IGN);
+        snprintf(path, sizeof(path), "%s/big.bin", dir);
+        fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        if (fd < 0) {
+            add("write_1g", -1, errno);
+        } else {
+            memset(chunk, 'x', sizeof(chunk));
+            while (written < (1ull << 30)) {
+                ssize_t n = write(fd, chunk, sizeof(chunk));
+                if (n < 0) {
+                    e = errno;
+                    break;
+                }
+                written += (unsigned long long)n;
+            }
+            close(fd);
+            (void)unlink(path);
+            r = add("write_1g", e != 0 ? -1 : 0, e);
+            snprintf(r->detail, sizeof(r->detail), "%llu", written);
+        }
+    }
+    if (wanted("mount")) {
+        snprintf(path, sizeof(path), "%s", dir != NULL ? dir : "/tmp");
+        TRY("mount", mount("none", path, "tmpfs", 0, NULL));
+    }
+}
+
+static void probe_kernel(void)
+{
+    char buf[8192], v[256];
+    result_t *r;
+
+    if (wanted("status")) {
+        r = TRY("status", read_file("/proc/self/status", buf, sizeof(buf)) < 0 ? -1 : 0);
+        if (r->ret == 0) {
+            char nnp[16], sc[16], uid[96], gid[96], groups[256], capeff[32], capbnd[32];
+            status_field(buf, "NoNewPrivs", nnp, sizeof(nnp));
+            status_field(buf, "Seccomp", sc, sizeof(sc));
+            status_field(buf, "Uid", uid, sizeof(uid));
+            status_field(buf, "Gid", gid, sizeof(gid));
+            status_field(buf, "Groups", groups, sizeof(groups));
+            status_field(buf, "CapEff", capeff, sizeof(capeff));
+            status_field(buf, "CapBnd", capbnd, sizeof(capbnd));
+            snprintf(r->detail, sizeof(r->detail), "NoNewPrivs=%s Seccomp=%s Uid=%s Gid=%s Groups=%s CapEff=%s CapBnd=%s", nnp, sc,
+                     uid, gid, groups, capeff, capbnd);
+        }
+    }
+    if (wanted("uid_map")) {
+        r = TRY("uid_map", read_file("/proc/self/uid_map", v, sizeof(v)) < 0 ? -1 : 0);
+        snprintf(r->detail, sizeof(r->detail), "%s", v);
+        r = TRY("gid_map", read_file("/proc/self/gid_map", v, sizeof(v)) < 0 ? -1 : 0);
+        snprintf(r->detail, sizeof(r->detail), "%s", v);
+    }
+    if (wanted("namespaces")) {
+        static const char *const ns[] = {"user", "pid", "net", "ipc", "uts", "cgroup", "mnt"};
+        size_t off = 0;
+        r = add("namespaces", 0, 0);
+        for (size_t i = 0; i < sizeof(ns) / sizeof(ns[0]) && off < sizeof(r->detail); ++i) {
+            char path[64], link[128];
+            ssize_t n;
+            snprintf(path, sizeof(path), "/proc/self/ns/%s", ns[i]);
+            n = readlink(path, link, sizeof(link) - 1);
+            link[n > 0 ? n : 0] = '\0';
+            off += (size_t)snprintf(r->detail + off, sizeof(r->detail) - off, "%s%s", off ? " " : "", link);
+        }
+    }
+    if (wanted("hostname")) {
+        struct utsname u;
+        r = TRY("hostname", uname(&u));
+        snprintf(r->detail, sizeof(r->detail), "%s", r->ret == 0 ? u.nodename : "");
+    }
+    if (wanted("unshare"))
+        TRY("unshare", unshare(CLONE_NEWNET));
+    if (wanted("clone_newuser")) {
+        long p = syscall(SYS_clone, (unsigned long)(CLONE_NEWUSER | SIGCHLD), NULL, NULL, NULL, NULL);
+        int e = errno;
+        if (p == 0)
+            _exit(0);
+        if (p > 0)
+            (void)waitpid((pid_t)p, NULL, 0);
+        add("clone_newuser", p, e);
+    }
+    if (wanted("clone3")) {
+        struct clone_args ca;
+        long p;
+        int e;
+        memset(&ca, 0, sizeof(ca));
+        ca.exit_signal = SIGCHLD;
+        p = syscall(SYS_clone3, &ca, sizeof(ca));
+        e = errno;
+        if (p == 0)
+            _exit(0);
+        if (p > 0)
+            (void)waitpid((pid_t)p, NULL, 0);
+        add("clone3", p, e);
+    }
+    if (wanted("setsid"))
+        TRY("setsid", (long)setsid());
+    if (wanted("bpf"))
+        TRY("bpf", syscall(SYS_bpf, 0 /* BPF_MAP_CREATE */, NULL, 0));
+    if (wanted("perf_event_open"))
+        TRY("perf_event_open", syscall(SYS_perf_event_open, NULL, 0, -1, -1, 0));
+    if (wanted("keyctl"))
+        TRY("keyctl", syscall(SYS_keyctl, 0 /* KEYCTL_GET_KEYRING_ID */, -3 /* session */, 0));
+    if (wanted("userfaultfd"))
+        TRY("userfaultfd", syscall(SYS_userfaultfd, 0));
+    if (wanted("io_uring_setup"))
+        TRY("io_uring_setup", syscall(SYS_io_uring_setup, 1, NULL));
+    if (wanted("unreviewed_syscall"))
+        TRY("unreviewed_syscall", syscall(470));
+    if (wanted("x32_abi"))
+        in_child("x32_abi", x32_socket);
+    if (wanted("i386_abi"))
+        in_child("i386_abi", i386_socket);
+}
+
+static void pack_str(msgpack_packer *pk, const char *s)
+{
+    (void)msgpack_pack_str_with_body(pk, s, strlen(s));
+}
+
+static int write_full(int fd, const void *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        p = (const char *)p + w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int send_result(void)
+{
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    uint8_t *p;
+    size_t n;
+    int rc;
+
+    msgpack_sbuffer_init(&sb);
+    (void)msgpack_sbuffer_write(&sb, "\0\0\0\0", 4);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    (void)msgpack_pack_map(&pk, 4);
+    pack_str(&pk, "t");
+    pack_str(&pk, "result");
+    pack_str(&pk, "ok");
+    (void)msgpack_pack_true(&pk);
+    pack_str(&pk, "logs");
+    (void)msgpack_pack_array(&pk, 0);
+    pack_str(&pk, "output");
+    (void)msgpack_pack_map(&pk, nresults);
+    for (size_t i = 0; i < nresults; ++i) {
+        pack_str(&pk, results[i].name);
+        (void)msgpack_pack_map(&pk, 3);
+        pack_str(&pk, "ret");
+        (void)msgpack_pack_int64(&pk, results[i].ret);
+        pack_str(&pk, "errno");
+        pack_str(&pk, results[i].err != 0 ? strerrorname_np(results[i].err) : "");
+        pack_str(&pk, "detail");
+        pack_str(&pk, results[i].detail);
+    }
+    n = sb.size - 4;
+    p = (uint8_t *)sb.data;
+    p[0] = (uint8_t)(n >> 24);
+    p[1] = (uint8_t)(n >> 16);
+    p[2] = (uint8_t)(n >> 8);
+    p[3] = (uint8_t)n;
+    rc = write_full(1, sb.data, sb.size);
+    msgpack_sbuffer_destroy(&sb);
+    return rc;
+}
+
+/* reads and drops the init frame */
+static int skip_init(void)
+{
+    uint8_t h[4], buf[4096];
+    size_t n, got = 0;
+    ssize_t r;
+    while (got < 4 && (r = read(0, h + got, 4 - got)) > 0)
+        got += (size_t)r;
+    if (got < 4)
+        return -1;
+    n = (size_t)h[0] << 24 | (size_t)h[1] << 16 | (size_t)h[2] << 8 | h[3];
+    while (n > 0 && (r = read(0, buf, n < sizeof(buf) ? n : sizeof(buf))) > 0)
+        n -= (size_t)r;
+    return n == 0 ? 0 : -1;
+}
+
+static int deny(const char *mode, char **cmd)
+{
+    scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
+    int rc = 0;
+
+    if (ctx == NULL)
+        return 1;
+    if (strcmp(mode, "deny-userns") == 0) {
+        rc |= seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
+                               SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER));
+        rc |= seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(unshare), 1,
+                               SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER));
+        rc |= seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
+    } else if (strcmp(mode, "deny-seccomp") == 0) {
+        rc |= seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EINVAL), SCMP_SYS(seccomp), 0);
+        rc |= seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EINVAL), SCMP_SYS(prctl), 1, SCMP_A0(SCMP_CMP_EQ, PR_SET_SECCOMP));
+    } else if (strcmp(mode, "deny-seccomp-load") == 0) {
+        /* only the load itself (no flags, as the jail loads it): every feature probe still works */
+        rc |= seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EINVAL), SCMP_SYS(seccomp), 2, SCMP_A0(SCMP_CMP_EQ, SECCOMP_SET_MODE_FILTER),
+                               SCMP_A1(SCMP_CMP_EQ, 0));
+        rc |= seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EINVAL), SCMP_SYS(prctl), 1, SCMP_A0(SCMP_CMP_EQ, PR_SET_SECCOMP));
+    } else {
+        fprintf(stderr, "jail_probe: unknown mode %s\n", mode);
+        return 2;
+    }
+    if (rc != 0 || seccomp_load(ctx) != 0) {
+        fprintf(stderr, "jail_probe: cannot load the %s filter\n", mode);
+        return 1;
+    }
+    seccomp_release(ctx);
+    execvp(cmd[0], cmd);
+    fprintf(stderr, "jail_probe: cannot execute %s: %s\n", cmd[0], strerror(errno));
+    return 127;
+}
+
+int main(int argc, char **argv)
+{
+    const char *dir = NULL, *unix_path = NULL;
+    int tcp_port = 0;
+    unsigned bomb_cap = 4096, hold_ms = 0;
+    long shim;
+
+    if (argc >= 3 && strncmp(argv[1], "deny-", 5) == 0)
+        return deny(argv[1], argv + 2);
+    if (argc < 2 || strcmp(argv[1], "probe") != 0) {
+        fprintf(stderr, "usage: jail_probe probe [--dir D] [--tcp-port P] [--unix-path S] [--only a,b] [--hold-ms N] | "
+                        "jail_probe deny-userns|deny-seccomp CMD ARGS...\n");
+        return 2;
+    }
+    for (int i = 2; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--dir") == 0)
+            dir = argv[i + 1];
+        else if (strcmp(argv[i], "--tcp-port") == 0)
+            tcp_port = (int)strtol(argv[i + 1], NULL, 10);
+        else if (strcmp(argv[i], "--unix-path") == 0)
+            unix_path = argv[i + 1];
+        else if (strcmp(argv[i], "--only") == 0)
+            only = argv[i + 1];
+        else if (strcmp(argv[i], "--bomb-cap") == 0)
+            bomb_cap = (unsigned)strtoul(argv[i + 1], NULL, 10);
+        else if (strcmp(argv[i], "--hold-ms") == 0)
+            hold_ms = (unsigned)strtoul(argv[i + 1], NULL, 10);
+        else if (strcmp(argv[i], "--term-file") == 0)
+            term_file = argv[i + 1];
+    }
+    if (term_file != NULL)
+        signal(SIGTERM, on_term);
+    if (skip_init() != 0)
+        return 3;
+    shim = shim_pid();
+    probe_kernel();
+    probe_network(tcp_port, unix_path);
+    probe_files(dir);
+    probe_processes(shim, bomb_cap);
+    if (hold_ms > 0)
+        usleep((useconds_t)hold_ms * 1000u);
+    /* as pid 1 of our namespace, kill(-1) reaches every other process in it (the fork bomb) */
+    if (getpid() == 1) {
+        (void)kill(-1, SIGKILL);
+        while (waitpid(-1, NULL, 0) > 0 || errno == EINTR)
+            ;
+    }
+    return send_result() == 0 ? 0 : 4;
+}
