@@ -472,19 +472,19 @@ int sb_store__parse_switch_master(const char *msg, size_t len, const char *maste
     size_t flen[5], n = 0, i = 0;
 
     /* exactly five fields separated by single spaces (Sentinel's own format) */
-    while (n < 5) {
+    for (;;) {
         size_t start = i;
         while (i < len && msg[i] != ' ')
             ++i;
-        if (i == start)
+        if (i == start || n == 5)
             return -1;
         f[n] = msg + start;
         flen[n++] = i - start;
         if (i == len)
             break;
-        ++i;
+        ++i; /* the space */
     }
-    if (n != 5 || i != len)
+    if (n != 5)
         return -1;
     if (flen[0] != strlen(master) || memcmp(f[0], master, flen[0]) != 0)
         return 0;
