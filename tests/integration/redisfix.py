@@ -139,7 +139,8 @@ class Sentinel:
         if master.password:
             lines.append("sentinel auth-pass %s %s" % (name, master.password))
         if password:
-            lines.append("requirepass %s" % password)
+            # the sentinels talk to each other with the same password
+            lines += ["requirepass %s" % password, "sentinel sentinel-pass %s" % password]
         with open(self.conf, "w") as f:
             f.write("\n".join(lines) + "\n")
         self.proc = None
