@@ -66,6 +66,8 @@
 #define REL_MAX 16                 /* distinct runs whose slots wait to go back, and the most one command carries */
 #define CMD_MAX_ARGS (9 + 2 * REL_MAX)
 #define RCACHE_SLOTS 256
+/* prefix (at most 256) + "q:inflight:" + run id (at most SB_MAX_RUN_ID): never truncated, or the C and Lua keys would differ */
+#define KEY_MAX (256 + 16 + SB_MAX_RUN_ID + 1)
 #define RCACHE_MAX_RECORD 8192
 
 /* ---- scripts ----------------------------------------------------------------------------------------------------------- */
@@ -392,6 +394,10 @@ sb_status_t sb_store__redis_init(sb_store_t *s, const sb_store_config_t *conf, c
 {
     sb_status_t st;
 
+    if (strlen(s->prefix) > 256) {
+        *err = "redis_prefix: at most 256 bytes";
+        return SB_E_BAD_ARGS;
+    }
     if ((st = sb_store__redis_parse_url(s, conf->url, err)) != SB_OK)
         return st;
     if (s->password != NULL && (conf->password != NULL || conf->password_file != NULL)) {
@@ -672,6 +678,9 @@ typedef struct st_rcache_t {
     char mint[32];
     size_t len;
     sb_token_t *tok;
+    /* what the call-path script is told about it, formatted once: length, expiresAt, calls, concurrent */
+    char num[4][21];
+    size_t numlen[4];
 } rcache_t;
 
 struct st_redis_conn_t {
@@ -804,8 +813,9 @@ struct st_cmd_t {
     int script;       /* SC_*: sent as EVALSHA (EVAL once resent); -1 for a plain command */
     int setup_script; /* SCRIPT LOAD of this script: the digest its answer must be */
     int resent;
-    int rel_first, nrel; /* releases carried: their keys are argv[rel_first .. rel_first + nrel - 1] */
-    sb_token_t *known;   /* the parsed record the lookup told the script about, or NULL */
+    int nrel; /* releases carried: their keys are the arguments at rel_first.. */
+    uint32_t rel_key_off[REL_MAX], rel_key_len[REL_MAX];
+    sb_token_t *known; /* the parsed record the lookup told the script about, or NULL */
     union {
         sb_store_get_cb get;
         sb_store_lookup_cb lookup;
@@ -816,10 +826,14 @@ struct st_cmd_t {
     uint8_t hash[32];
     int64_t limit;
     char run_id[SB_MAX_RUN_ID + 1];
-    int argc;
-    const char *argv[CMD_MAX_ARGS];
-    size_t argvlen[CMD_MAX_ARGS];
-    char buf[]; /* the arguments, kept so NOSCRIPT can resend the command */
+    /*
+     * The command as RESP, written once (hiredis copies it into its output
+     * buffer): "*N", then EVALSHA and the digest for a script, then the
+     * arguments, which start at `args` so NOSCRIPT can resend them after EVAL
+     * and the script's text.
+     */
+    size_t len, args;
+    char resp[];
 };
 
 static void on_cmd_reply(redisAsyncContext *ac, void *r, void *privdata);
@@ -832,60 +846,116 @@ static void cmd_finish(cmd_t *cmd, redisReply *reply)
     free(cmd);
 }
 
+/* decimal digits of v at p; returns the end */
+static char *put_u64(char *p, uint64_t v)
+{
+    char tmp[20];
+    size_t n = 0;
+    do {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v != 0);
+    while (n > 0)
+        *p++ = tmp[--n];
+    return p;
+}
+
+/* the room one bulk string of `len` bytes takes: "$<len>\r\n<bytes>\r\n" */
+static size_t bulk_size(size_t len)
+{
+    return 1 + 20 + 2 + len + 2;
+}
+
+static char *put_bulk(char *p, const char *s, size_t len)
+{
+    *p++ = '$';
+    p = put_u64(p, len);
+    *p++ = '\r';
+    *p++ = '\n';
+    memcpy(p, s, len);
+    p += len;
+    *p++ = '\r';
+    *p++ = '\n';
+    return p;
+}
+
 static void cmd_send(cmd_t *cmd)
 {
     redis_conn_t *rc = cmd->rc;
-    const char *argv[CMD_MAX_ARGS + 2];
-    size_t lens[CMD_MAX_ARGS + 2];
-    int n = 0;
+    redisAsyncContext *ac = rc->data.freeing ? NULL : rc->data.ac;
+    int ok;
 
-    if (cmd->script >= 0) {
-        if (!cmd->resent) {
-            argv[n] = "EVALSHA";
-            lens[n++] = 7;
-            argv[n] = rc->store->sha[cmd->script];
-            lens[n++] = 40;
-        } else {
-            argv[n] = "EVAL";
-            lens[n++] = 4;
-            argv[n] = scripts[cmd->script].body;
-            lens[n++] = scripts[cmd->script].len;
-        }
+    if (ac == NULL) {
+        cmd_finish(cmd, NULL); /* hiredis is freeing or disconnecting the context: answer now */
+        return;
     }
-    for (int i = 0; i < cmd->argc; ++i) {
-        argv[n] = cmd->argv[i];
-        lens[n++] = cmd->argvlen[i];
+    if (!cmd->resent) {
+        ok = redisAsyncFormattedCommand(ac, on_cmd_reply, cmd, cmd->resp, cmd->len) == REDIS_OK;
+    } else {
+        /* the same count and arguments after EVAL and the script's text */
+        size_t hdr = (size_t)((const char *)memchr(cmd->resp, '\n', cmd->len) - cmd->resp) + 1, rest = cmd->len - cmd->args;
+        char *buf = sb_mem_alloc(hdr + bulk_size(4) + bulk_size(scripts[cmd->script].len) + rest), *p = buf;
+        memcpy(p, cmd->resp, hdr);
+        p = put_bulk(p + hdr, "EVAL", 4);
+        p = put_bulk(p, scripts[cmd->script].body, scripts[cmd->script].len);
+        memcpy(p, cmd->resp + cmd->args, rest);
+        p += rest;
+        ok = redisAsyncFormattedCommand(ac, on_cmd_reply, cmd, buf, (size_t)(p - buf)) == REDIS_OK;
+        free(buf);
     }
-    /* refused while hiredis is freeing or disconnecting the context: answer now */
-    if (rc->data.ac == NULL || rc->data.freeing || redisAsyncCommandArgv(rc->data.ac, on_cmd_reply, cmd, n, argv, lens) != REDIS_OK)
+    if (!ok)
         cmd_finish(cmd, NULL);
 }
 
-/* a command with its arguments copied; queued in the pending list, not sent yet */
-static cmd_t *cmd_new(redis_conn_t *rc, const char *what, cmd_done_fn done, int script, int argc, const char **argv,
-                      const size_t *lens)
+/*
+ * A command with its arguments written as RESP; queued in the pending list,
+ * not sent yet. `rel_first` and `nrel` name the arguments that are release
+ * keys (for the log, should they fail).
+ */
+static cmd_t *cmd_new_rel(redis_conn_t *rc, const char *what, cmd_done_fn done, int script, int argc, const char **argv,
+                          const size_t *lens, int rel_first, int nrel)
 {
-    size_t total = 0, off = 0;
+    size_t total = 1 + 20 + 2 + (script >= 0 ? bulk_size(7) + bulk_size(40) : 0);
     cmd_t *cmd;
+    char *p;
 
     for (int i = 0; i < argc; ++i)
-        total += lens[i];
-    cmd = sb_mem_alloc(offsetof(cmd_t, buf) + total + 1);
-    memset(cmd, 0, offsetof(cmd_t, buf));
+        total += bulk_size(lens[i]);
+    cmd = sb_mem_alloc(offsetof(cmd_t, resp) + total);
+    memset(cmd, 0, offsetof(cmd_t, resp));
     cmd->rc = rc;
     cmd->what = what;
     cmd->done = done;
     cmd->script = script;
-    cmd->argc = argc;
     cmd->deadline = mono_ms() + (int64_t)rc->store->timeout_ms;
-    for (int i = 0; i < argc; ++i) {
-        memcpy(cmd->buf + off, argv[i], lens[i]);
-        cmd->argv[i] = cmd->buf + off;
-        cmd->argvlen[i] = lens[i];
-        off += lens[i];
+    p = cmd->resp;
+    *p++ = '*';
+    p = put_u64(p, (uint64_t)argc + (script >= 0 ? 2 : 0));
+    *p++ = '\r';
+    *p++ = '\n';
+    if (script >= 0) {
+        p = put_bulk(p, "EVALSHA", 7);
+        p = put_bulk(p, rc->store->sha[script], 40);
     }
+    cmd->args = (size_t)(p - cmd->resp);
+    for (int i = 0; i < argc; ++i) {
+        p = put_bulk(p, argv[i], lens[i]);
+        if (i >= rel_first && i < rel_first + nrel) {
+            /* where the key's bytes are: just before the closing CRLF */
+            cmd->rel_key_off[i - rel_first] = (uint32_t)(p - 2 - lens[i] - cmd->resp);
+            cmd->rel_key_len[i - rel_first] = (uint32_t)lens[i];
+        }
+    }
+    cmd->nrel = nrel;
+    cmd->len = (size_t)(p - cmd->resp);
     h2o_linklist_insert(&rc->pending, &cmd->link);
     return cmd;
+}
+
+static cmd_t *cmd_new(redis_conn_t *rc, const char *what, cmd_done_fn done, int script, int argc, const char **argv,
+                      const size_t *lens)
+{
+    return cmd_new_rel(rc, what, done, script, argc, argv, lens, 0, 0);
 }
 
 static int reply_is_error(const redisReply *r, const char *prefix)
@@ -1459,12 +1529,15 @@ static sb_token_t *record_token(redis_conn_t *rc, const uint8_t hash[32], const 
     if (sb_token_deserialize(hash, rec, len, &tok) != SB_OK)
         return NULL;
     if (mint != NULL) {
+        uint64_t v[4] = {len, (uint64_t)tok->expires_at_ms, (uint64_t)tok->quota.calls, (uint64_t)tok->quota.concurrent};
         sb_token_release(e->tok);
         memcpy(e->hash, hash, 32);
         memcpy(e->mint, mint, 32);
         e->len = len;
         sb_token_addref(tok);
         e->tok = tok;
+        for (int i = 0; i < 4; ++i)
+            e->numlen[i] = (size_t)(put_u64(e->num[i], v[i]) - e->num[i]);
     }
     return tok;
 }
@@ -1489,6 +1562,16 @@ static size_t key_for(const sb_store_t *s, const char *kind, const char *id, siz
 {
     int n = snprintf(out, outsz, "%s%s:%.*s", s->prefix, kind, (int)idlen, id);
     return (size_t)n < outsz ? (size_t)n : outsz - 1;
+}
+
+/* "<prefix>tok:<64 hex>" into out (the prefix is at most a few hundred bytes: checked at create) */
+static size_t tok_key(const sb_store_t *s, const uint8_t hash[32], char *out)
+{
+    size_t plen = strlen(s->prefix);
+    memcpy(out, s->prefix, plen);
+    memcpy(out + plen, "tok:", 4);
+    sb_hex(hash, 32, out + plen + 4);
+    return plen + 4 + 64;
 }
 
 static size_t quota_key(const sb_store_t *s, const char *what, const char *run_id, size_t rlen, char *out, size_t outsz)
@@ -1538,20 +1621,20 @@ static void check_releases(cmd_t *cmd, const redisReply *mask, const char *why)
     for (int i = 0; i < cmd->nrel; ++i) {
         if (mask != NULL && (mask->type != REDIS_REPLY_INTEGER || (mask->integer & (1LL << i)) == 0))
             continue;
-        run_of_key(cmd->rc, cmd->argv[cmd->rel_first + i], cmd->argvlen[cmd->rel_first + i], run);
+        run_of_key(cmd->rc, cmd->resp + cmd->rel_key_off[i], cmd->rel_key_len[i], run);
         snprintf(buf, sizeof(buf), "%s", mask != NULL ? "the in-flight counter is not a number" : why);
         update_failed("release", run, buf);
     }
 }
 
 /* moves the queued releases into a command: their keys appended at argv[*argc..], their counts formatted into counts[] */
-static size_t take_releases(redis_conn_t *rc, char keys[][512], char counts[][12], const char **argv, size_t *lens, int *argc)
+static size_t take_releases(redis_conn_t *rc, char keys[][KEY_MAX], char counts[][12], const char **argv, size_t *lens, int *argc)
 {
     size_t n = rc->nrel;
     for (size_t i = 0; i < n; ++i) {
         argv[*argc] = keys[i];
         lens[(*argc)++] = quota_key(rc->store, "inflight", rc->rel[i].run_id, strlen(rc->rel[i].run_id), keys[i], sizeof(keys[i]));
-        (void)snprintf(counts[i], sizeof(counts[i]), "%u", rc->rel[i].n);
+        *put_u64(counts[i], rc->rel[i].n) = '\0';
     }
     rc->nrel = 0;
     return n;
@@ -1579,7 +1662,7 @@ static void on_release(cmd_t *cmd, redisReply *reply)
 /* sends the queued releases on their own */
 static void flush_releases(redis_conn_t *rc)
 {
-    char keys[REL_MAX][512], counts[REL_MAX][12];
+    char keys[REL_MAX][KEY_MAX], counts[REL_MAX][12];
     const char *argv[1 + 2 * REL_MAX];
     size_t lens[1 + 2 * REL_MAX], n;
     char nk[8];
@@ -1604,9 +1687,7 @@ static void flush_releases(redis_conn_t *rc)
         argv[argc] = counts[i];
         lens[argc++] = strlen(counts[i]);
     }
-    cmd = cmd_new(rc, "the release", on_release, SC_RELEASE, argc, argv, lens);
-    cmd->rel_first = 1;
-    cmd->nrel = (int)n;
+    cmd = cmd_new_rel(rc, "the release", on_release, SC_RELEASE, argc, argv, lens, 1, (int)n);
     cmd_send(cmd);
 }
 
@@ -1665,7 +1746,7 @@ static void on_update(cmd_t *cmd, redisReply *reply)
 void sb_store__redis_quota_fetch_add(void *rcp, const sb_token_t *tok, uint64_t bytes)
 {
     redis_conn_t *rc = rcp;
-    char bk[512], n[32], exp[32];
+    char bk[KEY_MAX], n[32], exp[32];
     const char *argv[4] = {"1", bk, n, exp};
     size_t lens[4];
     cmd_t *cmd;
@@ -1753,7 +1834,7 @@ Done:
 void sb_store__redis_lookup_acquire(void *rcp, const uint8_t hash[32], sb_store_lookup_cb cb, void *arg)
 {
     redis_conn_t *rc = rcp;
-    char hex[65], key[512], nk[8], keys[REL_MAX][512], counts[REL_MAX][12], klen[24], kexp[24], kcalls[24], kconc[24];
+    char key[KEY_MAX], nk[8], keys[REL_MAX][KEY_MAX], counts[REL_MAX][12];
     const char *argv[CMD_MAX_ARGS];
     size_t lens[CMD_MAX_ARGS], nrel;
     int argc = 2;
@@ -1764,29 +1845,26 @@ void sb_store__redis_lookup_acquire(void *rcp, const uint8_t hash[32], sb_store_
         cb(arg, SB_E_UNAVAILABLE, NULL, "the token store is unavailable");
         return;
     }
-    sb_hex(hash, 32, hex);
     argv[1] = key;
-    lens[1] = key_for(rc->store, "tok", hex, 64, key, sizeof(key));
+    lens[1] = tok_key(rc->store, hash, key);
     /* the slots queued since the last command go back first, in the same script */
     nrel = take_releases(rc, keys, counts, argv, lens, &argc);
     argv[0] = nk;
-    lens[0] = (size_t)snprintf(nk, sizeof(nk), "%zu", 1 + nrel);
+    lens[0] = (size_t)(put_u64(nk, 1 + nrel) - nk);
     argv[argc] = rc->store->prefix;
     lens[argc++] = strlen(rc->store->prefix);
     if (known != NULL) {
         const sb_token_t *t = known->tok;
         argv[argc] = known->mint;
         lens[argc++] = 32;
-        argv[argc] = klen;
-        lens[argc++] = (size_t)snprintf(klen, sizeof(klen), "%zu", known->len);
+        argv[argc] = known->num[0];
+        lens[argc++] = known->numlen[0];
         argv[argc] = t->run_id;
         lens[argc++] = strlen(t->run_id);
-        argv[argc] = kexp;
-        lens[argc++] = (size_t)snprintf(kexp, sizeof(kexp), "%lld", (long long)t->expires_at_ms);
-        argv[argc] = kcalls;
-        lens[argc++] = (size_t)snprintf(kcalls, sizeof(kcalls), "%lld", (long long)t->quota.calls);
-        argv[argc] = kconc;
-        lens[argc++] = (size_t)snprintf(kconc, sizeof(kconc), "%lld", (long long)t->quota.concurrent);
+        for (int i = 1; i < 4; ++i) {
+            argv[argc] = known->num[i];
+            lens[argc++] = known->numlen[i];
+        }
     } else {
         for (int i = 0; i < 6; ++i) {
             argv[argc] = "";
@@ -1799,9 +1877,7 @@ void sb_store__redis_lookup_acquire(void *rcp, const uint8_t hash[32], sb_store_
     }
     if (h2o_timeout_is_linked(&rc->flush))
         h2o_timeout_unlink(&rc->flush);
-    cmd = cmd_new(rc, "the call lookup", on_lookup, SC_LOOKUP, argc, argv, lens);
-    cmd->rel_first = 2;
-    cmd->nrel = (int)nrel;
+    cmd = cmd_new_rel(rc, "the call lookup", on_lookup, SC_LOOKUP, argc, argv, lens, 2, (int)nrel);
     if (known != NULL) {
         sb_token_addref(known->tok);
         cmd->known = known->tok;
@@ -1835,7 +1911,7 @@ static void on_get(cmd_t *cmd, redisReply *reply)
 void sb_store__redis_get(void *rcp, const uint8_t hash[32], sb_store_get_cb cb, void *arg)
 {
     redis_conn_t *rc = rcp;
-    char hex[65], key[512];
+    char hex[65], key[KEY_MAX];
     const char *argv[2] = {"GET", key};
     size_t lens[2];
     cmd_t *cmd;
@@ -1867,7 +1943,7 @@ static void on_put(cmd_t *cmd, redisReply *reply)
 void sb_store__redis_put(void *rcp, sb_token_t *tok, const json_t *caps, sb_store_done_cb cb, void *arg)
 {
     redis_conn_t *rc = rcp;
-    char hex[65], tkey[512], rkey[1024], ttl[32], ck[512], ik[512], exp[32];
+    char hex[65], tkey[KEY_MAX], rkey[1024], ttl[32], ck[KEY_MAX], ik[KEY_MAX], exp[32];
     int64_t ttl_ms = tok->expires_at_ms - sb_now_ms();
     const char *argv[9];
     size_t lens[9];
@@ -1916,7 +1992,7 @@ static void on_done(cmd_t *cmd, redisReply *reply)
 void sb_store__redis_revoke_token(void *rcp, const uint8_t hash[32], sb_store_done_cb cb, void *arg)
 {
     redis_conn_t *rc = rcp;
-    char hex[65], key[512];
+    char hex[65], key[KEY_MAX];
     const char *argv[2] = {"DEL", key};
     size_t lens[2];
     cmd_t *cmd;
@@ -1938,7 +2014,7 @@ void sb_store__redis_revoke_token(void *rcp, const uint8_t hash[32], sb_store_do
 void sb_store__redis_revoke_run(void *rcp, const char *run_id, sb_store_done_cb cb, void *arg)
 {
     redis_conn_t *rc = rcp;
-    char rkey[1024], tprefix[512];
+    char rkey[1024], tprefix[KEY_MAX];
     const char *argv[3] = {"1", rkey, tprefix};
     size_t lens[3];
     cmd_t *cmd;
@@ -1981,7 +2057,7 @@ Done:
 void sb_store__redis_quota_fetch_check(void *rcp, const sb_token_t *tok, sb_quota_cb cb, void *arg)
 {
     redis_conn_t *rc = rcp;
-    char bk[512];
+    char bk[KEY_MAX];
     const char *argv[2] = {"GET", bk};
     size_t lens[2];
     cmd_t *cmd;

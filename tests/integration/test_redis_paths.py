@@ -232,6 +232,22 @@ class Lookup(Base):
         self.works(self.b, b.body["token"])
         self.assertEqual(int(self.r.cmd("GET", "sb:q:calls:run-ttl")), 2)
 
+    def test_longest_prefix_and_run_id(self):
+        """Keys the broker builds and keys the script builds must be the same bytes, however long."""
+        prefix, run = "p" * 255 + ":", "r" * 256
+        b = self.broker(self.r.url, SANDBOX_BROKER_REDIS_PREFIX=prefix)
+        tok = b.mint_ok(run, CAPS, quotas={"calls": 2, "concurrent": 1})
+        self.works(b, tok)
+        self.works(b, tok)
+        self.assertError(self.call(b, tok), 429, "rate_limited", "run quota exceeded: calls per run")
+        self.assertEqual(int(self.r.cmd("GET", prefix + "q:calls:" + run)), 3)
+        self.assertTrue(poll(lambda: self.r.cmd("GET", prefix + "q:inflight:" + run) == b"0", 2.0))
+        self.assertEqual(redisfix.metric(b, RELEASE_FAILED), 0)
+        rc, out, err = sbtest.run_broker_once(["--check-config"], sbtest.base_env(
+            {"SANDBOX_BROKER_TOKEN_STORE": self.r.url, "SANDBOX_BROKER_REDIS_PREFIX": "p" * 257}))
+        self.assertEqual(rc, 1, out)
+        self.assertIn("redis_prefix: at most 256 bytes", err)
+
     def test_unix_socket(self):
         n = self.node(unixsocket=True)
         b = self.broker("unix://" + n.socket)
