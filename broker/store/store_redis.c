@@ -457,7 +457,8 @@ static int addr_from(const char *host, size_t hlen, const char *port, size_t ple
     char *end;
     long v;
 
-    if (hlen == 0 || hlen >= sizeof(out->host) || plen == 0 || plen >= sizeof(pbuf))
+    if (hlen == 0 || hlen >= sizeof(out->host) || plen == 0 || plen >= sizeof(pbuf) || memchr(host, '\0', hlen) != NULL ||
+        memchr(port, '\0', plen) != NULL)
         return -1;
     memcpy(out->host, host, hlen);
     out->host[hlen] = '\0';
