@@ -317,7 +317,7 @@ sb_status_t sb_store__redis_parse_url(sb_store_t *s, const char *url, const char
         return SB_OK;
     }
     if (strncmp(url, "redis://", 8) != 0) {
-        *err = "token_store: expected \"memory\", redis://host:port[/db], unix:///path or "
+        *err = "token_store: expected \"memory\", redis://host:port[/db] or unix:///path, or "
                "redis-sentinel://host:port[,host:port...]/<master-name>[/db]";
         return SB_E_BAD_ARGS;
     }

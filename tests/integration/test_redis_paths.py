@@ -42,8 +42,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *a):
         pass
 
+    arrived = threading.Event()  # set when a slow request reached the upstream
+
     def do_GET(self):
         if self.path.startswith("/slow"):
+            Handler.arrived.set()
             time.sleep(1.0)
         body = b"x" * 100
         self.send_response(200)
@@ -268,11 +271,19 @@ class Quotas(Base):
     def slow_call(self, tok, results):
         results.append(self.b.rpc(tok, "http.fetch", {"url": self.url + "/slow"}, timeout=10))
 
+    def start_slow_call(self, tok, results):
+        """A fetch that holds its slot for a second; returns once the upstream has the request, so the
+        call's own quota checks (the slot, the fetched bytes so far) are behind it."""
+        Handler.arrived.clear()
+        t = threading.Thread(target=self.slow_call, args=(tok, results))
+        t.start()
+        self.assertTrue(Handler.arrived.wait(5.0), "the slow request never reached the upstream")
+        return t
+
     def test_concurrency_slot_taken_and_given_back(self):
         tok = self.b.mint_ok("run-conc", CAPS, quotas={"concurrent": 1})
         out = []
-        t = threading.Thread(target=self.slow_call, args=(tok, out))
-        t.start()
+        t = self.start_slow_call(tok, out)
         self.assertTrue(poll(lambda: self.inflight(self.r, "run-conc") == 1, 2.0))
         self.assertError(self.call(self.b, tok), 429, "rate_limited", "run quota exceeded: concurrent calls per run")
         t.join()
@@ -299,8 +310,7 @@ class Quotas(Base):
     def test_a_fetched_bytes_update_that_fails_is_logged_and_counted(self):
         tok = self.b.mint_ok("run-addfail", CAPS)
         out = []
-        t = threading.Thread(target=self.slow_call, args=(tok, out))
-        t.start()
+        t = self.start_slow_call(tok, out)
         self.assertTrue(poll(lambda: self.inflight(self.r, "run-addfail") == 1, 2.0))
         self.r.cmd("SET", "sb:q:bytes:run-addfail", "junk", "PX", "60000")
         t.join()
@@ -314,8 +324,7 @@ class Quotas(Base):
     def test_a_release_that_fails_is_logged_and_counted(self):
         tok = self.b.mint_ok("run-relfail", CAPS)
         out = []
-        t = threading.Thread(target=self.slow_call, args=(tok, out))
-        t.start()
+        t = self.start_slow_call(tok, out)
         self.assertTrue(poll(lambda: self.inflight(self.r, "run-relfail") == 1, 2.0))
         self.r.cmd("SET", "sb:q:inflight:run-relfail", "x", "KEEPTTL")
         t.join()
@@ -336,8 +345,7 @@ class Quotas(Base):
     def test_a_release_lost_with_redis_is_logged_and_counted(self):
         tok = self.b.mint_ok("run-lost", CAPS)
         out = []
-        t = threading.Thread(target=self.slow_call, args=(tok, out))
-        t.start()
+        t = self.start_slow_call(tok, out)
         self.assertTrue(poll(lambda: self.inflight(self.r, "run-lost") == 1, 2.0))
         self.r.kill()
         t.join()

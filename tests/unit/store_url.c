@@ -82,7 +82,7 @@ static void refused(void)
         {"unix://relative.sock", "token_store: unix:// needs an absolute socket path"},
         {"unix:///r.sock?db=x", "token_store: unix:// accepts only ?db=N (0-255)"},
         {"unix:///r.sock?foo=1", "token_store: unix:// accepts only ?db=N (0-255)"},
-        {"rediss://127.0.0.1", "token_store: expected \"memory\", redis://host:port[/db], unix:///path or "
+        {"rediss://127.0.0.1", "token_store: expected \"memory\", redis://host:port[/db] or unix:///path, or "
                                "redis-sentinel://host:port[,host:port...]/<master-name>[/db]"},
         {"redis-sentinel://sentinel.internal:26379/m", "token_store: a sentinel host must be an IP literal or localhost"},
         {"redis-sentinel://127.0.0.1:26379", "token_store: redis-sentinel:// needs /<master-name> after the sentinels"},
