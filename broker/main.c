@@ -158,10 +158,13 @@ static void reload(void)
     if (strcmp(conf->listen, cur->listen) != 0 || strcmp(conf->admin_listen, cur->admin_listen) != 0 ||
         conf->threads != cur->threads || strcmp(conf->token_store, cur->token_store) != 0 ||
         strcmp(conf->redis_prefix, cur->redis_prefix) != 0 || strcmp(conf->rpc_path, cur->rpc_path) != 0 ||
-        !same_str(conf->audit, cur->audit) || !same_str(conf->log_file, cur->log_file) || conf->max_tokens != cur->max_tokens)
+        !same_str(conf->audit, cur->audit) || !same_str(conf->log_file, cur->log_file) || conf->max_tokens != cur->max_tokens ||
+        !same_str(conf->redis_password, cur->redis_password) || !same_str(conf->redis_password_file, cur->redis_password_file) ||
+        !same_str(conf->redis_sentinel_password, cur->redis_sentinel_password) ||
+        !same_str(conf->redis_sentinel_password_file, cur->redis_sentinel_password_file))
         sb_log_msg(SB_LOG_WARN, "reload.restart_needed",
-                   "listen, admin_listen, threads, token_store, redis_prefix, rpc_path, audit, log_file and max_tokens change "
-                   "only on restart");
+                   "listen, admin_listen, threads, token_store, redis_prefix, the redis passwords, rpc_path, audit, log_file and "
+                   "max_tokens change only on restart");
     /* keep what cannot change now, so the published configuration describes what runs */
     free(conf->listen);
     conf->listen = sb_mem_strdup(cur->listen);
@@ -331,9 +334,21 @@ int main(int argc, char **argv)
         }
     }
     {
-        sb_store_config_t sc = {conf->token_store, conf->redis_prefix, conf->max_tokens, conf->store_timeout_ms};
+        sb_store_config_t sc = {conf->token_store,
+                                conf->redis_prefix,
+                                conf->max_tokens,
+                                conf->store_timeout_ms,
+                                conf->redis_password,
+                                conf->redis_password_file,
+                                conf->redis_sentinel_password,
+                                conf->redis_sentinel_password_file};
         if (sb_store_create(&sc, &the_store, &err) != SB_OK) {
             invalid(err);
+            goto Exit;
+        }
+        /* the check opens what the start opens: AUTH, SELECT, the scripts, a primary (via the sentinels) */
+        if (check_only && !offline && sb_store_check(the_store, errbuf, sizeof(errbuf)) != SB_OK) {
+            fprintf(stderr, "sandbox-broker: invalid configuration:\ntoken store: %s\n", errbuf);
             goto Exit;
         }
     }

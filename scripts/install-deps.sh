@@ -7,8 +7,8 @@ build_pkgs=(build-essential cmake pkg-config libh2o-evloop-dev libh2o-dev-common
             libssl-dev libpq-dev libhiredis-dev libjansson-dev libidn2-dev libseccomp-dev curl python3 postgresql)
 # systemd: systemd-analyze (verify the unit, expand its syscall groups; nothing is started);
 # python3-seccomp: tests/integration/unitjail.py; logrotate: the shipped logrotate file is run
-test_pkgs=(redis-server python3-msgpack clang libclang-rt-14-dev clang-format-14 dnsmasq openssl nginx systemd python3-seccomp
-           logrotate)
+test_pkgs=(redis-server redis-sentinel python3-msgpack clang libclang-rt-14-dev clang-format-14 dnsmasq openssl nginx
+           systemd python3-seccomp logrotate)
 
 pkgs=("${build_pkgs[@]}")
 if [ "${1:-}" = "--test" ]; then

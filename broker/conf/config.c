@@ -25,6 +25,10 @@ static const struct key {
     {"rpc_path", K_STR, offsetof(sb_config_t, rpc_path), 0, 0},
     {"token_store", K_STR, offsetof(sb_config_t, token_store), 0, 0},
     {"redis_prefix", K_STR, offsetof(sb_config_t, redis_prefix), 0, 0},
+    {"redis_password", K_STR, offsetof(sb_config_t, redis_password), 0, 0},
+    {"redis_password_file", K_STR, offsetof(sb_config_t, redis_password_file), 0, 0},
+    {"redis_sentinel_password", K_STR, offsetof(sb_config_t, redis_sentinel_password), 0, 0},
+    {"redis_sentinel_password_file", K_STR, offsetof(sb_config_t, redis_sentinel_password_file), 0, 0},
     {"threads", K_UINT, offsetof(sb_config_t, threads), 1, 64},
     {"max_connections", K_UINT, offsetof(sb_config_t, max_connections), 1, 1000000},
     {"max_ttl_ms", K_INT, offsetof(sb_config_t, max_ttl_ms), 1000, 7 * 86400000LL},
@@ -440,6 +444,14 @@ void sb_config_free(sb_config_t *c)
     free(c->rpc_path);
     free(c->token_store);
     free(c->redis_prefix);
+    if (c->redis_password != NULL)
+        explicit_bzero(c->redis_password, strlen(c->redis_password));
+    free(c->redis_password);
+    free(c->redis_password_file);
+    if (c->redis_sentinel_password != NULL)
+        explicit_bzero(c->redis_sentinel_password, strlen(c->redis_sentinel_password));
+    free(c->redis_sentinel_password);
+    free(c->redis_sentinel_password_file);
     free(c->log_level);
     free(c->audit);
     free(c->log_file);

@@ -27,6 +27,10 @@ typedef struct st_sb_config_t {
     char *rpc_path;            /* "/api/sandbox/rpc" */
     char *token_store;         /* "memory" or a redis URL */
     char *redis_prefix;        /* key prefix in Redis */
+    char *redis_password;      /* Redis AUTH password (or redis_password_file, or in a redis:// URL) */
+    char *redis_password_file;
+    char *redis_sentinel_password; /* the sentinels' password (redis-sentinel://) */
+    char *redis_sentinel_password_file;
     unsigned threads;          /* worker threads */
     size_t max_connections;    /* open connections at most, spread over the workers */
     int64_t max_ttl_ms;        /* upper bound of any token's lifetime */

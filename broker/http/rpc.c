@@ -322,25 +322,21 @@ Exit:
     sb_async_release(&c->super);
 }
 
-static void on_token(void *arg, sb_status_t st, sb_token_t *tok)
+static void on_token(void *arg, sb_status_t st, sb_token_t *tok, const char *why)
 {
     rpc_call_t *c = arg;
 
-    if (c->super.req == NULL) {
-        sb_token_release(tok);
+    if (tok != NULL) {
+        memcpy(c->run_id, tok->run_id, sizeof(c->run_id));
+        c->tok = tok; /* the lookup's reference, released with the call */
+    }
+    if (st == SB_E_UNAUTHORIZED && c->super.req != NULL) {
+        reply_error(c, SB_E_UNAUTHORIZED, NULL);
         sb_async_release(&c->super);
         return;
     }
-    if (st != SB_OK) {
-        reply_error(c, st == SB_E_UNAUTHORIZED ? SB_E_UNAUTHORIZED : SB_E_UNAVAILABLE,
-                    st == SB_E_UNAUTHORIZED ? NULL : "sandbox token store is unavailable");
-        sb_async_release(&c->super);
-        return;
-    }
-    memcpy(c->run_id, tok->run_id, sizeof(c->run_id));
-    c->tok = tok; /* the lookup's reference, released with the call */
-    /* every call counts against the run's quotas, denied ones included (reference section 5.6) */
-    sb_store_quota_acquire(sb_current_worker->store, tok, on_quota, c);
+    /* the lookup also counted the call against the run's quotas, denied ones included (reference section 5.6) */
+    on_quota(c, st, why);
 }
 
 static int is_msgpack(h2o_req_t *req)
@@ -452,6 +448,6 @@ int sb_rpc_on_req(h2o_handler_t *self, h2o_req_t *req)
         }
     }
     sb_async_retain(&c->super);
-    sb_store_get(w->store, c->hash, on_token, c);
+    sb_store_lookup_acquire(w->store, c->hash, on_token, c);
     return 0;
 }

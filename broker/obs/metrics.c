@@ -31,10 +31,17 @@ void sb_metrics_quota_hit(const char *quota)
 
 static _Atomic uint64_t connections_refused;
 static _Atomic uint64_t reloads[2]; /* rejected, applied */
+static _Atomic uint64_t store_events[SB_STORE_EV_COUNT_];
 
 void sb_metrics_reload(int applied)
 {
     atomic_fetch_add_explicit(&reloads[applied ? 1 : 0], 1, memory_order_relaxed);
+}
+
+void sb_metrics_store_event(sb_store_event_t ev)
+{
+    if ((unsigned)ev < SB_STORE_EV_COUNT_)
+        atomic_fetch_add_explicit(&store_events[ev], 1, memory_order_relaxed);
 }
 
 void sb_metrics_connection_refused(void)
@@ -238,6 +245,18 @@ size_t sb_metrics_render(char **outp)
     for (size_t i = 0; i < 3; ++i)
         emit(&o, "sb_quota_hits_total{quota=\"%s\"} %llu\n", quota_names[i],
              (unsigned long long)atomic_load_explicit(&quota_hits[i], memory_order_relaxed));
+#define STORE_EV(e) (unsigned long long)atomic_load_explicit(&store_events[e], memory_order_relaxed)
+    emit(&o,
+         "# HELP sb_quota_update_failures_total Quota updates sent after a call that failed (the counter waits for expiry).\n"
+         "# TYPE sb_quota_update_failures_total counter\nsb_quota_update_failures_total{update=\"release\"} %llu\n"
+         "sb_quota_update_failures_total{update=\"fetch_bytes\"} %llu\n"
+         "# HELP sb_redis_script_reloads_total Script calls answered NOSCRIPT and resent with the script.\n"
+         "# TYPE sb_redis_script_reloads_total counter\nsb_redis_script_reloads_total %llu\n"
+         "# HELP sb_redis_primary_switches_total Times a sentinel named another primary (per worker connection).\n"
+         "# TYPE sb_redis_primary_switches_total counter\nsb_redis_primary_switches_total %llu\n",
+         STORE_EV(SB_STORE_EV_RELEASE_FAILED), STORE_EV(SB_STORE_EV_FETCH_ADD_FAILED), STORE_EV(SB_STORE_EV_SCRIPT_RELOAD),
+         STORE_EV(SB_STORE_EV_PRIMARY_SWITCH));
+#undef STORE_EV
     if (db_up_fn != NULL && db_up_fn() >= 0)
         emit(&o, "# HELP sb_database_up 1 when the database answers.\n# TYPE sb_database_up gauge\nsb_database_up %d\n",
              db_up_fn());

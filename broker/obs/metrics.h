@@ -31,6 +31,15 @@ void sb_metrics_admin(const char *op, int http_status);
 void sb_metrics_egress(const char *rule, int allowed);
 /** counts a call refused by a per-run quota: "calls per run", "concurrent calls per run" or "fetched bytes per run" */
 void sb_metrics_quota_hit(const char *quota);
+/** token-store events worth an alert: quota updates that failed (the counter then waits for expiry), script reloads, failovers */
+typedef enum en_sb_store_event_t {
+    SB_STORE_EV_RELEASE_FAILED = 0, /* sb_quota_update_failures_total{update="release"} */
+    SB_STORE_EV_FETCH_ADD_FAILED,   /* sb_quota_update_failures_total{update="fetch_bytes"} */
+    SB_STORE_EV_SCRIPT_RELOAD,      /* sb_redis_script_reloads_total: a NOSCRIPT answer resent as EVAL */
+    SB_STORE_EV_PRIMARY_SWITCH,     /* sb_redis_primary_switches_total: Sentinel named another primary */
+    SB_STORE_EV_COUNT_
+} sb_store_event_t;
+void sb_metrics_store_event(sb_store_event_t ev);
 /** counts a connection closed at accept because max_connections was reached */
 void sb_metrics_connection_refused(void);
 /** counts one SIGHUP reload: applied (1) or rejected (0), as sb_reload_total{result} */

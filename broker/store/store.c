@@ -32,6 +32,12 @@ sb_status_t sb_store_create(const sb_store_config_t *conf, sb_store_t **out, con
     s->timeout_ms = conf->timeout_ms != 0 ? conf->timeout_ms : 1000;
     s->prefix = sb_mem_strdup(conf->prefix != NULL ? conf->prefix : "sb:");
     if (strcmp(conf->url, "memory") == 0) {
+        if (conf->password != NULL || conf->password_file != NULL || conf->sentinel_password != NULL ||
+            conf->sentinel_password_file != NULL) {
+            *err = "redis_password and redis_sentinel_password need a Redis token_store";
+            sb_store_destroy(s);
+            return SB_E_BAD_ARGS;
+        }
         s->nbuckets = 1;
         while (s->nbuckets < s->max_tokens)
             s->nbuckets <<= 1;
@@ -40,7 +46,7 @@ sb_status_t sb_store_create(const sb_store_config_t *conf, sb_store_t **out, con
     } else {
         sb_status_t st;
         s->is_redis = 1;
-        if ((st = sb_store__redis_parse_url(s, conf->url, err)) != SB_OK) {
+        if ((st = sb_store__redis_init(s, conf, err)) != SB_OK) {
             sb_store_destroy(s);
             return st;
         }
@@ -73,15 +79,21 @@ void sb_store_destroy(sb_store_t *s)
     }
     free(s->qbuckets);
     free(s->prefix);
-    free(s->unix_path);
-    free(s->password);
+    if (s->is_redis)
+        sb_store__redis_free(s);
     pthread_mutex_destroy(&s->mu);
     free(s);
 }
 
+sb_status_t sb_store_check(sb_store_t *s, char *err, size_t errsz)
+{
+    err[0] = '\0';
+    return s->is_redis ? sb_store__redis_check(s, err, errsz) : SB_OK;
+}
+
 const char *sb_store_kind(const sb_store_t *s)
 {
-    return s->is_redis ? "redis" : "memory";
+    return !s->is_redis ? "memory" : s->nsentinels != 0 ? "redis-sentinel" : "redis";
 }
 
 long long sb_store_live_tokens(sb_store_t *s)
@@ -344,32 +356,56 @@ static quota_entry_t *quota_entry(sb_store_t *s, const sb_token_t *tok, int crea
     }
 }
 
-void sb_store_quota_acquire(sb_store_conn_t *c, const sb_token_t *tok, sb_quota_cb cb, void *arg)
+void sb_store_lookup_acquire(sb_store_conn_t *c, const uint8_t hash[32], sb_store_lookup_cb cb, void *arg)
 {
     sb_store_t *s = c->store;
+    sb_token_t *found = NULL;
     quota_entry_t *q;
     sb_status_t st = SB_OK;
     const char *why = NULL;
+    int64_t now;
 
     if (s->is_redis) {
-        sb_store__redis_quota_acquire(c->redis, tok, cb, arg);
+        sb_store__redis_lookup_acquire(c->redis, hash, cb, arg);
         return;
     }
+    now = sb_now_ms();
     pthread_mutex_lock(&s->mu);
-    if ((q = quota_entry(s, tok, 1)) == NULL) {
+    for (mem_entry_t **pp = &s->buckets[bucket_of(s, hash)]; *pp != NULL; pp = &(*pp)->next) {
+        mem_entry_t *e = *pp;
+        if (memcmp(e->tok->hash, hash, 32) != 0)
+            continue;
+        if (e->tok->expires_at_ms <= now) {
+            *pp = e->next;
+            sb_token_release(e->tok);
+            free(e);
+            --s->count;
+        } else {
+            found = e->tok;
+            sb_token_addref(found);
+        }
+        break;
+    }
+    if (found == NULL) {
+        st = SB_E_UNAUTHORIZED;
+    } else if ((q = quota_entry(s, found, 1)) == NULL) {
         st = SB_E_UNAVAILABLE;
         why = "the quota table is full";
-    } else if (++q->calls > tok->quota.calls) {
+    } else if (++q->calls > found->quota.calls) {
         st = SB_E_RATE_LIMITED;
         why = "calls per run";
-    } else if (q->inflight >= tok->quota.concurrent) {
+    } else if (q->inflight >= found->quota.concurrent) {
         st = SB_E_RATE_LIMITED;
         why = "concurrent calls per run";
     } else {
         ++q->inflight;
     }
     pthread_mutex_unlock(&s->mu);
-    cb(arg, st, why);
+    if (st == SB_E_UNAVAILABLE) {
+        sb_token_release(found);
+        found = NULL;
+    }
+    cb(arg, st, found, why);
 }
 
 void sb_store_quota_release(sb_store_conn_t *c, const sb_token_t *tok)

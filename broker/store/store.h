@@ -5,8 +5,10 @@
  * manifest, target, scope and expiry. Two backends sit behind one interface:
  *   memory  one process, a locked hash table (the embedded default);
  *   redis   shared by every broker instance, hiredis async on each worker's
- *           h2o loop, no cache: a revocation on one instance is refused by
- *           every instance on its next call.
+ *           h2o loop, no cache of grants: every call asks Redis, so a
+ *           revocation on one instance is refused by every instance on its
+ *           next call. The primary is a fixed address (redis://, unix://) or
+ *           the one Redis Sentinel names (redis-sentinel://).
  * Any doubt (backend down, record unreadable, clock past expiry) is answered
  * SB_E_UNAVAILABLE or SB_E_UNAUTHORIZED, never a grant.
  */
@@ -61,7 +63,10 @@ void sb_token_release(sb_token_t *t);
 SB_WARN_UNUSED sb_status_t sb_token_build(const uint8_t hash[32], const char *run_id, const json_t *capabilities,
                                           const char *target, const json_t *scope, int64_t expires_at_ms, sb_token_t **out,
                                           char *err, size_t errsz);
-/** serialises a record to JSON for the redis backend (capabilities kept verbatim) */
+/**
+ * serialises a record to JSON for the redis backend (capabilities kept
+ * verbatim, a random mint id added); NULL when no randomness is available
+ */
 char *sb_token_serialize(const sb_token_t *t, const json_t *capabilities);
 /** parses a serialised record; SB_E_UNAVAILABLE when it is unreadable (fail closed) */
 SB_WARN_UNUSED sb_status_t sb_token_deserialize(const uint8_t hash[32], const char *s, size_t len, sb_token_t **out);
@@ -74,20 +79,41 @@ typedef void (*sb_store_get_cb)(void *arg, sb_status_t st, sb_token_t *tok);
 typedef void (*sb_store_done_cb)(void *arg, sb_status_t st);
 
 typedef struct st_sb_store_config_t {
-    const char *url;     /* "memory" or "redis://[:password@]host:port[/db]" or "unix:///path[?db=N]" */
+    /*
+     * "memory", "redis://[:password@]host:port[/db]", "unix:///path[?db=N]" or
+     * "redis-sentinel://host:port[,host:port...]/<master-name>[/db]"
+     */
+    const char *url;
     const char *prefix;  /* redis key prefix, e.g. "sb:" */
     size_t max_tokens;   /* memory backend: live tokens at most */
     uint64_t timeout_ms; /* redis: connect and command timeout */
+    /* redis: the data password (AUTH), inline or in a file; at most one of the two, and not with one in the URL */
+    const char *password;
+    const char *password_file;
+    /* redis-sentinel: the sentinels' own password, inline or in a file */
+    const char *sentinel_password;
+    const char *sentinel_password_file;
 } sb_store_config_t;
 
 /**
  * Creates the store. The URL is validated here (hostnames other than
- * localhost are refused: hiredis would resolve them with a blocking call).
- * @param err receives a static message on failure
+ * localhost are refused: hiredis would resolve them with a blocking call) and
+ * password files are read (once: they change on restart only).
+ * @param err receives a message on failure (static storage, valid until the
+ *            next sb_store_create); it never contains a password
  */
 SB_WARN_UNUSED sb_status_t sb_store_create(const sb_store_config_t *conf, sb_store_t **out, const char **err);
 void sb_store_destroy(sb_store_t *s);
-/** "memory" or "redis" */
+/**
+ * --check-config with network checks: connects as a worker would (asks the
+ * sentinels for the primary first), authenticates, selects the database,
+ * loads the scripts and checks with ROLE that the node is a primary. Blocking,
+ * bounded by the store timeout per step; never call it from a worker loop.
+ * @param err receives what failed and where (host:port, never a password)
+ * @return SB_OK (always for the memory store) or SB_E_UNAVAILABLE
+ */
+SB_WARN_UNUSED sb_status_t sb_store_check(sb_store_t *s, char *err, size_t errsz);
+/** "memory", "redis" or "redis-sentinel" */
 const char *sb_store_kind(const sb_store_t *s);
 /** live tokens (memory backend), or -1 */
 long long sb_store_live_tokens(sb_store_t *s);
@@ -101,8 +127,10 @@ int sb_store_conn_healthy(sb_store_conn_t *c);
 
 /*
  * The operations. Callbacks run on the connection's loop, possibly before the
- * function returns (memory backend): callers must be ready for both.
+ * function returns (memory backend, or a Redis that is down): callers must be
+ * ready for both.
  */
+/** reads a record without counting a call (no quota is taken) */
 void sb_store_get(sb_store_conn_t *c, const uint8_t hash[32], sb_store_get_cb cb, void *arg);
 /** stores a new record; SB_E_BAD_ARGS when the token already exists, SB_E_RATE_LIMITED when the store is full */
 void sb_store_put(sb_store_conn_t *c, sb_token_t *tok, const json_t *capabilities, sb_store_done_cb cb, void *arg);
@@ -115,13 +143,32 @@ void sb_store_revoke_run(sb_store_conn_t *c, const char *run_id, sb_store_done_c
  * expire with the run's tokens. Counting is keyed by run id.
  */
 typedef void (*sb_quota_cb)(void *arg, sb_status_t st, const char *why);
-/** counts one call and takes a concurrency slot: SB_OK, SB_E_RATE_LIMITED (why names the quota) or SB_E_UNAVAILABLE */
-void sb_store_quota_acquire(sb_store_conn_t *c, const sb_token_t *tok, sb_quota_cb cb, void *arg);
-/** gives the slot back (after the reply); fire and forget */
+/**
+ * called with the outcome of sb_store_lookup_acquire:
+ *   SB_OK              tok is the record, and a concurrency slot is held: give it back with sb_store_quota_release
+ *   SB_E_RATE_LIMITED  tok is the record (for the log), no slot is held; why names the quota
+ *   SB_E_UNAUTHORIZED  no such token, or it has expired; tok is NULL
+ *   SB_E_UNAVAILABLE   the store cannot answer; tok is NULL
+ * A non-NULL tok is a reference the callee must release.
+ */
+typedef void (*sb_store_lookup_cb)(void *arg, sb_status_t st, sb_token_t *tok, const char *why);
+/**
+ * The call path in one step (one Redis round trip): finds the token, counts
+ * the call against its run (denied calls count too) and takes a concurrency
+ * slot.
+ */
+void sb_store_lookup_acquire(sb_store_conn_t *c, const uint8_t hash[32], sb_store_lookup_cb cb, void *arg);
+/**
+ * Gives the slot back (after the reply). Fire and forget: the caller never
+ * waits for it; the store still checks the answer, and a release that fails
+ * is logged (redis.quota_update_failed) and counted in
+ * sb_quota_update_failures_total{update="release"}. The slot then expires
+ * with the run's tokens.
+ */
 void sb_store_quota_release(sb_store_conn_t *c, const sb_token_t *tok);
 /** SB_OK while the run's fetched bytes are below its quota */
 void sb_store_quota_fetch_check(sb_store_conn_t *c, const sb_token_t *tok, sb_quota_cb cb, void *arg);
-/** adds fetched bytes; fire and forget */
+/** adds fetched bytes; fire and forget, checked and counted like a release (update="fetch_bytes") */
 void sb_store_quota_fetch_add(sb_store_conn_t *c, const sb_token_t *tok, uint64_t bytes);
 
 #endif

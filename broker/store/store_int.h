@@ -8,6 +8,16 @@
 typedef struct st_mem_entry_t mem_entry_t;
 typedef struct st_quota_entry_t quota_entry_t;
 
+#define SB_STORE_MAX_SENTINELS 16
+#define SB_STORE_MAX_MASTER_NAME 64
+#define SB_STORE_NSCRIPTS 5
+
+/** a numeric address hiredis can connect to without resolving anything */
+typedef struct st_sb_store_addr_t {
+    char host[64]; /* an IPv4 or IPv6 literal */
+    int port;
+} sb_store_addr_t;
+
 struct st_sb_store_t {
     int is_redis;
     /* memory backend */
@@ -20,12 +30,18 @@ struct st_sb_store_t {
     size_t qcount;
     /* redis backend */
     char *prefix;
-    char host[64];
-    int port;
-    char *unix_path;
-    char *password;
+    sb_store_addr_t addr; /* redis:// */
+    char *unix_path;      /* unix:// */
+    char *password;       /* the data password, or NULL */
     int db;
     uint64_t timeout_ms;
+    /* redis-sentinel:// */
+    sb_store_addr_t sentinels[SB_STORE_MAX_SENTINELS];
+    size_t nsentinels; /* 0 unless Sentinel names the primary */
+    char master[SB_STORE_MAX_MASTER_NAME + 1];
+    char *sentinel_password;
+    /* the scripts' SHA-1 digests (hex), computed once */
+    char sha[SB_STORE_NSCRIPTS][41];
 };
 
 struct st_sb_store_conn_t {
@@ -35,16 +51,27 @@ struct st_sb_store_conn_t {
 };
 
 SB_WARN_UNUSED sb_status_t sb_store__redis_parse_url(sb_store_t *s, const char *url, const char **err);
+SB_WARN_UNUSED sb_status_t sb_store__redis_init(sb_store_t *s, const sb_store_config_t *conf, const char **err);
+void sb_store__redis_free(sb_store_t *s);
+SB_WARN_UNUSED sb_status_t sb_store__redis_check(sb_store_t *s, char *err, size_t errsz);
 void *sb_store__redis_conn_create(sb_store_t *s, h2o_loop_t *loop);
 void sb_store__redis_conn_destroy(void *rc);
 int sb_store__redis_healthy(void *rc);
 void sb_store__redis_get(void *rc, const uint8_t hash[32], sb_store_get_cb cb, void *arg);
+void sb_store__redis_lookup_acquire(void *rc, const uint8_t hash[32], sb_store_lookup_cb cb, void *arg);
 void sb_store__redis_put(void *rc, sb_token_t *tok, const json_t *caps, sb_store_done_cb cb, void *arg);
 void sb_store__redis_revoke_token(void *rc, const uint8_t hash[32], sb_store_done_cb cb, void *arg);
 void sb_store__redis_revoke_run(void *rc, const char *run_id, sb_store_done_cb cb, void *arg);
-void sb_store__redis_quota_acquire(void *rc, const sb_token_t *tok, sb_quota_cb cb, void *arg);
 void sb_store__redis_quota_release(void *rc, const sb_token_t *tok);
 void sb_store__redis_quota_fetch_check(void *rc, const sb_token_t *tok, sb_quota_cb cb, void *arg);
 void sb_store__redis_quota_fetch_add(void *rc, const sb_token_t *tok, uint64_t bytes);
+
+/**
+ * Parses a Sentinel "+switch-master" message: "<name> <old-ip> <old-port>
+ * <new-ip> <new-port>". Returns 1 and fills `to` when the message is about
+ * `master` and names a numeric address, 0 when it is about another master, -1
+ * when it is malformed (or names the primary by a hostname).
+ */
+int sb_store__parse_switch_master(const char *msg, size_t len, const char *master, sb_store_addr_t *to);
 
 #endif

@@ -111,14 +111,37 @@ char *sb_token_serialize(const sb_token_t *t, const json_t *capabilities)
 
     for (size_t i = 0; i < t->scope_len; ++i)
         json_object_set_new(scope, t->scope[i].key, json_string(t->scope[i].value));
+    /*
+     * The order is part of the format (jansson keeps insertion order): the
+     * Redis call-path script finds the mint id at a fixed offset and reads
+     * runId, expiresAt and the two call quotas from the start of the text with
+     * one anchored match instead of decoding the whole record; records in
+     * another order (older ones) take its full-decode path.
+     */
     json_object_set_new(o, "v", json_integer(1));
+    {
+        /* a fresh id per write: records never change, so (token hash, mint id) names one record's bytes */
+        uint8_t rnd[16];
+        char hex[33];
+        if (sb_random(rnd, sizeof(rnd)) != SB_OK) {
+            json_decref(scope);
+            json_decref(o);
+            return NULL;
+        }
+        sb_hex(rnd, sizeof(rnd), hex);
+        json_object_set_new(o, "mint", json_string(hex));
+    }
     json_object_set_new(o, "runId", json_string(t->run_id));
+    json_object_set_new(o, "expiresAt", json_integer(t->expires_at_ms));
+    {
+        json_t *q = json_object();
+        json_object_set_new(q, "calls", json_integer((json_int_t)t->quota.calls));
+        json_object_set_new(q, "concurrent", json_integer((json_int_t)t->quota.concurrent));
+        json_object_set_new(q, "fetchBytes", json_integer((json_int_t)t->quota.fetch_bytes));
+        json_object_set_new(o, "quota", q);
+    }
     json_object_set_new(o, "target", json_string(t->target));
     json_object_set_new(o, "scope", scope);
-    json_object_set_new(o, "expiresAt", json_integer(t->expires_at_ms));
-    json_object_set_new(o, "quota",
-                        json_pack("{s:I, s:I, s:I}", "calls", (json_int_t)t->quota.calls, "concurrent",
-                                  (json_int_t)t->quota.concurrent, "fetchBytes", (json_int_t)t->quota.fetch_bytes));
     json_object_set(o, "capabilities", capabilities != NULL ? (json_t *)capabilities : json_null());
     s = json_dumps(o, JSON_COMPACT);
     json_decref(o);

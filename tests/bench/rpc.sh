@@ -17,7 +17,7 @@
 #   BENCH_BUILD_DIR where the baseline binary is built (default: build/bench)
 #   BENCH_KEEP=1    keep the work directory (logs, lua scripts, raw results)
 # Exit status: 0 when every case ran and every response had the expected
-# status (the 0.80x target line is informational); 1 otherwise.
+# status (the target lines are informational); 1 otherwise.
 set -u -o pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -326,6 +326,18 @@ END {
         target("mem-granted", "log_calls=true, the default")
         if ("mem-granted-nolog" in n) target("mem-granted-nolog", "log_calls=false")
     }
+    if (base > 0 && ("redis-granted" in n)) {
+        if (!("mem-granted" in n)) printf "\n"
+        redis_target("redis-granted", "log_calls=true, the default")
+        if ("redis-granted-nolog" in n) redis_target("redis-granted-nolog", "log_calls=false")
+    }
+}
+# the Redis store: >= 0.50x by CPU cost (the broker plus redis-server) and >= 0.60x in req/s, on the paired ratio
+function redis_target(c, what,   r, k) {
+    r = paired(c); sub(/x$/, "", r)
+    k = (basecpu > 0 && req[c] > 0 && cpu[c] > 0) ? basecpu / (cpu[c] / req[c]) : 0
+    printf "redis store target >= 0.50x by CPU cost, >= 0.60x req/s: %s (%s, %s: %.2fx by CPU cost, %.2fx req/s paired)\n",
+        (k >= 0.5 && r + 0 >= 0.6 ? "PASS" : "FAIL"), c, what, k, r + 0
 }
 # the issue target, on the throughput ratio; flagged when the CPU-cost ratio tells another story
 function target(c, what,   r, k) {
