@@ -20,14 +20,14 @@
 #include "sb/status.h"
 
 typedef struct st_sb_config_t {
-    char *listen;              /* public RPC listener, "host:port" */
-    char *admin_listen;        /* admin listener, "host:port" (default loopback) */
-    char *admin_secret_file;   /* file holding the admin bearer secret */
-    char *admin_secret;        /* resolved secret (env SANDBOX_BROKER_ADMIN_SECRET or the file) */
-    char *rpc_path;            /* "/api/sandbox/rpc" */
-    char *token_store;         /* "memory" or a redis URL */
-    char *redis_prefix;        /* key prefix in Redis */
-    char *redis_password;      /* Redis AUTH password (or redis_password_file, or in a redis:// URL) */
+    char *listen;            /* public RPC listener, "host:port" */
+    char *admin_listen;      /* admin listener, "host:port" (default loopback) */
+    char *admin_secret_file; /* file holding the admin bearer secret */
+    char *admin_secret;      /* resolved secret (env SANDBOX_BROKER_ADMIN_SECRET or the file) */
+    char *rpc_path;          /* "/api/sandbox/rpc" */
+    char *token_store;       /* "memory" or a redis URL */
+    char *redis_prefix;      /* key prefix in Redis */
+    char *redis_password;    /* Redis AUTH password (or redis_password_file, or in a redis:// URL) */
     char *redis_password_file;
     char *redis_sentinel_password; /* the sentinels' password (redis-sentinel://) */
     char *redis_sentinel_password_file;
