@@ -33,7 +33,7 @@
 #include <string.h>
 #include "sb/limits.h"
 #include "authz/authz.h"
-#include "svc/files_path.h"
+#include "svc/files/files_path.h"
 #include "fuzz.h"
 
 #define NVALUES 4

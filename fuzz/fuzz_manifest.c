@@ -26,7 +26,7 @@
 #include "sb/method.h"
 #include "sb/limits.h"
 #include "authz/authz.h"
-#include "fetch/url.h"
+#include "call/url.h"
 #include "fuzz.h"
 
 enum { S_PATH, S_URL, S_NAME, S_NS, S_METHOD, S_COUNT };

@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "sb/value.h"
-#include "svc/mcp_wire.h"
+#include "svc/tools/mcp_wire.h"
 #include "fuzz.h"
 
 typedef struct st_trace_t {

@@ -24,7 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "fetch/url.h"
+#include "call/url.h"
 #include "fuzz.h"
 
 static void check_host(const sb_url_t *u)

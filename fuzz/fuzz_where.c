@@ -33,7 +33,7 @@
 #include <string.h>
 #include <msgpack.h>
 #include "sb/value.h"
-#include "svc/pg_query.h"
+#include "svc/pg/pg_query.h"
 #include "fuzz.h"
 
 static sb_pg_col_t posts_cols[] = {

@@ -53,7 +53,7 @@
 #include <string.h>
 #include "sb/limits.h"
 #include "authz/authz.h"
-#include "fetch/url.h"
+#include "call/url.h"
 
 /* tools.call names, as upstream's custom-tools handler bounds them */
 #define MAX_TOOL_NAME 256u

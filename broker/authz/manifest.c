@@ -25,7 +25,7 @@
 #include <string.h>
 #include "sb/limits.h"
 #include "authz/authz.h"
-#include "fetch/url.h"
+#include "call/url.h"
 #include "util/util.h"
 
 #define MAX_NAME_LEN 128u

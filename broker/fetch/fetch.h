@@ -17,7 +17,7 @@
 #include "authz/authz.h"
 #include "fetch/ipclass.h"
 #include "fetch/resolver.h"
-#include "fetch/url.h"
+#include "call/url.h"
 #include "store/store.h"
 #include "svc/dispatch.h"
 

@@ -21,8 +21,8 @@
 #include <unistd.h>
 #include "tap.h"
 #include "sb/limits.h"
-#include "svc/files_fs.h"
-#include "svc/files_path.h"
+#include "svc/files/files_fs.h"
+#include "svc/files/files_path.h"
 #include "svc/handlers.h"
 #include "util/util.h"
 

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "sb/value.h"
-#include "svc/mcp_wire.h"
+#include "svc/tools/mcp_wire.h"
 #include "tap.h"
 
 /* ---- raw events ------------------------------------------------------------------------------------------------------ */

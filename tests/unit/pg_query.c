@@ -23,7 +23,7 @@
 #include <msgpack.h>
 #include "tap.h"
 #include "sb/value.h"
-#include "svc/pg_query.h"
+#include "svc/pg/pg_query.h"
 
 /* ---- the collections, as introspection would build them ------------------------------------------------------------ */
 

@@ -7,7 +7,7 @@
 #include <string.h>
 #include "tap.h"
 #include "sb/limits.h"
-#include "fetch/url.h"
+#include "call/url.h"
 
 typedef struct st_want_t {
     const char *url;

@@ -35,8 +35,8 @@
 #include "sb/limits.h"
 #include "sb/value.h"
 #include "svc/handlers.h"
-#include "svc/mcp_client.h"
-#include "svc/mcp_wire.h"
+#include "svc/tools/mcp_client.h"
+#include "svc/tools/mcp_wire.h"
 #include "util/util.h"
 
 /* questpie-wire.md section 5.6, hard maxima */

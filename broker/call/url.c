@@ -24,7 +24,7 @@
 #include <idn2.h>
 #include <stdio.h>
 #include <string.h>
-#include "fetch/url.h"
+#include "call/url.h"
 
 /* a raw (pre-UTS#46) host longer than this cannot map to a valid name we would accept */
 #define MAX_RAW_HOST 1024u

@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "sb/value.h"
-#include "svc/mcp_wire.h"
+#include "svc/tools/mcp_wire.h"
 
 enum { ST_LINE_START = 0, ST_NAME, ST_VALUE_START, ST_VALUE, ST_IGNORE };
 enum { FIELD_OTHER = 0, FIELD_DATA, FIELD_EVENT };

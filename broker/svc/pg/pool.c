@@ -19,7 +19,7 @@
 #include "sb/limits.h"
 #include "sb/value.h"
 #include "svc/handlers.h"
-#include "svc/pg_query.h"
+#include "svc/pg/pg_query.h"
 #include "util/util.h"
 
 #define MAX_QUEUE 256

@@ -25,11 +25,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include "fetch/client.h"
-#include "fetch/url.h"
+#include "call/url.h"
 #include "obs/log.h"
 #include "sb/value.h"
-#include "svc/mcp_client.h"
-#include "svc/mcp_wire.h"
+#include "svc/tools/mcp_client.h"
+#include "svc/tools/mcp_wire.h"
 #include "util/util.h"
 
 enum { S_IDLE = 0, S_INIT, S_NOTIFY, S_READY };

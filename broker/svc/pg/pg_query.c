@@ -16,7 +16,7 @@
 #include <string.h>
 #include "sb/limits.h"
 #include "sb/value.h"
-#include "svc/pg_query.h"
+#include "svc/pg/pg_query.h"
 #include "util/util.h"
 
 #define OID_BOOL 16u

@@ -15,7 +15,7 @@
 #include <string.h>
 #include "sb/limits.h"
 #include "authz/authz.h"
-#include "svc/files_path.h"
+#include "svc/files/files_path.h"
 
 static int is_key_char(char c)
 {

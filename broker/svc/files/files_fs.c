@@ -39,8 +39,8 @@
 #include <unistd.h>
 #include "sb/limits.h"
 #include "sb/value.h"
-#include "svc/files_fs.h"
-#include "svc/files_path.h"
+#include "svc/files/files_fs.h"
+#include "svc/files/files_path.h"
 #include "util/util.h"
 
 /* a directory with more entries than this is listed as truncated: the scan itself must stay bounded */
