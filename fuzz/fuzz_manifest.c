@@ -26,6 +26,7 @@
 #include "sb/method.h"
 #include "sb/limits.h"
 #include "authz/authz.h"
+#include "call/path.h"
 #include "call/url.h"
 #include "fuzz.h"
 
@@ -151,7 +152,8 @@ static void check_method(const sb_manifest_t *m, const sb_manifest_t *empty, con
         SB_FUZZ_ASSERT(s[S_PATH].present && sb_path_normalize(s[S_PATH].p, s[S_PATH].len, norm, sizeof(norm)) == SB_OK,
                        "files granted for an unsafe path");
     if (st == SB_OK && meth->kind == SB_MK_FILES && meth->op == SB_OP_LIST && s[S_PATH].present)
-        SB_FUZZ_ASSERT(sb_path_normalize(s[S_PATH].p, s[S_PATH].len, norm, sizeof(norm)) == SB_OK, "files.list granted for an unsafe path");
+        SB_FUZZ_ASSERT(sb_path_normalize(s[S_PATH].p, s[S_PATH].len, norm, sizeof(norm)) == SB_OK,
+                       "files.list granted for an unsafe path");
     if (meth->kind == SB_MK_HTTP && st == SB_OK) {
         sb_url_t u;
         SB_FUZZ_ASSERT(s[S_URL].present && sb_url_parse(s[S_URL].p, s[S_URL].len, &u, NULL) == SB_OK, "a rejected URL was granted");

@@ -1,5 +1,5 @@
 /*
- * libFuzzer driver for broker/authz/path.c (sb_path_normalize).
+ * libFuzzer driver for broker/call/path.c (sb_path_normalize).
  *
  * Input: byte 0 picks an output buffer size (small sizes probe the bound
  * checks; the buffer is heap-allocated at exactly that size so an overrun is
@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "sb/limits.h"
-#include "authz/authz.h"
+#include "call/path.h"
 #include "fuzz.h"
 
 static int has_dotdot_segment(const char *p, size_t len)
@@ -118,7 +118,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             SB_FUZZ_ASSERT(st == SB_OK && strcmp(again, out) == 0, "not idempotent: \"%s\" -> \"%s\"", out, again);
         }
         /* the same input with a full-size buffer gives the same answer */
-        SB_FUZZ_ASSERT(sb_path_normalize(in, len, big, sizeof(big)) == SB_OK && strcmp(big, out) == 0, "buffer size changed the answer");
+        SB_FUZZ_ASSERT(sb_path_normalize(in, len, big, sizeof(big)) == SB_OK && strcmp(big, out) == 0,
+                       "buffer size changed the answer");
     }
 Exit:
     free(out);

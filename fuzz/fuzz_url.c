@@ -1,5 +1,5 @@
 /*
- * libFuzzer driver for broker/fetch/url.c (sb_url_parse, sb_url_resolve,
+ * libFuzzer driver for broker/call/url.c (sb_url_parse, sb_url_resolve,
  * sb_url_hostport, sb_url_host_header): the parser that decides where
  * http.fetch connects.
  *
@@ -70,8 +70,8 @@ static void check_host(const sb_url_t *u)
 
 static size_t serialise(const sb_url_t *u, char *buf, size_t bufsz)
 {
-    int n = snprintf(buf, bufsz, "%s://%s%s%s", u->scheme == SB_URL_HTTPS ? "https" : "http", u->host_kind == SB_URL_HOST_IPV6 ? "[" : "",
-                     u->host, u->host_kind == SB_URL_HOST_IPV6 ? "]" : "");
+    int n = snprintf(buf, bufsz, "%s://%s%s%s", u->scheme == SB_URL_HTTPS ? "https" : "http",
+                     u->host_kind == SB_URL_HOST_IPV6 ? "[" : "", u->host, u->host_kind == SB_URL_HOST_IPV6 ? "]" : "");
     size_t len = (size_t)n;
 
     if (u->port_explicit)

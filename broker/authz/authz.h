@@ -15,6 +15,7 @@
 #include <msgpack.h>
 #include "sb/status.h"
 #include "sb/method.h"
+#include "call/url.h"
 
 typedef struct st_sb_manifest_t sb_manifest_t;
 
@@ -45,13 +46,25 @@ int64_t sb_manifest_timeout_ms(const sb_manifest_t *m);
 SB_WARN_UNUSED sb_status_t sb_authz_check(const sb_manifest_t *m, const sb_method_t *meth, const msgpack_object *args, char *reason,
                                           size_t reasonsz);
 
-/**
- * Normalises a files path (PROTOCOL.md, "Paths"): non-empty, no NUL, no
- * backslash, not absolute, runs of '/' collapsed, one leading "./" stripped,
- * no ".." segment.
- * @return SB_OK (out holds the NUL-terminated result) or SB_E_FORBIDDEN (unsafe) or SB_E_TOO_LARGE
+/*
+ * The questions a handler asks of the manifest after the check granted its
+ * call (the check itself is sb_authz_check): every one is deny by default.
  */
-SB_WARN_UNUSED sb_status_t sb_path_normalize(const char *in, size_t len, char *out, size_t outsz);
+
+/**
+ * What files.list shows: an entry whose path matches a read glob, or a
+ * directory some read glob lives under (the rule the check applies to the
+ * listed path itself).
+ * @param path a normalised path (call/path.h)
+ */
+int sb_authz_files_visible(const sb_manifest_t *m, const char *path, size_t len, int is_dir);
+/** 1 when a tools glob grants the tool name (tools.list shows only those) */
+int sb_authz_tool_granted(const sb_manifest_t *m, const char *name, size_t len);
+/**
+ * 1 when the net allowlist admits a URL (PROTOCOL.md section 6): a redirect
+ * hop must pass it as the first URL did.
+ */
+int sb_authz_net_allows(const sb_manifest_t *m, const sb_url_t *url);
 
 /**
  * Anchored glob match: "**" any run of characters including '/', "*" any run

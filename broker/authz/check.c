@@ -52,31 +52,14 @@
 #include <stdio.h>
 #include <string.h>
 #include "sb/limits.h"
-#include "authz/authz.h"
+#include "authz/manifest_int.h"
+#include "call/path.h"
 #include "call/url.h"
 
 /* tools.call names, as upstream's custom-tools handler bounds them */
 #define MAX_TOOL_NAME 256u
 
-/* ---- manifest accessors (defined at the bottom of manifest.c, which owns the parsed form) ------------------------ */
-
-unsigned sb_manifest__collection_verbs(const sb_manifest_t *m, const char *name, size_t len);
-unsigned sb_manifest__global_verbs(const sb_manifest_t *m, const char *name, size_t len);
-unsigned sb_manifest__store_verbs(const sb_manifest_t *m, const char *name, size_t len);
-int sb_manifest__has_service(const sb_manifest_t *m, const char *name, size_t len);
-int sb_manifest__has_job(const sb_manifest_t *m, const char *name, size_t len);
-int sb_manifest__has_workflow(const sb_manifest_t *m, const char *name, size_t len);
-size_t sb_manifest__files_read_count(const sb_manifest_t *m);
-int sb_manifest__files_read_match(const sb_manifest_t *m, const char *path, size_t len);
-int sb_manifest__files_write_match(const sb_manifest_t *m, const char *path, size_t len);
-int sb_manifest__files_read_under(const sb_manifest_t *m, const char *dir, size_t len);
-size_t sb_manifest__tools_count(const sb_manifest_t *m);
-int sb_manifest__tools_match(const sb_manifest_t *m, const char *name, size_t len);
-size_t sb_manifest__net_count(const sb_manifest_t *m);
-int sb_manifest__net_allows(const sb_manifest_t *m, const sb_url_t *u);
-
-/* verb bits as manifest.c stores them */
-#define VERB_BIT(op) (1u << (unsigned)(op))
+#define VERB_BIT(op) SB_MANIFEST_VERB_BIT(op)
 
 static const char reason_path[] = "files path is missing or unsafe";
 
@@ -357,4 +340,25 @@ sb_status_t sb_authz_check(const sb_manifest_t *m, const sb_method_t *meth, cons
         break;
     }
     return say(SB_E_FORBIDDEN, reason, reasonsz, "unknown method");
+}
+
+/* ---- the handlers' questions (authz.h) ---------------------------------------------------------------------------- */
+
+int sb_authz_files_visible(const sb_manifest_t *m, const char *path, size_t len, int is_dir)
+{
+    if (m == NULL)
+        return 0;
+    if (sb_manifest__files_read_match(m, path, len))
+        return 1;
+    return is_dir && sb_manifest__files_read_under(m, path, len);
+}
+
+int sb_authz_tool_granted(const sb_manifest_t *m, const char *name, size_t len)
+{
+    return m != NULL && sb_manifest__tools_match(m, name, len);
+}
+
+int sb_authz_net_allows(const sb_manifest_t *m, const sb_url_t *url)
+{
+    return m != NULL && sb_manifest__net_allows(m, url);
 }

@@ -1,20 +1,21 @@
 /*
- * broker/authz: files-axis path normalisation (authz.h, sb_path_normalize).
+ * broker/call/path: files-axis path normalisation and the storage shape
+ * (call/path.h).
  *
- * The rules are upstream's (questpie-wire.md section 4.2) so that a manifest
- * means the same thing here as there: a path is relative, has no NUL and no
- * backslash, runs of '/' collapse, one leading "./" is stripped and no segment
- * may be "..". Single "." segments are kept verbatim, exactly like upstream;
- * they cannot climb out of a scope, and the files target normalises again
- * before it touches storage (the "normalise here, write there" fix upstream
- * had to make is the target's job, not ours to paper over).
+ * The rules are upstream's (PROTOCOL.md section 6, "Paths") so that a
+ * manifest means the same thing here as there: a path is relative, has no NUL
+ * and no backslash, runs of '/' collapse, one leading "./" is stripped and no
+ * segment may be "..". Single "." segments are kept verbatim, exactly like
+ * upstream; they cannot climb out of a scope, and sb_path_storage_check
+ * refuses them before anything touches storage (a refusal, not a second
+ * normalisation: the opened path stays the checked one).
  *
  * The same function normalises the globs of files.read and files.write at
  * mint time, so a glob and a path are compared in the same canonical form.
  */
 #include <string.h>
 #include "sb/limits.h"
-#include "authz/authz.h"
+#include "call/path.h"
 
 static int has_dotdot_segment(const char *p, size_t len)
 {
@@ -60,5 +61,41 @@ sb_status_t sb_path_normalize(const char *in, size_t len, char *out, size_t outs
     if (olen == 0 || has_dotdot_segment(out, olen))
         return SB_E_FORBIDDEN;
     out[olen] = '\0';
+    return SB_OK;
+}
+
+int sb_path_is_tmp_name(const char *name, size_t len)
+{
+    return len >= SB_PATH_TMP_PREFIX_LEN && memcmp(name, SB_PATH_TMP_PREFIX, SB_PATH_TMP_PREFIX_LEN) == 0;
+}
+
+sb_status_t sb_path_storage_check(const char *path, size_t len, const char **why)
+{
+    size_t start = 0, i;
+
+    if (len == 0) {
+        *why = SB_PATH_WHY_UNSAFE;
+        return SB_E_FORBIDDEN;
+    }
+    for (i = 0; i <= len; ++i) {
+        if (i == len || path[i] == '/') {
+            size_t n = i - start;
+            const char *seg = path + start;
+            if (n == 0 || (n == 1 && seg[0] == '.')) {
+                *why = SB_PATH_WHY_SEGMENT;
+                return SB_E_FORBIDDEN;
+            }
+            /* sb_path_normalize refuses these already; never trust a single layer */
+            if (n == 2 && seg[0] == '.' && seg[1] == '.') {
+                *why = SB_PATH_WHY_UNSAFE;
+                return SB_E_FORBIDDEN;
+            }
+            if (sb_path_is_tmp_name(seg, n)) {
+                *why = SB_PATH_WHY_RESERVED;
+                return SB_E_FORBIDDEN;
+            }
+            start = i + 1;
+        }
+    }
     return SB_OK;
 }

@@ -1,5 +1,5 @@
 /*
- * broker/fetch: the one strict URL parser of http.fetch (fetch/url.h).
+ * broker/call: the one strict URL parser of http.fetch (call/url.h).
  *
  * Why so strict: an SSRF filter is only as good as its agreement with the
  * code that finally connects. Every URL notation on which two parsers (or a

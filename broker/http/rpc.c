@@ -9,7 +9,10 @@
  */
 #include <stdio.h>
 #include <string.h>
-#include "http/server.h"
+#include "http/async.h"
+#include "http/reply.h"
+#include "http/routes.h"
+#include "http/worker.h"
 #include "obs/audit.h"
 #include "obs/log.h"
 #include "obs/metrics.h"

@@ -8,7 +8,6 @@
  */
 #include <stdio.h>
 #include <string.h>
-#include "fetch/fetch.h"
 #include "svc/dispatch.h"
 #include "svc/handlers.h"
 

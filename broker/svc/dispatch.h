@@ -12,16 +12,8 @@
 #include <msgpack.h>
 #include "sb/method.h"
 #include "sb/status.h"
+#include "call/result.h"
 #include "store/store.h"
-
-/** what a handler produced: a packed msgpack value, or an error */
-typedef struct st_sb_result_t {
-    sb_status_t status;
-    char message[512];     /* for errors other than SB_E_EXECUTION (those are redacted on the wire) */
-    msgpack_sbuffer value; /* packed value on SB_OK (owned; msgpack_sbuffer_destroy) */
-} sb_result_t;
-
-typedef void (*sb_dispatch_cb)(void *arg, sb_result_t *res);
 
 struct st_sb_fetch_ctx_t;
 struct st_sb_targets_t;

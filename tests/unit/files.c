@@ -1,6 +1,6 @@
 /*
  * Unit tests for broker/svc/files.c, files_path.c and files_fs.c: root
- * template substitution, guest path shape, MIME types, the filesystem layer
+ * template substitution, MIME types, the filesystem layer
  * on a scratch directory (containment, atomic replace, listing), and the
  * handler's worker pool (results on the loop thread, rate_limited when the
  * queue is full, token references returned).
@@ -103,71 +103,6 @@ static void test_root_expand(void)
     }
 }
 
-/* ---- guest paths -------------------------------------------------------------------------------------------------- */
-
-static void test_guest_path(void)
-{
-    static const struct {
-        const char *in;
-        size_t len; /* 0: strlen */
-        const char *out;
-        const char *why;
-    } cases[] = {
-        {"a.txt", 0, "a.txt", NULL},
-        {"a/b/c.txt", 0, "a/b/c.txt", NULL},
-        {"a//b", 0, "a/b", NULL},
-        {"./a", 0, "a", NULL},
-        {"...", 0, "...", NULL},
-        {"a/..b", 0, "a/..b", NULL},
-        {".hidden", 0, ".hidden", NULL},
-        {"x/.sb-tmp", 0, "x/.sb-tmp", NULL},
-        {"sb-tmp-1", 0, "sb-tmp-1", NULL},
-        {"a/./b", 0, NULL, SB_FILES_WHY_SEGMENT},
-        {".", 0, NULL, SB_FILES_WHY_SEGMENT},
-        {"a/.", 0, NULL, SB_FILES_WHY_SEGMENT},
-        {"././a", 0, NULL, SB_FILES_WHY_SEGMENT},
-        {"a/", 0, NULL, SB_FILES_WHY_SEGMENT},
-        {"a//", 0, NULL, SB_FILES_WHY_SEGMENT},
-        {"./", 0, NULL, SB_FILES_WHY_UNSAFE},
-        {"", 0, NULL, SB_FILES_WHY_UNSAFE},
-        {"..", 0, NULL, SB_FILES_WHY_UNSAFE},
-        {"../x", 0, NULL, SB_FILES_WHY_UNSAFE},
-        {"a/../../x", 0, NULL, SB_FILES_WHY_UNSAFE},
-        {"a/..", 0, NULL, SB_FILES_WHY_UNSAFE},
-        {"/etc/passwd", 0, NULL, SB_FILES_WHY_UNSAFE},
-        {"a\\b", 0, NULL, SB_FILES_WHY_UNSAFE},
-        {"a\0b", 3, NULL, SB_FILES_WHY_UNSAFE},
-        {".sb-tmp-0011", 0, NULL, SB_FILES_WHY_RESERVED},
-        {"d/.sb-tmp-", 0, NULL, SB_FILES_WHY_RESERVED},
-        {".sb-tmp-x/y", 0, NULL, SB_FILES_WHY_RESERVED},
-    };
-    char out[SB_MAX_PATH + 1], *big;
-
-    for (size_t i = 0; i != sizeof(cases) / sizeof(cases[0]); ++i) {
-        const char *why = NULL;
-        size_t len = cases[i].len != 0 ? cases[i].len : strlen(cases[i].in);
-        sb_status_t st = sb_files_guest_path(cases[i].in, len, out, sizeof(out), &why);
-        if (cases[i].out != NULL) {
-            is_int(st, SB_OK, "path \"%s\" accepted", cases[i].in);
-            is_str(st == SB_OK ? out : why, cases[i].out, "path \"%s\" normalised", cases[i].in);
-        } else {
-            is_int(st, SB_E_FORBIDDEN, "path \"%s\" refused", cases[i].in);
-            is_str(why, cases[i].why, "path \"%s\" reason", cases[i].in);
-        }
-    }
-    /* the length cap of the check applies here too */
-    big = malloc(SB_MAX_PATH + 2);
-    memset(big, 'a', SB_MAX_PATH + 1);
-    {
-        const char *why = NULL;
-        ok(sb_files_guest_path(big, SB_MAX_PATH, out, sizeof(out), &why) == SB_OK, "path of SB_MAX_PATH bytes accepted");
-        ok(sb_files_guest_path(big, SB_MAX_PATH + 1, out, sizeof(out), &why) == SB_E_FORBIDDEN, "path above SB_MAX_PATH refused");
-    }
-    free(big);
-    ok(sb_files_is_tmp_name(".sb-tmp-0123456789abcdef", 24), "temporary name recognised");
-    ok(!sb_files_is_tmp_name(".sb-tmp", 7), "a prefix of the prefix is not a temporary");
-}
-
 static void test_mime(void)
 {
     is_str(sb_files_mime_type("a.txt", 5), "text/plain", "txt");
@@ -214,7 +149,7 @@ static size_t count_tmp(const char *reldir)
     if ((d = opendir(p)) == NULL)
         return 0;
     while ((de = readdir(d)) != NULL)
-        n += sb_files_is_tmp_name(de->d_name, strlen(de->d_name));
+        n += sb_path_is_tmp_name(de->d_name, strlen(de->d_name));
     closedir(d);
     return n;
 }
@@ -552,7 +487,6 @@ static void test_handler(void)
 int main(void)
 {
     test_root_expand();
-    test_guest_path();
     test_mime();
     test_fs();
     test_handler();

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "conf/config.h"
-#include "fetch/fetch.h"
+#include "svc/fetch/egress_check.h"
 
 typedef struct st_check_state_t {
     int done;

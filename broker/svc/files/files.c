@@ -60,10 +60,6 @@
 /* the budget of a files.list reply (entries are costed as JSON, the larger encoding) */
 #define LIST_MAX_BYTES (SB_MAX_NATIVE_RESULT - 8192u)
 
-/* manifest accessors (bottom of broker/authz/manifest.c); the manifest is immutable, so any thread may read it */
-int sb_manifest__files_read_match(const sb_manifest_t *m, const char *path, size_t len);
-int sb_manifest__files_read_under(const sb_manifest_t *m, const char *dir, size_t len);
-
 /* one per h2o loop that has started a files call: where the results of its jobs are delivered */
 typedef struct st_loop_ctx_t {
     h2o_loop_t *loop;
@@ -198,11 +194,8 @@ static void do_write(files_job_t *job, int rootfd)
  */
 static int list_filter(void *ctx, const char *path, size_t len, int is_dir)
 {
-    const sb_manifest_t *m = ctx;
-
-    if (sb_manifest__files_read_match(m, path, len))
-        return 1;
-    return is_dir && sb_manifest__files_read_under(m, path, len);
+    /* the manifest is immutable: a pool thread may read it */
+    return sb_authz_files_visible(ctx, path, len, is_dir);
 }
 
 static void do_list(files_job_t *job, int rootfd)
@@ -459,13 +452,17 @@ static SB_WARN_UNUSED sb_status_t parse_args(files_job_t *job, const msgpack_obj
     if ((p = arg_get(args, "path")) == NULL) {
         /* only files.list may name no path (the root); the check refused the others already */
         if (job->op != SB_OP_LIST) {
-            fail(job, SB_E_FORBIDDEN, "%s", SB_FILES_WHY_UNSAFE);
+            fail(job, SB_E_FORBIDDEN, "%s", SB_PATH_WHY_UNSAFE);
             return job->res.status;
         }
     } else {
         if (p->type != MSGPACK_OBJECT_STR ||
-            sb_files_guest_path(p->via.str.ptr, p->via.str.size, job->path, sizeof(job->path), &why) != SB_OK) {
-            fail(job, SB_E_FORBIDDEN, "%s", why != NULL ? why : SB_FILES_WHY_UNSAFE);
+            sb_path_normalize(p->via.str.ptr, p->via.str.size, job->path, sizeof(job->path)) != SB_OK) {
+            fail(job, SB_E_FORBIDDEN, "%s", SB_PATH_WHY_UNSAFE);
+            return job->res.status;
+        }
+        if (sb_path_storage_check(job->path, strlen(job->path), &why) != SB_OK) {
+            fail(job, SB_E_FORBIDDEN, "%s", why);
             return job->res.status;
         }
         job->has_path = 1;

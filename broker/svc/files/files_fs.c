@@ -287,7 +287,7 @@ static SB_WARN_UNUSED int write_all(int fd, const uint8_t *p, size_t len)
 
 sb_status_t sb_files_fs_write(int rootfd, const char *path, const uint8_t *data, size_t len, char *msg, size_t msgsz)
 {
-    char work[SB_MAX_PATH + 1], tmp[SB_FILES_TMP_PREFIX_LEN + 16 + 1];
+    char work[SB_MAX_PATH + 1], tmp[SB_PATH_TMP_PREFIX_LEN + 16 + 1];
     const char *name = NULL;
     int dirfd = -1, fd = -1, have_tmp = 0, attempt;
     struct stat st;
@@ -295,7 +295,7 @@ sb_status_t sb_files_fs_write(int rootfd, const char *path, const uint8_t *data,
     sb_status_t status;
 
     if (plen >= sizeof(work))
-        return say(SB_E_FORBIDDEN, msg, msgsz, "%s", SB_FILES_WHY_UNSAFE);
+        return say(SB_E_FORBIDDEN, msg, msgsz, "%s", SB_PATH_WHY_UNSAFE);
     for (size_t i = 0; i != plen; ++i)
         depth += path[i] == '/';
     if (depth > MAX_WRITE_DEPTH)
@@ -319,8 +319,8 @@ sb_status_t sb_files_fs_write(int rootfd, const char *path, const uint8_t *data,
             status = say(SB_E_UNAVAILABLE, msg, msgsz, "no randomness available");
             goto Exit;
         }
-        memcpy(tmp, SB_FILES_TMP_PREFIX, SB_FILES_TMP_PREFIX_LEN);
-        sb_hex(rnd, sizeof(rnd), tmp + SB_FILES_TMP_PREFIX_LEN);
+        memcpy(tmp, SB_PATH_TMP_PREFIX, SB_PATH_TMP_PREFIX_LEN);
+        sb_hex(rnd, sizeof(rnd), tmp + SB_PATH_TMP_PREFIX_LEN);
         if ((fd = open_beneath(dirfd, tmp, O_CREAT | O_EXCL | O_WRONLY, FILE_MODE)) >= 0)
             break;
         if (errno != EEXIST || attempt + 1 == TMP_ATTEMPTS) {
@@ -405,7 +405,7 @@ sb_status_t sb_files_fs_list(int rootfd, const char *dir, sb_files_list_filter_f
     *n = 0;
     *truncated = 0;
     if (prefix + 1 >= sizeof(rel))
-        return say(SB_E_FORBIDDEN, msg, msgsz, "%s", SB_FILES_WHY_UNSAFE);
+        return say(SB_E_FORBIDDEN, msg, msgsz, "%s", SB_PATH_WHY_UNSAFE);
     if ((fd = open_beneath(rootfd, dir != NULL ? dir : ".", O_RDONLY | O_DIRECTORY, 0)) < 0) {
         if (errno == ENOTDIR)
             return say(SB_E_BAD_ARGS, msg, msgsz, "%s", SB_FILES_WHY_LIST_NOTDIR);
@@ -447,7 +447,7 @@ sb_status_t sb_files_fs_list(int rootfd, const char *dir, sb_files_list_filter_f
         if ((nlen == 1 && de->d_name[0] == '.') || (nlen == 2 && de->d_name[0] == '.' && de->d_name[1] == '.'))
             continue;
         /* a temporary is a write in progress (or a crash's leftover): never a file the guest can see */
-        if (sb_files_is_tmp_name(de->d_name, nlen))
+        if (sb_path_is_tmp_name(de->d_name, nlen))
             continue;
         /* names the wire cannot carry as a string, or the guest could not name in files.read, are not shown */
         if (!sb_utf8_valid((const uint8_t *)de->d_name, nlen) || prefix + nlen >= sizeof(rel) ||

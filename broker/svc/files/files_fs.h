@@ -8,7 +8,7 @@
  * guarantees that no "..", symbolic link, /proc magic link or mount point
  * leads outside the root.
  *
- * Paths handed in have passed sb_files_guest_path. Messages written to `msg`
+ * Paths handed in have passed sb_path_normalize and sb_path_storage_check. Messages written to `msg`
  * never quote the path (reasons reach logs and the guest); those of
  * SB_E_EXECUTION carry the system error for the log and are redacted on the
  * wire by the RPC route.
@@ -21,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "sb/status.h"
+#include "call/path.h"
 
 /* reasons (tests assert them byte for byte) */
 #define SB_FILES_WHY_NO_OPENAT2 "files needs openat2 (Linux 5.6 or later) and this kernel has none"
@@ -68,7 +69,7 @@ SB_WARN_UNUSED sb_status_t sb_files_fs_read(int rootfd, const char *path, size_t
 /**
  * Replaces (or creates) a file atomically: missing parent directories are
  * created one segment at a time beneath the root, the bytes go to a fresh
- * SB_FILES_TMP_PREFIX file in the target directory, which is written, fsync'ed
+ * SB_PATH_TMP_PREFIX file in the target directory, which is written, fsync'ed
  * and renamed onto the final name, and the directory is fsync'ed. A reader
  * sees the old file or the new one, never part of one; a crash leaves at most
  * a stray temporary, never a partial file under the final name. The

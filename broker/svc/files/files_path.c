@@ -1,20 +1,10 @@
 /*
- * broker/svc/files_path: root templates, guest paths and MIME types
- * (files_path.h).
- *
- * Why the guest path is held to more than sb_path_normalize: the check keeps
- * single "." segments verbatim (upstream does, questpie-wire.md section 4.2)
- * and matched its globs against that form. "a/./b" matches the glob "a/?/b"
- * while "a/b" does not, so collapsing it here would open a path that
- * was never granted (upstream's "normalise here, write there" bug). Refusing
- * the segment keeps the opened path byte-identical to the checked one. An
- * empty last segment ("dir/") names no file and is refused for the same
- * reason. Our temporary files are refused by name so a guest can neither read
- * a half-written file nor clobber another call's temporary.
+ * broker/svc/files/files_path: root templates and MIME types (files_path.h).
+ * The guest path itself is decoded once, with the rest of the call, by
+ * broker/call (call/path.h).
  */
 #include <string.h>
 #include "sb/limits.h"
-#include "authz/authz.h"
 #include "svc/files/files_path.h"
 
 static int is_key_char(char c)
@@ -101,43 +91,6 @@ sb_status_t sb_files_root_expand(const char *tmpl, sb_files_scope_fn lookup, voi
         ++p;
     }
     out[olen] = '\0';
-    return SB_OK;
-}
-
-int sb_files_is_tmp_name(const char *name, size_t len)
-{
-    return len >= SB_FILES_TMP_PREFIX_LEN && memcmp(name, SB_FILES_TMP_PREFIX, SB_FILES_TMP_PREFIX_LEN) == 0;
-}
-
-sb_status_t sb_files_guest_path(const char *in, size_t len, char *out, size_t outsz, const char **why)
-{
-    size_t olen, start = 0, i;
-
-    if (sb_path_normalize(in, len, out, outsz) != SB_OK) {
-        *why = SB_FILES_WHY_UNSAFE;
-        return SB_E_FORBIDDEN;
-    }
-    olen = strlen(out);
-    for (i = 0; i <= olen; ++i) {
-        if (i == olen || out[i] == '/') {
-            size_t n = i - start;
-            const char *seg = out + start;
-            if (n == 0 || (n == 1 && seg[0] == '.')) {
-                *why = SB_FILES_WHY_SEGMENT;
-                return SB_E_FORBIDDEN;
-            }
-            /* sb_path_normalize refuses these already; never trust a single layer */
-            if (n == 2 && seg[0] == '.' && seg[1] == '.') {
-                *why = SB_FILES_WHY_UNSAFE;
-                return SB_E_FORBIDDEN;
-            }
-            if (sb_files_is_tmp_name(seg, n)) {
-                *why = SB_FILES_WHY_RESERVED;
-                return SB_E_FORBIDDEN;
-            }
-            start = i + 1;
-        }
-    }
     return SB_OK;
 }
 

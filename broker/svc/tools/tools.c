@@ -59,9 +59,6 @@ static const char msg_too_large[] = "sandbox custom tool arguments are too large
 static const char msg_limit[] = "sandbox custom tool limit exceeded";
 static const char msg_not_released[] = "tools.call name is not released by the target";
 
-/* defined at the bottom of broker/authz/manifest.c, which owns the parsed manifest */
-int sb_manifest__tools_match(const sb_manifest_t *m, const char *name, size_t len);
-
 /* ---- the per-run call counter (process-wide) ----------------------------------------------------------------------- */
 
 typedef struct st_run_count_t {
@@ -513,7 +510,7 @@ static void on_list_page(void *arg, sb_status_t st, const char *detail, const ch
         }
         /* released by the target AND granted by the run's manifest: nothing else is even named to the guest */
         if ((idx = released_index(tc, name->via.str.ptr, name->via.str.size)) < 0 || op->emitted[idx] ||
-            !sb_manifest__tools_match(op->tok->manifest, name->via.str.ptr, name->via.str.size))
+            !sb_authz_tool_granted(op->tok->manifest, name->via.str.ptr, name->via.str.size))
             continue;
         if ((bad = pack_tool(op, tool)) != NULL) {
             op_fail(op, "tools/list: tool \"%s\" has a malformed %s", tc->release[idx], bad);
