@@ -45,7 +45,7 @@ void sb_result_fail(sb_result_t *res, sb_status_t st, const char *fmt, ...)
     va_end(ap);
 }
 
-void sb_reply_error(sb_dispatch_cb cb, void *arg, sb_status_t st, const char *fmt, ...)
+void sb_answer_error(sb_dispatch_cb cb, void *arg, sb_status_t st, const char *fmt, ...)
 {
     sb_result_t res;
     va_list ap;

@@ -46,6 +46,6 @@ void sb_result_vfail(sb_result_t *res, sb_status_t st, const char *fmt, va_list 
  * Answers an error at once: the one "reply with an error" every handler
  * uses. The callback runs before this returns.
  */
-__attribute__((format(printf, 4, 5))) void sb_reply_error(sb_dispatch_cb cb, void *arg, sb_status_t st, const char *fmt, ...);
+__attribute__((format(printf, 4, 5))) void sb_answer_error(sb_dispatch_cb cb, void *arg, sb_status_t st, const char *fmt, ...);
 
 #endif

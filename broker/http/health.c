@@ -17,12 +17,12 @@ int sb_health_on_req(h2o_handler_t *self, h2o_req_t *req)
         !h2o_memis(req->method.base, req->method.len, H2O_STRLIT("HEAD")))
         return -1;
     if (h2o_memis(req->path_normalized.base, req->path_normalized.len, H2O_STRLIT("/healthz"))) {
-        sb_send_bytes(req, 200, "OK", "application/json", H2O_STRLIT("{\"ok\":true}"));
+        sb_reply_send(req, SB_OK, "application/json", H2O_STRLIT("{\"ok\":true}"));
         return 0;
     }
     if (h2o_memis(req->path_normalized.base, req->path_normalized.len, H2O_STRLIT("/readyz"))) {
         if (w->stopping)
-            sb_send_bytes(req, 503, "Service Unavailable", "application/json",
+            sb_reply_send(req, SB_E_UNAVAILABLE, "application/json",
                           H2O_STRLIT("{\"ok\":false,\"tokenStore\":\"up\",\"draining\":true}"));
         else {
             /* the database counts only when a target uses one */
@@ -33,8 +33,7 @@ int sb_health_on_req(h2o_handler_t *self, h2o_req_t *req)
                              w->svc.pg == NULL ? ""
                              : db_up           ? ",\"database\":\"up\""
                                                : ",\"database\":\"down\"");
-            sb_send_bytes(req, store_up && db_up ? 200 : 503, store_up && db_up ? "OK" : "Service Unavailable", "application/json",
-                          body, (size_t)n);
+            sb_reply_send(req, store_up && db_up ? SB_OK : SB_E_UNAVAILABLE, "application/json", body, (size_t)n);
         }
         return 0;
     }

@@ -99,116 +99,31 @@ static void log_call(rpc_call_t *c, sb_status_t st, const char *message, size_t 
     }
 }
 
-static const char *reason_phrase(int status)
-{
-    switch (status) {
-    case 200:
-        return "OK";
-    case 400:
-        return "Bad Request";
-    case 401:
-        return "Unauthorized";
-    case 403:
-        return "Forbidden";
-    case 413:
-        return "Payload Too Large";
-    case 429:
-        return "Too Many Requests";
-    case 501:
-        return "Not Implemented";
-    case 503:
-        return "Service Unavailable";
-    default:
-        return "Internal Server Error";
-    }
-}
-
-/*
- * Appends `s` as the inside of a JSON string (RFC 8259 section 7): quote,
- * backslash and control characters escaped, everything else (valid UTF-8, as
- * every message is) copied; stops at `cap`.
- */
-static size_t json_escape_into(char *buf, size_t cap, size_t n, const char *s)
-{
-    static const char hex[] = "0123456789abcdef";
-    for (; *s != '\0' && n + 6 < cap; ++s) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\') {
-            buf[n++] = '\\';
-            buf[n++] = (char)ch;
-        } else if (ch < 0x20 || ch == 0x7f) {
-            buf[n++] = '\\';
-            buf[n++] = 'u';
-            buf[n++] = '0';
-            buf[n++] = '0';
-            buf[n++] = hex[ch >> 4];
-            buf[n++] = hex[ch & 15];
-        } else {
-            buf[n++] = (char)ch;
-        }
-    }
-    return n;
-}
-
 static void send_body(rpc_call_t *c, sb_status_t st, const char *message, const char *body, size_t len)
 {
-    int status = sb_status_http(st);
     log_call(c, st, message, len);
-    sb_send_bytes(c->super.req, status, reason_phrase(status), c->binary ? "application/msgpack" : "application/json", body, len);
+    sb_reply_send(c->super.req, st, c->binary ? "application/msgpack" : "application/json", body, len);
 }
 
 /*
- * Answers an error. execution_error never carries its detail to the guest:
- * the message is the stable upstream string plus a correlation id that finds
- * the detail in the log.
+ * Answers an error. A redacted status (execution_error) never carries its
+ * detail to the guest: the wire gets the stable upstream message plus a
+ * correlation id that finds the detail in the log (PROTOCOL.md section 7).
  */
 static void reply_error(rpc_call_t *c, sb_status_t st, const char *message)
 {
-    const char *code = sb_status_code(st);
-    int redact = st == SB_E_EXECUTION || st == SB_E_NOMEM || st == SB_E_AGAIN;
-    const char *wire_msg = redact || message == NULL ? sb_status_message(st) : message;
+    char body[SB_REPLY_ERROR_MAX];
+    size_t len;
 
-    if (redact)
-        st = SB_E_EXECUTION;
+    st = sb_status_on_wire(st);
     release_quota(c);
     sb_metrics_call(c->kind, st, sb_mono_us() - c->started_us);
     if (st == SB_E_UNAUTHORIZED)
         sb_metrics_deny(c->tokref[0] == '\0' ? SB_DENY_TOKEN_MISSING : SB_DENY_TOKEN_INVALID);
     else if (st == SB_E_FORBIDDEN && c->kind < SB_MK_COUNT_)
         sb_metrics_deny(SB_DENY_AXIS + c->kind);
-
-    if (c->binary) {
-        msgpack_sbuffer sb;
-        msgpack_packer pk;
-        msgpack_sbuffer_init(&sb);
-        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-        msgpack_pack_map(&pk, 2);
-        msgpack_pack_str_with_body(&pk, "ok", 2);
-        msgpack_pack_false(&pk);
-        msgpack_pack_str_with_body(&pk, "error", 5);
-        msgpack_pack_map(&pk, redact ? 3 : 2);
-        msgpack_pack_str_with_body(&pk, "code", 4);
-        msgpack_pack_str_with_body(&pk, code, strlen(code));
-        msgpack_pack_str_with_body(&pk, "message", 7);
-        msgpack_pack_str_with_body(&pk, wire_msg, strlen(wire_msg));
-        if (redact) {
-            msgpack_pack_str_with_body(&pk, "correlationId", 13);
-            msgpack_pack_str_with_body(&pk, c->cid, strlen(c->cid));
-        }
-        send_body(c, st, message, sb.data, sb.size);
-        msgpack_sbuffer_destroy(&sb);
-    } else {
-        /* written directly: building a jansson tree for three strings costs more than the whole check */
-        char body[4096]; /* room for a 512-byte message escaped in full (6 bytes per control character) */
-        size_t n = 0;
-        n += (size_t)snprintf(body + n, sizeof(body) - n, "{\"ok\":false,\"error\":{\"code\":\"%s\",\"message\":\"", code);
-        n = json_escape_into(body, sizeof(body) - 64, n, wire_msg);
-        if (redact)
-            n += (size_t)snprintf(body + n, sizeof(body) - n, "\",\"correlationId\":\"%s\"}}", c->cid);
-        else
-            n += (size_t)snprintf(body + n, sizeof(body) - n, "\"}}");
-        send_body(c, st, message, body, n);
-    }
+    len = sb_reply_error_body(body, st, message, c->cid, c->binary);
+    send_body(c, st, message, body, len);
 }
 
 /* answers {ok:true, value} from a packed msgpack value, enforcing the method's response cap */
@@ -365,7 +280,7 @@ int sb_rpc_on_req(h2o_handler_t *self, h2o_req_t *req)
 
     if (!h2o_memis(req->method.base, req->method.len, H2O_STRLIT("POST"))) {
         h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_ALLOW, NULL, H2O_STRLIT("POST"));
-        sb_send_bytes(req, 405, "Method Not Allowed", "text/plain", H2O_STRLIT("method not allowed\n"));
+        sb_reply_send(req, SB_E_METHOD_NOT_ALLOWED, "text/plain", H2O_STRLIT("method not allowed\n"));
         return 0;
     }
     c = (rpc_call_t *)sb_async_attach(req, sizeof(*c), call_dispose);

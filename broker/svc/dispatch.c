@@ -11,17 +11,6 @@
 #include "svc/dispatch.h"
 #include "svc/handlers.h"
 
-static void reply(sb_dispatch_cb cb, void *arg, sb_status_t st, const char *fmt, const char *a, size_t alen)
-{
-    sb_result_t res;
-    memset(&res, 0, sizeof(res));
-    res.status = st;
-    snprintf(res.message, sizeof(res.message), fmt, (int)alen, a);
-    msgpack_sbuffer_init(&res.value);
-    cb(arg, &res);
-    msgpack_sbuffer_destroy(&res.value);
-}
-
 static int name_is(const sb_method_t *m, const char *s)
 {
     return m->name_len == strlen(s) && memcmp(m->name, s, m->name_len) == 0;
@@ -39,16 +28,14 @@ static void get_global(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t
             sb_pg_global(env, t, g, tok, cb, arg);
         } else {
             sb_result_t res;
-            memset(&res, 0, sizeof(res));
-            res.status = SB_OK;
-            msgpack_sbuffer_init(&res.value);
+            sb_result_init(&res);
             msgpack_sbuffer_write(&res.value, g->value.data, g->value.size);
             cb(arg, &res);
-            msgpack_sbuffer_destroy(&res.value);
+            sb_result_dispose(&res);
         }
         return;
     }
-    reply(cb, arg, SB_E_NOT_IMPLEMENTED, "%.*s has no host handler", raw, raw_len);
+    sb_answer_error(cb, arg, SB_E_NOT_IMPLEMENTED, "%.*s has no host handler", (int)raw_len, raw);
 }
 
 void sb_dispatch(const sb_svc_env_t *env, sb_token_t *tok, const sb_method_t *m, const char *raw_method, size_t raw_len,
@@ -61,12 +48,12 @@ void sb_dispatch(const sb_svc_env_t *env, sb_token_t *tok, const sb_method_t *m,
     case SB_MK_SERVICES:
     case SB_MK_JOBS:
     case SB_MK_WORKFLOWS:
-        reply(cb, arg, SB_E_NOT_IMPLEMENTED, "%.*s dispatch is not implemented", kind, strlen(kind));
+        sb_answer_error(cb, arg, SB_E_NOT_IMPLEMENTED, "%.*s dispatch is not implemented", (int)strlen(kind), kind);
         return;
     case SB_MK_GLOBALS:
         if (m->op == SB_OP_SET) {
-            reply(cb, arg, SB_E_NOT_IMPLEMENTED, "%.*s guest write is denied: a global is a singleton owned by the host",
-                  raw_method, raw_len);
+            sb_answer_error(cb, arg, SB_E_NOT_IMPLEMENTED, "%.*s guest write is denied: a global is a singleton owned by the host",
+                            (int)raw_len, raw_method);
             return;
         }
         if (t != NULL) {
@@ -104,5 +91,5 @@ void sb_dispatch(const sb_svc_env_t *env, sb_token_t *tok, const sb_method_t *m,
     default:
         break;
     }
-    reply(cb, arg, SB_E_NOT_IMPLEMENTED, "%.*s has no host handler", raw_method, raw_len);
+    sb_answer_error(cb, arg, SB_E_NOT_IMPLEMENTED, "%.*s has no host handler", (int)raw_len, raw_method);
 }

@@ -122,12 +122,10 @@ __attribute__((format(printf, 3, 4))) static void fail(fetch_t *f, sb_status_t s
     sb_result_t res;
     va_list ap;
 
-    memset(&res, 0, sizeof(res));
-    res.status = st;
+    sb_result_init(&res);
     va_start(ap, fmt);
-    vsnprintf(res.message, sizeof(res.message), fmt, ap);
+    sb_result_vfail(&res, st, fmt, ap);
     va_end(ap);
-    msgpack_sbuffer_init(&res.value);
     if (f->check_cb != NULL) {
         f->decision->allowed = 0;
         snprintf(f->decision->reason, sizeof(f->decision->reason), "%s", res.message);
@@ -142,7 +140,7 @@ __attribute__((format(printf, 3, 4))) static void fail(fetch_t *f, sb_status_t s
         sb_log_end(&l);
         f->cb(f->arg, &res);
     }
-    msgpack_sbuffer_destroy(&res.value);
+    sb_result_dispose(&res);
     free_fetch(f);
 }
 
@@ -399,9 +397,7 @@ static void succeed(fetch_t *f, sb_http_response_t *res)
     msgpack_packer pk;
     size_t uniq[SB_MAX_RESPONSE_HEADERS], nuniq = 0;
 
-    memset(&out, 0, sizeof(out));
-    out.status = SB_OK;
-    msgpack_sbuffer_init(&out.value);
+    sb_result_init(&out);
     msgpack_packer_init(&pk, &out.value, msgpack_sbuffer_write);
     /* multi-valued headers are joined with ", " (set-cookie included), as upstream does */
     for (size_t i = 0; i < res->nheaders; ++i) {
@@ -452,7 +448,7 @@ static void succeed(fetch_t *f, sb_http_response_t *res)
     if (f->store != NULL)
         sb_store_quota_fetch_add(f->store, f->tok, res->body_len);
     f->cb(f->arg, &out);
-    msgpack_sbuffer_destroy(&out.value);
+    sb_result_dispose(&out);
     free_fetch(f);
 }
 
@@ -714,12 +710,11 @@ void sb_fetch_start(sb_fetch_ctx_t *ctx, sb_store_conn_t *store, sb_token_t *tok
     sb_token_addref(tok);
     f->tok = tok;
     f->deadline.cb = on_deadline;
-    memset(&res, 0, sizeof(res));
+    sb_result_init(&res);
     if (parse_args(f, args, res.message, sizeof(res.message)) != SB_OK) {
         res.status = SB_E_BAD_ARGS;
-        msgpack_sbuffer_init(&res.value);
         cb(arg, &res);
-        msgpack_sbuffer_destroy(&res.value);
+        sb_result_dispose(&res);
         free_fetch(f);
         return;
     }

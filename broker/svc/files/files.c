@@ -104,15 +104,13 @@ __attribute__((format(printf, 3, 4))) static void fail(files_job_t *job, sb_stat
 {
     va_list ap;
 
-    job->res.status = st;
     va_start(ap, fmt);
-    vsnprintf(job->res.message, sizeof(job->res.message), fmt, ap);
+    sb_result_vfail(&job->res, st, fmt, ap);
     va_end(ap);
 }
-
 static void job_free(files_job_t *job)
 {
-    msgpack_sbuffer_destroy(&job->res.value);
+    sb_result_dispose(&job->res);
     free(job->content);
     sb_token_release(job->tok);
     free(job);
@@ -135,7 +133,6 @@ static SB_WARN_UNUSED int pack_str(msgpack_packer *pk, const char *s)
 static void packed_or_fail(files_job_t *job, int rc)
 {
     if (rc != 0) {
-        msgpack_sbuffer_clear(&job->res.value);
         fail(job, SB_E_EXECUTION, "files reply: out of memory");
         return;
     }
@@ -486,7 +483,7 @@ void sb_files_handle(const sb_svc_env_t *env, const sb_files_conf_t *fc, sb_toke
     const char *why = NULL;
     sb_status_t st;
 
-    msgpack_sbuffer_init(&job->res.value);
+    sb_result_init(&job->res);
     sb_token_addref(tok);
     job->tok = tok;
     job->op = m->op;

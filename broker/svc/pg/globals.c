@@ -87,18 +87,18 @@ void sb_pg_global(const sb_svc_env_t *env, const sb_target_t *t, const sb_global
     job_t *job;
 
     if (p == NULL || !sb_pg_pool_healthy(p) || (ts = sb_pg__schema_of(p, t)) == NULL) {
-        sb_reply_error(cb, arg, SB_E_UNAVAILABLE, "the database is unavailable");
+        sb_answer_error(cb, arg, SB_E_UNAVAILABLE, "the database is unavailable");
         return;
     }
     for (size_t i = 0; i < ts->nglobals; ++i)
         if (ts->globals[i].conf == gc)
             pg = &ts->globals[i];
     if (pg == NULL) {
-        sb_reply_error(cb, arg, SB_E_EXECUTION, "global schema missing");
+        sb_answer_error(cb, arg, SB_E_EXECUTION, "global schema missing");
         return;
     }
     if (p->queued >= SB_PG_MAX_QUEUE) {
-        sb_reply_error(cb, arg, SB_E_RATE_LIMITED, "the database queue is full");
+        sb_answer_error(cb, arg, SB_E_RATE_LIMITED, "the database queue is full");
         return;
     }
     job = sb_mem_calloc(1, sizeof(*job));
@@ -111,7 +111,7 @@ void sb_pg_global(const sb_svc_env_t *env, const sb_target_t *t, const sb_global
         if (v == NULL) {
             snprintf(err, sizeof(err), "the token binds no \"%s\" scope value", gc->scope[k].scope_key);
             sb_pg__free_job(job);
-            sb_reply_error(cb, arg, SB_E_FORBIDDEN, "%s", err);
+            sb_answer_error(cb, arg, SB_E_FORBIDDEN, "%s", err);
             return;
         }
         job->q.params[job->q.nparams++] = sb_mem_strdup(v);

@@ -173,7 +173,7 @@ void sb_pg_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok
             snprintf(err, sizeof(err), "store.%.*s.%s has no host handler", (int)m->name_len, m->name, sb_method_op_name(m->op));
         else
             snprintf(err, sizeof(err), "collections.document_store.%s has no host handler", sb_method_op_name(m->op));
-        sb_reply_error(cb, arg, SB_E_NOT_IMPLEMENTED, "%s", err);
+        sb_answer_error(cb, arg, SB_E_NOT_IMPLEMENTED, "%s", err);
         return;
     }
     if (!docstore) {
@@ -184,17 +184,17 @@ void sb_pg_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok
         if (i == t->ncollections) {
             snprintf(err, sizeof(err), "collections.%.*s.%s has no host handler", (int)m->name_len, m->name,
                      sb_method_op_name(m->op));
-            sb_reply_error(cb, arg, SB_E_NOT_IMPLEMENTED, "%s", err);
+            sb_answer_error(cb, arg, SB_E_NOT_IMPLEMENTED, "%s", err);
             return;
         }
     }
     if (!sb_pg_pool_healthy(p) || (ts = sb_pg__schema_of(p, t)) == NULL) {
-        sb_reply_error(cb, arg, SB_E_UNAVAILABLE, "the database is unavailable");
+        sb_answer_error(cb, arg, SB_E_UNAVAILABLE, "the database is unavailable");
         return;
     }
     if (docstore) {
         if (store_namespace(m, args, ns, sizeof(ns)) != 0) {
-            sb_reply_error(cb, arg, SB_E_FORBIDDEN, "document_store namespace is missing or invalid");
+            sb_answer_error(cb, arg, SB_E_FORBIDDEN, "document_store namespace is missing or invalid");
             return;
         }
         store_ns = ns;
@@ -205,18 +205,18 @@ void sb_pg_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok
                 coll = &ts->colls[i];
     }
     if (coll == NULL) {
-        sb_reply_error(cb, arg, SB_E_EXECUTION, "collection schema missing");
+        sb_answer_error(cb, arg, SB_E_EXECUTION, "collection schema missing");
         return;
     }
     if (p->queued >= SB_PG_MAX_QUEUE) {
-        sb_reply_error(cb, arg, SB_E_RATE_LIMITED, "the database queue is full");
+        sb_answer_error(cb, arg, SB_E_RATE_LIMITED, "the database queue is full");
         return;
     }
     job = sb_mem_calloc(1, sizeof(*job));
     sb_sql_init(&job->q);
     if ((st = sb_pg_build(coll, m->op, args, tok, store_ns, binary, &job->q, err, sizeof(err))) != SB_OK) {
         sb_pg__free_job(job);
-        sb_reply_error(cb, arg, st, "%s", err);
+        sb_answer_error(cb, arg, st, "%s", err);
         return;
     }
     sb_token_addref(tok);

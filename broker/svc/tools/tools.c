@@ -227,21 +227,6 @@ sb_tools_ctx_t *sb_tools_ctx_create(h2o_loop_t *loop)
 
 /* ---- replies --------------------------------------------------------------------------------------------------------- */
 
-__attribute__((format(printf, 4, 5))) static void reply(sb_dispatch_cb cb, void *arg, sb_status_t st, const char *fmt, ...)
-{
-    sb_result_t res;
-    va_list ap;
-
-    memset(&res, 0, sizeof(res));
-    res.status = st;
-    va_start(ap, fmt);
-    vsnprintf(res.message, sizeof(res.message), fmt, ap);
-    va_end(ap);
-    msgpack_sbuffer_init(&res.value);
-    cb(arg, &res);
-    msgpack_sbuffer_destroy(&res.value);
-}
-
 /* ends an operation: the callback runs, then everything the operation held is released */
 static void op_finish(tools_op_t *op, sb_result_t *res)
 {
@@ -264,34 +249,27 @@ static void op_finish(tools_op_t *op, sb_result_t *res)
 __attribute__((format(printf, 2, 3))) static void op_fail(tools_op_t *op, const char *fmt, ...)
 {
     sb_result_t res;
+    char detail[SB_RESULT_MAX_MESSAGE];
     va_list ap;
-    int n;
 
-    memset(&res, 0, sizeof(res));
-    res.status = SB_E_EXECUTION;
-    n = snprintf(res.message, sizeof(res.message), "tools upstream %s: ", sb_mcp_url(op->up->mcp));
-    if (n >= 0 && (size_t)n < sizeof(res.message)) {
-        va_start(ap, fmt);
-        vsnprintf(res.message + n, sizeof(res.message) - (size_t)n, fmt, ap);
-        va_end(ap);
-    }
-    msgpack_sbuffer_init(&res.value);
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof(detail), fmt, ap);
+    va_end(ap);
+    sb_result_init(&res);
+    sb_result_fail(&res, SB_E_EXECUTION, "tools upstream %s: %s", sb_mcp_url(op->up->mcp), detail);
     op_finish(op, &res);
-    msgpack_sbuffer_destroy(&res.value);
+    sb_result_dispose(&res);
 }
-
 static void op_succeed(tools_op_t *op, msgpack_sbuffer *value)
 {
     sb_result_t res;
 
-    memset(&res, 0, sizeof(res));
-    res.status = SB_OK;
+    sb_result_init(&res);
     res.value = *value; /* moved: op_finish's caller no longer owns it */
     msgpack_sbuffer_init(value);
     op_finish(op, &res);
-    msgpack_sbuffer_destroy(&res.value);
+    sb_result_dispose(&res);
 }
-
 static void on_deadline(h2o_timeout_entry_t *entry)
 {
     tools_op_t *op = H2O_STRUCT_FROM_MEMBER(tools_op_t, deadline, entry);
@@ -369,11 +347,11 @@ static tools_op_t *op_start(sb_tools_ctx_t *ctx, upstream_t *up, const sb_target
     tools_op_t *op;
 
     if (up->mcp == NULL) {
-        reply(cb, arg, SB_E_EXECUTION, "tools upstream %s is refused: %s", up->conf->upstream, up->url_why);
+        sb_answer_error(cb, arg, SB_E_EXECUTION, "tools upstream %s is refused: %s", up->conf->upstream, up->url_why);
         return NULL;
     }
     if (up->inflight >= up->conf->concurrency) {
-        reply(cb, arg, SB_E_RATE_LIMITED, "%s", msg_limit);
+        sb_answer_error(cb, arg, SB_E_RATE_LIMITED, "%s", msg_limit);
         return NULL;
     }
     op = sb_mem_calloc(1, sizeof(*op));
@@ -564,7 +542,7 @@ static void handle_list(sb_tools_ctx_t *ctx, const sb_targets_t *targets, const 
 
     /* questpie-wire.md section 5.6: tools.list args must be exactly {} (absent is the same) */
     if (args != NULL && (args->type != MSGPACK_OBJECT_MAP || args->via.map.size != 0)) {
-        reply(cb, arg, SB_E_BAD_ARGS, "%s", msg_bad_args);
+        sb_answer_error(cb, arg, SB_E_BAD_ARGS, "%s", msg_bad_args);
         return;
     }
     up = get_upstream(ctx, targets, t->tools);
@@ -697,16 +675,16 @@ static void handle_call(sb_tools_ctx_t *ctx, const sb_targets_t *targets, const 
 
     /* every attempt counts, whatever happens to it next: a run cannot probe past its quota */
     if (count_call(tok, tc->max_calls) != SB_OK) {
-        reply(cb, arg, SB_E_RATE_LIMITED, "%s", msg_limit);
+        sb_answer_error(cb, arg, SB_E_RATE_LIMITED, "%s", msg_limit);
         return;
     }
     if (parse_call_args(args, &name, &arguments, &msg) != SB_OK) {
-        reply(cb, arg, SB_E_BAD_ARGS, "%s", msg);
+        sb_answer_error(cb, arg, SB_E_BAD_ARGS, "%s", msg);
         goto Exit;
     }
     /* the manifest granted the name; the target must also release it (deny by default on both sides) */
     if (released_index(tc, name->via.str.ptr, name->via.str.size) < 0) {
-        reply(cb, arg, SB_E_FORBIDDEN, "%s", msg_not_released);
+        sb_answer_error(cb, arg, SB_E_FORBIDDEN, "%s", msg_not_released);
         goto Exit;
     }
     up = get_upstream(ctx, targets, tc);
@@ -737,7 +715,7 @@ void sb_tools_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *
         handle_call(env->tools, env->targets, t, tok, args, cb, arg);
         return;
     default:
-        reply(cb, arg, SB_E_BAD_METHOD, "invalid sandbox custom tool method");
+        sb_answer_error(cb, arg, SB_E_BAD_METHOD, "invalid sandbox custom tool method");
         return;
     }
 }
