@@ -40,8 +40,6 @@
 
 #define NVALUES 4
 
-/* ---- guest paths ---
-
 /* what the typed files call holds: the normal form of the check, held to the storage shape */
 static sb_status_t guest_path(const char *in, size_t len, char *out, size_t outsz, const char **why)
 {
@@ -53,7 +51,7 @@ static sb_status_t guest_path(const char *in, size_t len, char *out, size_t outs
     return sb_path_storage_check(out, strlen(out), why);
 }
 
-/* ---- reference ---------------------------------------------------------------------------------------------------- */
+/* ---- guest paths -------------------------------------------------------------------------------------------------- */
 
 static int segment_ok(const char *s, size_t n)
 {

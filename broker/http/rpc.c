@@ -19,6 +19,7 @@
 #include "sb/limits.h"
 #include "sb/method.h"
 #include "sb/value.h"
+#include "call/call.h"
 #include "svc/dispatch.h"
 #include "util/util.h"
 
@@ -33,6 +34,7 @@ typedef struct st_rpc_call_t {
     size_t method_len;
     int kind; /* sb_method_kind_t, or SB_MK_COUNT_ while unknown */
     sb_method_t m;
+    sb_call_t call; /* the typed call: decoded once, checked, dispatched */
     uint8_t hash[32];
     char tokref[13];
     char run_id[SB_MAX_RUN_ID + 1];
@@ -126,12 +128,47 @@ static void reply_error(rpc_call_t *c, sb_status_t st, const char *message)
     send_body(c, st, message, body, len);
 }
 
+/*
+ * The JSON reply {"ok":true,"value":V} for a value a handler packed as
+ * msgpack: the one place a reply value becomes JSON (the one-pass codec
+ * replaces this function alone). On success *text is malloc'ed.
+ * @return SB_OK, or SB_E_EXECUTION with *why set
+ */
+static sb_status_t encode_json_value(const char *packed, size_t len, char **text, size_t *text_len, const char **why)
+{
+    msgpack_zone zone;
+    msgpack_object value;
+    json_t *v, *o;
+    sb_status_t st = SB_OK;
+
+    *text = NULL;
+    msgpack_zone_init(&zone, 4096);
+    /* the handler packed it in this process: no pre-check (sb_json_from_mp still checks every string) */
+    if (sb_mp_decode_packed((const uint8_t *)packed, len, &zone, &value) != SB_OK) {
+        *why = "handler produced an invalid value";
+        st = SB_E_EXECUTION;
+        goto Exit;
+    }
+    if (sb_json_from_mp(&value, &v) != SB_OK) {
+        *why = "handler produced a value JSON cannot carry";
+        st = SB_E_EXECUTION;
+        goto Exit;
+    }
+    o = json_pack("{s:b, s:o}", "ok", 1, "value", v);
+    *text = json_dumps(o, JSON_COMPACT | JSON_ENCODE_ANY);
+    json_decref(o);
+    if (*text == NULL)
+        sb_fatal(__FILE__, __LINE__, "out of memory");
+    *text_len = strlen(*text);
+Exit:
+    msgpack_zone_destroy(&zone);
+    return st;
+}
+
 /* answers {ok:true, value} from a packed msgpack value, enforcing the method's response cap */
 static void reply_value(rpc_call_t *c, const char *packed, size_t len)
 {
     size_t cap = sb_method_response_cap(&c->m);
-    msgpack_zone zone;
-    msgpack_object value;
 
     release_quota(c);
     if (c->binary) {
@@ -154,34 +191,21 @@ static void reply_value(rpc_call_t *c, const char *packed, size_t len)
         msgpack_sbuffer_destroy(&sb);
         return;
     }
-    msgpack_zone_init(&zone, 4096);
-    /* the handler packed it in this process: no pre-check (sb_json_from_mp still checks every string) */
-    if (sb_mp_decode_packed((const uint8_t *)packed, len, &zone, &value) != SB_OK) {
-        msgpack_zone_destroy(&zone);
-        reply_error(c, SB_E_EXECUTION, "handler produced an invalid value");
-        return;
-    }
     {
-        json_t *v, *o;
         char *text;
-        if (sb_json_from_mp(&value, &v) != SB_OK) {
-            msgpack_zone_destroy(&zone);
-            reply_error(c, SB_E_EXECUTION, "handler produced a value JSON cannot carry");
+        size_t text_len = 0;
+        const char *why = NULL;
+        if (encode_json_value(packed, len, &text, &text_len, &why) != SB_OK) {
+            reply_error(c, SB_E_EXECUTION, why);
             return;
         }
-        o = json_pack("{s:b, s:o}", "ok", 1, "value", v);
-        text = json_dumps(o, JSON_COMPACT | JSON_ENCODE_ANY);
-        json_decref(o);
-        msgpack_zone_destroy(&zone);
-        if (text == NULL)
-            sb_fatal(__FILE__, __LINE__, "out of memory");
-        if (strlen(text) > cap) {
+        if (text_len > cap) {
             free(text);
             reply_error(c, SB_E_EXECUTION, "result exceeds the method's response cap");
             return;
         }
         sb_metrics_call(c->kind, SB_OK, sb_mono_us() - c->started_us);
-        send_body(c, SB_OK, NULL, text, strlen(text));
+        send_body(c, SB_OK, NULL, text, text_len);
         free(text);
     }
 }
@@ -225,16 +249,23 @@ static void on_quota(void *arg, sb_status_t st, const char *why)
         goto Exit;
     }
     c->kind = c->m.kind;
+    /* the args, decoded once: the check decides on this call, and the handler receives the same one */
+    if (sb_call_decode(&c->call, &c->m, c->method, c->method_len, c->args, c->binary, &c->zone) != SB_OK &&
+        c->call.err_stage == SB_CALL_ERR_NOW) {
+        reply_error(c, c->call.err_status, c->call.err);
+        goto Exit;
+    }
+    c->call.cid = c->cid;
     /* the manifest is checked on every call: nothing about a grant is cached */
     reason[0] = '\0';
-    if ((st = sb_authz_check(c->tok->manifest, &c->m, c->args, reason, sizeof(reason))) != SB_OK) {
+    if ((st = sb_authz_check(c->tok->manifest, &c->call, reason, sizeof(reason))) != SB_OK) {
         reply_error(c, st, reason[0] != '\0' ? reason : NULL);
         goto Exit;
     }
     c->granted = 1;
-    /* the handler's callback holds its own reference: it may run long after this one is dropped */
+    /* the handler's callback holds its own reference: it may run long after this one is dropped (and the call with it) */
     sb_async_retain(&c->super);
-    sb_dispatch(&sb_current_worker->svc, c->tok, &c->m, c->method, c->method_len, c->args, c->binary, on_dispatched, c);
+    sb_dispatch(&sb_current_worker->svc, c->tok, &c->call, on_dispatched, c);
 Exit:
     sb_async_release(&c->super);
 }
@@ -258,6 +289,25 @@ static void on_token(void *arg, sb_status_t st, sb_token_t *tok)
     c->tok = tok; /* the lookup's reference, released with the call */
     /* every call counts against the run's quotas, denied ones included (reference section 5.6) */
     sb_store_quota_acquire(sb_current_worker->store, tok, on_quota, c);
+}
+
+/*
+ * The request body as one value in the call's zone: msgpack pre-checked and
+ * unpacked, or JSON. The one place a JSON request body is decoded (the
+ * one-pass codec replaces this function alone); either way the value obeys
+ * PROTOCOL.md section 1 (caps, strict UTF-8, unique string keys).
+ * @return SB_OK, SB_E_BAD_ARGS, SB_E_TOO_LARGE (nesting or node caps) or SB_E_NOMEM
+ */
+static sb_status_t decode_body(rpc_call_t *c, const char *body, size_t len, const char **why)
+{
+    sb_status_t st;
+
+    if (c->binary)
+        return sb_mp_decode((const uint8_t *)body, len, &c->zone, &c->root, why);
+    if ((st = sb_json_decode(body, len, &c->packed, why)) != SB_OK)
+        return st;
+    /* packed here from a jansson tree that already met every value rule: no second pre-check */
+    return sb_mp_decode_packed((const uint8_t *)c->packed.data, c->packed.size, &c->zone, &c->root);
 }
 
 static int is_msgpack(h2o_req_t *req)
@@ -306,13 +356,7 @@ int sb_rpc_on_req(h2o_handler_t *self, h2o_req_t *req)
         reply_error(c, SB_E_BAD_ARGS, c->binary ? "invalid msgpack body" : "invalid JSON body");
         return 0;
     }
-    if (c->binary) {
-        st = sb_mp_decode((const uint8_t *)req->entity.base, req->entity.len, &c->zone, &c->root, &why);
-    } else if ((st = sb_json_decode(req->entity.base, req->entity.len, &c->packed, &why)) == SB_OK) {
-        /* packed here from a jansson tree that already met every value rule: no second pre-check */
-        st = sb_mp_decode_packed((const uint8_t *)c->packed.data, c->packed.size, &c->zone, &c->root);
-    }
-    if (st != SB_OK) {
+    if ((st = decode_body(c, req->entity.base, req->entity.len, &why)) != SB_OK) {
         if (st == SB_E_NOMEM)
             reply_error(c, SB_E_EXECUTION, "out of memory decoding the body");
         else if (st == SB_E_TOO_LARGE)

@@ -12,6 +12,7 @@
 #include <msgpack.h>
 #include "sb/method.h"
 #include "sb/status.h"
+#include "call/call.h"
 #include "call/result.h"
 #include "store/store.h"
 
@@ -31,11 +32,12 @@ typedef struct st_sb_svc_env_t {
 } sb_svc_env_t;
 
 /**
- * Runs a granted call. The callback runs exactly once, possibly before this
- * returns. Handlers that outlive the call take their own token reference.
- * @param raw_method the method string as sent, for messages
+ * Runs a granted call. What the run's target does not wire answers
+ * not_implemented; then a call whose args the decoder refused answers that
+ * error (SB_CALL_ERR_ARGS), and only a whole call reaches a handler. The
+ * callback runs exactly once, possibly before this returns. `call` must stay
+ * valid until it has run.
  */
-void sb_dispatch(const sb_svc_env_t *env, sb_token_t *tok, const sb_method_t *m, const char *raw_method, size_t raw_len,
-                 const msgpack_object *args, int binary, sb_dispatch_cb cb, void *arg);
+void sb_dispatch(const sb_svc_env_t *env, sb_token_t *tok, const sb_call_t *call, sb_dispatch_cb cb, void *arg);
 
 #endif

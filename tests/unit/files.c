@@ -23,6 +23,7 @@
 #include "sb/limits.h"
 #include "svc/files/files_fs.h"
 #include "svc/files/files_path.h"
+#include "call/call.h"
 #include "svc/handlers.h"
 #include "util/util.h"
 
@@ -389,6 +390,8 @@ static void test_handler(void)
     sb_files_conf_t fc;
     sb_svc_env_t env;
     sb_method_t m;
+    sb_call_t call;
+    msgpack_zone zone;
     static uint8_t body[16384];
     uint64_t deadline;
 
@@ -429,8 +432,12 @@ static void test_handler(void)
         msgpack_unpacked_init(&up);
         if (msgpack_unpack_next(&up, sb.data, sb.size, NULL) != MSGPACK_UNPACK_SUCCESS)
             abort();
-        /* the args are gone as soon as the call returns, as a request's may be */
-        sb_files_handle(&env, &fc, tok, &m, &up.data, 1, on_result, NULL);
+        msgpack_zone_init(&zone, 1024);
+        if (sb_call_decode(&call, &m, "files.write", 11, &up.data, 1, &zone) != SB_OK)
+            abort();
+        /* the call is gone as soon as the handler returns: a job copies what it needs */
+        sb_files_handle(&env, &fc, tok, &call, on_result, NULL);
+        msgpack_zone_destroy(&zone);
         msgpack_unpacked_destroy(&up);
         msgpack_sbuffer_destroy(&sb);
     }
@@ -464,7 +471,11 @@ static void test_handler(void)
         if (msgpack_unpack_next(&up, sb.data, sb.size, NULL) != MSGPACK_UNPACK_SUCCESS)
             abort();
         ncb = nother = 0;
-        sb_files_handle(&env, &fc, bad, &m, &up.data, 1, on_result, NULL);
+        msgpack_zone_init(&zone, 1024);
+        if (sb_call_decode(&call, &m, "files.write", 11, &up.data, 1, &zone) != SB_OK)
+            abort();
+        sb_files_handle(&env, &fc, bad, &call, on_result, NULL);
+        msgpack_zone_destroy(&zone);
         ok(ncb == 1 && nother == 1, "a scope value of \"..\" is refused before any I/O");
         is_int(atomic_load(&bad->_refcnt), 1, "and the token reference is returned");
         sb_token_release(bad);

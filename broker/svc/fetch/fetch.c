@@ -24,9 +24,8 @@
 #include "sb/value.h"
 #include "util/util.h"
 
-#define MAX_REQ_HEADERS 64u
-#define MAX_REQ_HEADER_BYTES 65536u
-#define MAX_METHOD 32u
+#define MAX_REQ_HEADERS SB_CALL_MAX_FETCH_HEADERS
+#define MAX_METHOD SB_CALL_MAX_FETCH_METHOD
 
 struct st_sb_fetch_ctx_t {
     const sb_fetch_conf_t *conf;
@@ -151,53 +150,6 @@ static void on_deadline(h2o_timeout_entry_t *entry)
     fail(f, SB_E_EXECUTION, "http.fetch deadline exceeded (%llu ms)", (unsigned long long)f->ctx->conf->deadline_ms);
 }
 
-static int is_tchar(char c)
-{
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || strchr("!#$%&'*+-.^_`|~", c) != NULL;
-}
-
-static int is_token(const char *s, size_t n)
-{
-    if (n == 0)
-        return 0;
-    for (size_t i = 0; i < n; ++i)
-        if (s[i] == '\0' || !is_tchar(s[i]))
-            return 0;
-    return 1;
-}
-
-/* field values: visible ASCII, space, tab and obs-text; never CR, LF or NUL (no header injection) */
-static int is_field_value(const char *s, size_t n)
-{
-    for (size_t i = 0; i < n; ++i) {
-        unsigned char c = (unsigned char)s[i];
-        if ((c < 0x20 && c != '\t') || c == 0x7f)
-            return 0;
-    }
-    return 1;
-}
-
-/* headers the broker owns, or that could smuggle a second request (upstream's list, plus te/trailer/expect) */
-static int dropped_header(const char *name)
-{
-    static const char *drop[] = {"host",
-                                 "content-length",
-                                 "connection",
-                                 "transfer-encoding",
-                                 "keep-alive",
-                                 "upgrade",
-                                 "proxy-authorization",
-                                 "proxy-connection",
-                                 "te",
-                                 "trailer",
-                                 "expect",
-                                 NULL};
-    for (size_t i = 0; drop[i] != NULL; ++i)
-        if (strcmp(drop[i], name) == 0)
-            return 1;
-    return 0;
-}
-
 static void strip_credentials(fetch_t *f)
 {
     size_t o = 0;
@@ -213,128 +165,30 @@ static void strip_credentials(fetch_t *f)
     f->nheaders = o;
 }
 
-/* parses {url, method?, headers?, bodyBase64? | body?}; on error fills msg and returns SB_E_BAD_ARGS */
-static sb_status_t parse_args(fetch_t *f, const msgpack_object *args, char *msg, size_t msgsz)
+/*
+ * Takes the typed call's request (call/call.h): the URL parsed once, the one
+ * the check allowlisted, and the method, headers and body as decoded. Copied,
+ * because the hop machine changes them (a 303 drops the body, a hop to
+ * another origin drops credentials).
+ */
+static void take_request(fetch_t *f, const sb_call_fetch_t *c)
 {
-    const msgpack_object *url, *method, *headers, *b64, *bin;
-    const char *why = NULL;
-    size_t header_bytes = 0;
-
-    if (args == NULL || args->type != MSGPACK_OBJECT_MAP) {
-        snprintf(msg, msgsz, "http.fetch args must be an object");
-        return SB_E_BAD_ARGS;
+    f->url = c->url;
+    memcpy(f->method, c->method, sizeof(f->method));
+    for (size_t i = 0; i < c->nheaders && f->nheaders < MAX_REQ_HEADERS; ++i) {
+        req_header_t *h = &f->headers[f->nheaders++];
+        h->name = sb_mem_alloc(c->headers[i].name_len + 1);
+        memcpy(h->name, c->headers[i].name, c->headers[i].name_len + 1);
+        h->value = sb_mem_alloc(c->headers[i].value_len + 1);
+        if (c->headers[i].value_len != 0)
+            memcpy(h->value, c->headers[i].value, c->headers[i].value_len);
+        h->value[c->headers[i].value_len] = '\0';
     }
-    for (uint32_t i = 0; i < args->via.map.size; ++i) {
-        const msgpack_object *k = &args->via.map.ptr[i].key;
-        if (!sb_mp_str_is(k, "url") && !sb_mp_str_is(k, "method") && !sb_mp_str_is(k, "headers") &&
-            !sb_mp_str_is(k, "bodyBase64") && !sb_mp_str_is(k, "body")) {
-            snprintf(msg, msgsz, "http.fetch args has an unknown key");
-            return SB_E_BAD_ARGS;
-        }
+    if (c->body_len != 0) {
+        f->body = sb_mem_alloc(c->body_len);
+        memcpy(f->body, c->body, c->body_len);
     }
-    url = sb_mp_get(args, "url");
-    if (url == NULL || url->type != MSGPACK_OBJECT_STR ||
-        sb_url_parse(url->via.str.ptr, url->via.str.size, &f->url, &why) != SB_OK) {
-        snprintf(msg, msgsz, "http.fetch url is invalid: %s", why != NULL ? why : "missing or not a string");
-        return SB_E_BAD_ARGS;
-    }
-    method = sb_mp_get(args, "method");
-    if (method == NULL || method->type == MSGPACK_OBJECT_NIL) {
-        memcpy(f->method, "GET", 4);
-    } else {
-        if (method->type != MSGPACK_OBJECT_STR || method->via.str.size > MAX_METHOD ||
-            !is_token(method->via.str.ptr, method->via.str.size)) {
-            snprintf(msg, msgsz, "http.fetch method must be an HTTP token of at most %u characters", MAX_METHOD);
-            return SB_E_BAD_ARGS;
-        }
-        for (size_t i = 0; i < method->via.str.size; ++i) {
-            char c = method->via.str.ptr[i];
-            f->method[i] = c >= 'a' && c <= 'z' ? (char)(c - 'a' + 'A') : c;
-        }
-        f->method[method->via.str.size] = '\0';
-        if (strcmp(f->method, "CONNECT") == 0 || strcmp(f->method, "TRACE") == 0 || strcmp(f->method, "TRACK") == 0) {
-            snprintf(msg, msgsz, "http.fetch method %s is not allowed", f->method);
-            return SB_E_BAD_ARGS;
-        }
-    }
-    if ((headers = sb_mp_get(args, "headers")) != NULL && headers->type != MSGPACK_OBJECT_NIL) {
-        if (headers->type != MSGPACK_OBJECT_MAP) {
-            snprintf(msg, msgsz, "http.fetch headers must be an object");
-            return SB_E_BAD_ARGS;
-        }
-        for (uint32_t i = 0; i < headers->via.map.size; ++i) {
-            const msgpack_object *k = &headers->via.map.ptr[i].key, *v = &headers->via.map.ptr[i].val;
-            char *name;
-            if (v->type != MSGPACK_OBJECT_STR)
-                continue; /* upstream drops non-string values */
-            if (k->type != MSGPACK_OBJECT_STR || k->via.str.size > 256 || !is_token(k->via.str.ptr, k->via.str.size)) {
-                snprintf(msg, msgsz, "http.fetch header names must be HTTP tokens");
-                return SB_E_BAD_ARGS;
-            }
-            if (!is_field_value(v->via.str.ptr, v->via.str.size)) {
-                snprintf(msg, msgsz, "http.fetch header values must not contain control characters");
-                return SB_E_BAD_ARGS;
-            }
-            header_bytes += k->via.str.size + v->via.str.size + 4;
-            if (f->nheaders == MAX_REQ_HEADERS || header_bytes > MAX_REQ_HEADER_BYTES) {
-                snprintf(msg, msgsz, "http.fetch headers exceed %u entries or %u bytes", MAX_REQ_HEADERS, MAX_REQ_HEADER_BYTES);
-                return SB_E_BAD_ARGS;
-            }
-            name = sb_mem_alloc(k->via.str.size + 1);
-            for (size_t j = 0; j < k->via.str.size; ++j) {
-                char c = k->via.str.ptr[j];
-                name[j] = c >= 'A' && c <= 'Z' ? (char)(c - 'A' + 'a') : c;
-            }
-            name[k->via.str.size] = '\0';
-            if (dropped_header(name)) {
-                free(name);
-                continue;
-            }
-            f->headers[f->nheaders].name = name;
-            f->headers[f->nheaders].value = sb_mem_alloc(v->via.str.size + 1);
-            memcpy(f->headers[f->nheaders].value, v->via.str.ptr, v->via.str.size);
-            f->headers[f->nheaders].value[v->via.str.size] = '\0';
-            ++f->nheaders;
-        }
-    }
-    b64 = sb_mp_get(args, "bodyBase64");
-    bin = sb_mp_get(args, "body");
-    if (b64 != NULL && bin != NULL) {
-        snprintf(msg, msgsz, "http.fetch takes body or bodyBase64, not both");
-        return SB_E_BAD_ARGS;
-    }
-    if (b64 != NULL && b64->type != MSGPACK_OBJECT_NIL) {
-        if (b64->type != MSGPACK_OBJECT_STR) {
-            snprintf(msg, msgsz, "http.fetch bodyBase64 must be a base64 string");
-            return SB_E_BAD_ARGS;
-        }
-        if (b64->via.str.size > SB_MAX_HTTP_BODY_B64) {
-            snprintf(msg, msgsz, "http.fetch request body exceeds %u-byte cap", SB_MAX_HTTP_BODY);
-            return SB_E_BAD_ARGS;
-        }
-        if (b64->via.str.size != 0) {
-            f->body = sb_mem_alloc(b64->via.str.size / 4 * 3 + 3);
-            if (sb_b64_decode(b64->via.str.ptr, b64->via.str.size, f->body, &f->body_len) != SB_OK) {
-                snprintf(msg, msgsz, "http.fetch bodyBase64 must be a base64 string");
-                return SB_E_BAD_ARGS;
-            }
-        }
-    } else if (bin != NULL && bin->type != MSGPACK_OBJECT_NIL) {
-        if (bin->type != MSGPACK_OBJECT_BIN && bin->type != MSGPACK_OBJECT_STR) {
-            snprintf(msg, msgsz, "http.fetch body must be bin or str");
-            return SB_E_BAD_ARGS;
-        }
-        f->body_len = bin->via.bin.size;
-        if (f->body_len != 0) {
-            f->body = sb_mem_alloc(f->body_len);
-            memcpy(f->body, bin->via.bin.ptr, f->body_len);
-        }
-    }
-    if (f->body_len > SB_MAX_HTTP_BODY) {
-        snprintf(msg, msgsz, "http.fetch request body exceeds %u-byte cap", SB_MAX_HTTP_BODY);
-        return SB_E_BAD_ARGS;
-    }
-    return SB_OK;
+    f->body_len = c->body_len;
 }
 
 static void build_request(fetch_t *f)
@@ -639,7 +493,7 @@ static void start_hop(fetch_t *f)
     if (f->decision != NULL)
         f->decision->url = f->url;
     /* the first URL passed the capability check; every redirect target must pass it again */
-    if (f->hop != 0 && f->tok != NULL && !sb_authz_net_allows(f->tok->manifest, &f->url)) {
+    if (f->hop != 0 && f->tok != NULL && !sb_authz_fetch_allows(f->tok->manifest, &f->url, f->method)) {
         char hp[SB_URL_MAX_HOST + 16];
         sb_url_hostport(&f->url, hp, sizeof(hp));
         sb_metrics_egress("redirect leaves the net allowlist", 0);
@@ -695,29 +549,26 @@ static void on_fetch_quota(void *arg, sb_status_t st, const char *why)
     start_hop(f);
 }
 
-void sb_fetch_start(sb_fetch_ctx_t *ctx, sb_store_conn_t *store, sb_token_t *tok, const msgpack_object *args, int binary,
-                    sb_dispatch_cb cb, void *arg)
+void sb_fetch_start(sb_fetch_ctx_t *ctx, sb_store_conn_t *store, sb_token_t *tok, const sb_call_t *call, sb_dispatch_cb cb,
+                    void *arg)
 {
-    fetch_t *f = sb_mem_calloc(1, sizeof(*f));
-    sb_result_t res;
+    fetch_t *f;
 
+    if (call->fetch == NULL) {
+        sb_answer_error(cb, arg, SB_E_BAD_ARGS, "http.fetch url is invalid: missing or not a string");
+        return;
+    }
+    f = sb_mem_calloc(1, sizeof(*f));
     ++ctx->live;
     f->ctx = ctx;
     f->store = store;
-    f->binary = binary;
+    f->binary = call->binary;
     f->cb = cb;
     f->arg = arg;
     sb_token_addref(tok);
     f->tok = tok;
     f->deadline.cb = on_deadline;
-    sb_result_init(&res);
-    if (parse_args(f, args, res.message, sizeof(res.message)) != SB_OK) {
-        res.status = SB_E_BAD_ARGS;
-        cb(arg, &res);
-        sb_result_dispose(&res);
-        free_fetch(f);
-        return;
-    }
+    take_request(f, call->fetch);
     if (store != NULL) {
         sb_store_quota_fetch_check(store, tok, on_fetch_quota, f);
         return;
@@ -744,7 +595,7 @@ void sb_egress_check(sb_fetch_ctx_t *ctx, const sb_manifest_t *m, const char *ur
         return;
     }
     f->decision->url = f->url;
-    if (m != NULL && !sb_authz_net_allows(m, &f->url)) {
+    if (m != NULL && !sb_authz_fetch_allows(m, &f->url, "GET")) {
         char hp[SB_URL_MAX_HOST + 16];
         sb_url_hostport(&f->url, hp, sizeof(hp));
         fail(f, SB_E_FORBIDDEN, "http.fetch host \"%s\" is not in the net allowlist", hp);

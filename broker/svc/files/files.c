@@ -8,12 +8,13 @@
  *   write {path, content | contentBase64} -> {path, size}
  *   list  {path?}                         -> {entries: [{path, type, size}], truncated}
  *
- * The capability check has already matched args.path against the manifest's
- * globs; nothing here trusts that. The path is normalised again and held to
- * the storage shape (sb_files_guest_path), the root comes from the target's
- * template and the token's own scope values (never from args: upstream's
- * "scope" argument, like "title" and "mime_type", is accepted and ignored),
- * and the kernel confines every open to the root (files_fs.c).
+ * The path is the typed call's (call/call.h): decoded once, in the normal
+ * form the capability check matched against the manifest's globs and held to
+ * the storage shape by the decoder, so the path opened is byte for byte the
+ * path granted (nothing here normalises it again). The root comes from the
+ * target's template and the token's own scope values (never from args:
+ * upstream's "scope" argument, like "title" and "mime_type", is accepted and
+ * ignored), and the kernel confines every open to the root (files_fs.c).
  *
  * Why a worker pool: measured on the development VM's ext4, an atomic write
  * (create, write, fsync, rename, fsync of the directory) of 16 bytes to
@@ -349,123 +350,32 @@ static loop_ctx_t *loop_ctx(h2o_loop_t *loop)
 
 /* ---- arguments (loop thread) ---------------------------------------------------------------------------------------- */
 
-static const char *op_name(sb_method_op_t op)
+/*
+ * Takes the call's decoded args (call/call.h): the path is the one the check
+ * matched, byte for byte, already held to the storage shape. Only the
+ * target's own cap is checked here. Copied: the job may run after the
+ * request is gone.
+ */
+static SB_WARN_UNUSED sb_status_t take_args(files_job_t *job, const sb_call_files_t *f)
 {
-    return op == SB_OP_READ ? "files.read" : op == SB_OP_WRITE ? "files.write" : "files.list";
-}
-
-static int only_keys(const msgpack_object *args, const char *const *known)
-{
-    for (uint32_t i = 0; i != args->via.map.size; ++i) {
-        const msgpack_object *k = &args->via.map.ptr[i].key;
-        size_t j = 0;
-        while (known[j] != NULL && !sb_mp_str_is(k, known[j]))
-            ++j;
-        if (known[j] == NULL)
-            return 0;
-    }
-    return 1;
-}
-
-/* a key whose value is nil counts as absent, as the check treats it */
-static const msgpack_object *arg_get(const msgpack_object *args, const char *key)
-{
-    const msgpack_object *v = args != NULL ? sb_mp_get(args, key) : NULL;
-    return v != NULL && v->type != MSGPACK_OBJECT_NIL ? v : NULL;
-}
-
-static SB_WARN_UNUSED sb_status_t parse_content(files_job_t *job, const msgpack_object *args)
-{
-    const msgpack_object *c = arg_get(args, "content"), *b = arg_get(args, "contentBase64");
-
-    if ((c == NULL) == (b == NULL)) {
-        fail(job, SB_E_BAD_ARGS, "files.write takes content or contentBase64, exactly one");
-        return job->res.status;
-    }
-    if (c != NULL) {
-        const char *p;
-        size_t n;
-        if (c->type == MSGPACK_OBJECT_STR) {
-            p = c->via.str.ptr;
-            n = c->via.str.size;
-        } else if (c->type == MSGPACK_OBJECT_BIN) {
-            p = c->via.bin.ptr;
-            n = c->via.bin.size;
-        } else {
-            fail(job, SB_E_BAD_ARGS, "files.write content must be a string or bin");
-            return job->res.status;
-        }
-        if (n > job->max_write) {
-            fail(job, SB_E_BAD_ARGS, "files.write content exceeds %zu-byte cap", job->max_write);
-            return job->res.status;
-        }
-        if (n != 0) {
-            job->content = sb_mem_alloc(n);
-            memcpy(job->content, p, n);
-        }
-        job->content_len = n;
-        return SB_OK;
-    }
-    if (b->type != MSGPACK_OBJECT_STR) {
-        fail(job, SB_E_BAD_ARGS, "files.write contentBase64 must be a base64 string");
-        return job->res.status;
-    }
-    /* bound before allocating: the base64 of max_write bytes is 4 * ceil(max_write / 3) characters */
-    if (b->via.str.size / 4 > (job->max_write + 2) / 3) {
-        fail(job, SB_E_BAD_ARGS, "files.write content exceeds %zu-byte cap", job->max_write);
-        return job->res.status;
-    }
-    if (b->via.str.size != 0) {
-        job->content = sb_mem_alloc(b->via.str.size / 4 * 3 + 3);
-        if (sb_b64_decode(b->via.str.ptr, b->via.str.size, job->content, &job->content_len) != SB_OK) {
-            fail(job, SB_E_BAD_ARGS, "files.write contentBase64 must be a base64 string");
-            return job->res.status;
-        }
-    }
-    if (job->content_len > job->max_write) {
-        fail(job, SB_E_BAD_ARGS, "files.write content exceeds %zu-byte cap", job->max_write);
-        return job->res.status;
-    }
-    return SB_OK;
-}
-
-static SB_WARN_UNUSED sb_status_t parse_args(files_job_t *job, const msgpack_object *args)
-{
-    static const char *const path_keys[] = {"path", "scope", NULL};
-    static const char *const write_keys[] = {"path", "content", "contentBase64", "title", "mime_type", "scope", NULL};
-    const char *name = op_name(job->op), *why = NULL;
-    const msgpack_object *p;
-
-    if (args != NULL && args->type == MSGPACK_OBJECT_NIL)
-        args = NULL;
-    if (args != NULL && args->type != MSGPACK_OBJECT_MAP) {
-        fail(job, SB_E_BAD_ARGS, "%s args must be an object", name);
-        return job->res.status;
-    }
-    if (args != NULL && !only_keys(args, job->op == SB_OP_WRITE ? write_keys : path_keys)) {
-        fail(job, SB_E_BAD_ARGS, "%s args has an unknown key", name);
-        return job->res.status;
-    }
-    if ((p = arg_get(args, "path")) == NULL) {
-        /* only files.list may name no path (the root); the check refused the others already */
-        if (job->op != SB_OP_LIST) {
-            fail(job, SB_E_FORBIDDEN, "%s", SB_PATH_WHY_UNSAFE);
-            return job->res.status;
-        }
-    } else {
-        if (p->type != MSGPACK_OBJECT_STR ||
-            sb_path_normalize(p->via.str.ptr, p->via.str.size, job->path, sizeof(job->path)) != SB_OK) {
-            fail(job, SB_E_FORBIDDEN, "%s", SB_PATH_WHY_UNSAFE);
-            return job->res.status;
-        }
-        if (sb_path_storage_check(job->path, strlen(job->path), &why) != SB_OK) {
-            fail(job, SB_E_FORBIDDEN, "%s", why);
-            return job->res.status;
-        }
+    if (f->has_path) {
+        memcpy(job->path, f->path, f->path_len + 1);
         job->has_path = 1;
+    } else if (job->op != SB_OP_LIST) {
+        fail(job, SB_E_FORBIDDEN, "%s", SB_PATH_WHY_UNSAFE);
+        return job->res.status;
     }
-    if (job->op == SB_OP_WRITE)
-        return parse_content(job, args);
+    if (job->op != SB_OP_WRITE)
+        return SB_OK;
+    if (f->content_len > job->max_write) {
+        fail(job, SB_E_BAD_ARGS, "files.write content exceeds %zu-byte cap", job->max_write);
+        return job->res.status;
+    }
+    if (f->content_len != 0) {
+        job->content = sb_mem_alloc(f->content_len);
+        memcpy(job->content, f->content, f->content_len);
+    }
+    job->content_len = f->content_len;
     return SB_OK;
 }
 
@@ -476,9 +386,10 @@ static const char *scope_lookup(void *ctx, const char *key)
 
 /* ---- entry ---------------------------------------------------------------------------------------------------------- */
 
-void sb_files_handle(const sb_svc_env_t *env, const sb_files_conf_t *fc, sb_token_t *tok, const sb_method_t *m,
-                     const msgpack_object *args, int binary, sb_dispatch_cb cb, void *arg)
+void sb_files_handle(const sb_svc_env_t *env, const sb_files_conf_t *fc, sb_token_t *tok, const sb_call_t *call, sb_dispatch_cb cb,
+                     void *arg)
 {
+    const sb_method_t *m = &call->m;
     files_job_t *job = sb_mem_calloc(1, sizeof(*job));
     const char *why = NULL;
     sb_status_t st;
@@ -487,7 +398,7 @@ void sb_files_handle(const sb_svc_env_t *env, const sb_files_conf_t *fc, sb_toke
     sb_token_addref(tok);
     job->tok = tok;
     job->op = m->op;
-    job->binary = binary;
+    job->binary = call->binary;
     job->cb = cb;
     job->arg = arg;
     /* copied: the configuration is freed at exit, possibly while a detached pool thread still runs */
@@ -495,11 +406,11 @@ void sb_files_handle(const sb_svc_env_t *env, const sb_files_conf_t *fc, sb_toke
     job->max_write = fc->max_write;
     job->max_entries = fc->max_entries;
 
-    if (m->kind != SB_MK_FILES || (m->op != SB_OP_READ && m->op != SB_OP_WRITE && m->op != SB_OP_LIST)) {
+    if (m->kind != SB_MK_FILES || (m->op != SB_OP_READ && m->op != SB_OP_WRITE && m->op != SB_OP_LIST) || call->files == NULL) {
         fail(job, SB_E_NOT_IMPLEMENTED, "files operation has no host handler");
         goto Answer;
     }
-    if (parse_args(job, args) != SB_OK)
+    if (take_args(job, call->files) != SB_OK)
         goto Answer;
     if ((st = sb_files_root_expand(fc->root, scope_lookup, tok, job->root, sizeof(job->root), &why)) != SB_OK) {
         fail(job, st, "%s", why);

@@ -134,70 +134,29 @@ static int on_data_step(job_t *job, PGresult *res, const char *err)
 
 /* ---- the handler ------------------------------------------------------------------------------------------------- */
 
-/* the namespace a document-store call names: store.<ns>.op, or args.where.store / args.data.store */
-static int store_namespace(const sb_method_t *m, const msgpack_object *args, char *out, size_t outsz)
-{
-    const msgpack_object *v = NULL;
-    if (m->kind == SB_MK_STORE) {
-        if (m->name_len >= outsz)
-            return -1;
-        memcpy(out, m->name, m->name_len);
-        out[m->name_len] = '\0';
-        return 0;
-    }
-    if (m->op == SB_OP_CREATE)
-        v = sb_mp_get(sb_mp_get(args, "data"), "store");
-    else if ((v = sb_mp_get(sb_mp_get(args, "where"), "store")) != NULL && v->type == MSGPACK_OBJECT_MAP)
-        v = sb_mp_get(v, "equals");
-    if (v == NULL || v->type != MSGPACK_OBJECT_STR || v->via.str.size == 0 || v->via.str.size >= outsz)
-        return -1;
-    memcpy(out, v->via.str.ptr, v->via.str.size);
-    out[v->via.str.size] = '\0';
-    return 0;
-}
-
-void sb_pg_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok, const sb_method_t *m, const msgpack_object *args,
-                  int binary, sb_dispatch_cb cb, void *arg)
+/*
+ * collections.<name>.*, store.<ns>.*, collections.document_store.*: dispatch
+ * found the collection declared (or the document store wired) and the args
+ * whole. The namespace of a document-store call is the one the check
+ * granted (call->data->ns); the builder clamps every statement to it.
+ */
+void sb_pg_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok, const sb_call_t *call, sb_dispatch_cb cb,
+                  void *arg)
 {
     sb_pg_pool_t *p = env->pg;
+    const sb_method_t *m = &call->m;
+    const sb_call_data_t *d = call->data;
     const target_schema_t *ts;
     const sb_pg_coll_t *coll = NULL;
-    char ns[SB_MAX_METHOD_LEN + 1], err[400];
-    const char *store_ns = NULL;
+    char err[400];
     job_t *job;
     sb_status_t st;
-    int docstore = m->kind == SB_MK_STORE || (m->name_len == 14 && memcmp(m->name, "document_store", 14) == 0);
 
-    if (docstore && t->document_store == NULL) {
-        if (m->kind == SB_MK_STORE)
-            snprintf(err, sizeof(err), "store.%.*s.%s has no host handler", (int)m->name_len, m->name, sb_method_op_name(m->op));
-        else
-            snprintf(err, sizeof(err), "collections.document_store.%s has no host handler", sb_method_op_name(m->op));
-        sb_answer_error(cb, arg, SB_E_NOT_IMPLEMENTED, "%s", err);
-        return;
-    }
-    if (!docstore) {
-        size_t i = 0;
-        while (i < t->ncollections &&
-               !(strlen(t->collections[i].name) == m->name_len && memcmp(t->collections[i].name, m->name, m->name_len) == 0))
-            ++i;
-        if (i == t->ncollections) {
-            snprintf(err, sizeof(err), "collections.%.*s.%s has no host handler", (int)m->name_len, m->name,
-                     sb_method_op_name(m->op));
-            sb_answer_error(cb, arg, SB_E_NOT_IMPLEMENTED, "%s", err);
-            return;
-        }
-    }
     if (!sb_pg_pool_healthy(p) || (ts = sb_pg__schema_of(p, t)) == NULL) {
         sb_answer_error(cb, arg, SB_E_UNAVAILABLE, "the database is unavailable");
         return;
     }
-    if (docstore) {
-        if (store_namespace(m, args, ns, sizeof(ns)) != 0) {
-            sb_answer_error(cb, arg, SB_E_FORBIDDEN, "document_store namespace is missing or invalid");
-            return;
-        }
-        store_ns = ns;
+    if (d->docstore) {
         coll = ts->docstore;
     } else {
         for (size_t i = 0; i < ts->ncolls; ++i)
@@ -214,7 +173,7 @@ void sb_pg_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok
     }
     job = sb_mem_calloc(1, sizeof(*job));
     sb_sql_init(&job->q);
-    if ((st = sb_pg_build(coll, m->op, args, tok, store_ns, binary, &job->q, err, sizeof(err))) != SB_OK) {
+    if ((st = sb_pg_build(coll, m->op, d, tok, call->binary, &job->q, err, sizeof(err))) != SB_OK) {
         sb_pg__free_job(job);
         sb_answer_error(cb, arg, st, "%s", err);
         return;
@@ -223,7 +182,7 @@ void sb_pg_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok
     job->tok = tok;
     job->coll = coll;
     job->op = m->op;
-    job->binary = binary;
+    job->binary = call->binary;
     job->dcb = cb;
     job->arg = arg;
     job->cb = on_data_step;

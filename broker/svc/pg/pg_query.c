@@ -4,8 +4,11 @@
  *   where  := { <field>: <value> | { <op>: <value>, ... }, "and": [where...], "or": [where...] }
  *   op     := equals | not_equals | gt | gte | lt | lte | in | not_in | like | contains | exists
  *
- * Fields are looked up among the collection's columns (byte comparison, the
- * allowlist applied); each value is a $n parameter cast to the column's type;
+ * The where tree, the data fields, sort and select come decoded and
+ * shape-checked from the typed call (call/call.h, call/where.h); here every
+ * field is looked up among the collection's columns (byte comparison, the
+ * allowlist applied; an unknown one is refused naming it, cut on a code point
+ * boundary); each value is a $n parameter cast to the column's type;
  * the scope clamp ("tenant_id" = $n for every binding) is ANDed to every
  * statement outside the guest's parentheses, so no "or" can escape it.
  */
@@ -52,7 +55,6 @@ typedef struct st_build_t {
     int binary;
     char *err;
     size_t errsz;
-    unsigned conditions;
     int overflow;
 } build_t;
 
@@ -222,21 +224,25 @@ static sb_status_t emit_param(build_t *b, const sb_pg_col_t *col, const msgpack_
     return SB_OK;
 }
 
-static int key_is(const msgpack_object *k, const char *s)
+/* the column a guest field names, or NULL after the error naming the field (cut on a code point boundary) */
+static const sb_pg_col_t *field_col(build_t *b, const char *what, const char *name, size_t len)
 {
-    return sb_mp_str_is(k, s);
+    const sb_pg_col_t *col = find_col(b->c, name, len);
+    if (col == NULL)
+        fail(b, "%s \"%.*s\"", what, (int)sb_utf8_cut(name, len, SB_WHERE_ECHO_FIELD), name);
+    return col;
 }
 
-static sb_status_t where_expr(build_t *b, const msgpack_object *w, unsigned depth);
-
-static sb_status_t field_op(build_t *b, const sb_pg_col_t *col, const char *op, size_t oplen, const msgpack_object *v)
+/* one condition; its shape was checked by the decoder (call/where.c), the value's type is checked against the column here */
+static sb_status_t field_op(build_t *b, const sb_pg_col_t *col, const sb_where_t *w)
 {
+    const msgpack_object *v = w->value;
     sb_status_t st;
-#define OP(s) (oplen == sizeof(s) - 1 && memcmp(op, s, oplen) == 0)
-    if (++b->conditions > SB_PG_MAX_CONDITIONS)
-        return fail(b, "where has more than %u conditions", SB_PG_MAX_CONDITIONS);
-    if (OP("equals") || OP("not_equals")) {
-        int eq = OP("equals");
+
+    switch (w->op) {
+    case SB_WOP_EQUALS:
+    case SB_WOP_NOT_EQUALS: {
+        int eq = w->op == SB_WOP_EQUALS;
         if (v->type == MSGPACK_OBJECT_NIL) {
             emit(b, "\"%s\" IS %sNULL", col->name, eq ? "" : "NOT ");
             return SB_OK;
@@ -244,26 +250,21 @@ static sb_status_t field_op(build_t *b, const sb_pg_col_t *col, const char *op, 
         emit(b, "\"%s\" %s ", col->name, eq ? "=" : "IS DISTINCT FROM");
         return emit_param(b, col, v);
     }
-    if (OP("gt") || OP("gte") || OP("lt") || OP("lte")) {
-        const char *sym = OP("gt") ? ">" : OP("gte") ? ">=" : OP("lt") ? "<" : "<=";
-        if (v->type == MSGPACK_OBJECT_NIL || v->type == MSGPACK_OBJECT_MAP || v->type == MSGPACK_OBJECT_ARRAY)
-            return fail(b, "operator \"%.*s\" on \"%s\" needs a scalar", (int)oplen, op, col->name);
-        emit(b, "\"%s\" %s ", col->name, sym);
+    case SB_WOP_GT:
+    case SB_WOP_GTE:
+    case SB_WOP_LT:
+    case SB_WOP_LTE:
+        emit(b, "\"%s\" %s ", col->name, w->op == SB_WOP_GT ? ">" : w->op == SB_WOP_GTE ? ">=" : w->op == SB_WOP_LT ? "<" : "<=");
         return emit_param(b, col, v);
-    }
-    if (OP("in") || OP("not_in")) {
-        if (v->type != MSGPACK_OBJECT_ARRAY || v->via.array.size > SB_PG_MAX_IN)
-            return fail(b, "operator \"%.*s\" on \"%s\" needs an array of at most %u values", (int)oplen, op, col->name,
-                        SB_PG_MAX_IN);
+    case SB_WOP_IN:
+    case SB_WOP_NOT_IN:
         if (v->via.array.size == 0) {
             /* x IN () is not SQL; its meaning is plain */
-            emit(b, OP("in") ? "FALSE" : "TRUE");
+            emit(b, w->op == SB_WOP_IN ? "FALSE" : "TRUE");
             return SB_OK;
         }
-        emit(b, "\"%s\" %s (", col->name, OP("in") ? "IN" : "NOT IN");
+        emit(b, "\"%s\" %s (", col->name, w->op == SB_WOP_IN ? "IN" : "NOT IN");
         for (uint32_t i = 0; i < v->via.array.size; ++i) {
-            if (v->via.array.ptr[i].type == MSGPACK_OBJECT_NIL)
-                return fail(b, "operator \"%.*s\" on \"%s\" cannot hold null", (int)oplen, op, col->name);
             if (i != 0)
                 emit(b, ", ");
             if ((st = emit_param(b, col, &v->via.array.ptr[i])) != SB_OK)
@@ -271,14 +272,12 @@ static sb_status_t field_op(build_t *b, const sb_pg_col_t *col, const char *op, 
         }
         emit(b, ")");
         return SB_OK;
-    }
-    if (OP("like") || OP("contains")) {
+    case SB_WOP_LIKE:
+    case SB_WOP_CONTAINS: {
         char *text, *esc;
         size_t o = 0;
         int n;
-        if (v->type != MSGPACK_OBJECT_STR || memchr(v->via.str.ptr, 0, v->via.str.size) != NULL)
-            return fail(b, "operator \"%.*s\" on \"%s\" needs a string", (int)oplen, op, col->name);
-        if (OP("like")) {
+        if (w->op == SB_WOP_LIKE) {
             text = dup_n(v->via.str.ptr, v->via.str.size);
         } else {
             /* contains: the guest's text is literal, so LIKE's own wildcards are escaped */
@@ -296,85 +295,54 @@ static sb_status_t field_op(build_t *b, const sb_pg_col_t *col, const char *op, 
         }
         if ((n = add_param(b, text)) == 0)
             return fail(b, "too many parameters");
-        emit(b, "\"%s\"::text %s $%d::text", col->name, OP("like") ? "LIKE" : "ILIKE", n);
+        emit(b, "\"%s\"::text %s $%d::text", col->name, w->op == SB_WOP_LIKE ? "LIKE" : "ILIKE", n);
         return SB_OK;
     }
-    if (OP("exists")) {
-        if (v->type != MSGPACK_OBJECT_BOOLEAN)
-            return fail(b, "operator \"exists\" on \"%s\" needs true or false", col->name);
+    case SB_WOP_EXISTS:
         emit(b, "\"%s\" IS %sNULL", col->name, v->via.boolean ? "NOT " : "");
         return SB_OK;
+    default:
+        return fail(b, "unknown operator \"%s\" on \"%s\"", sb_where_op_name(w->op), col->name);
     }
-#undef OP
-    return fail(b, "unknown operator \"%.*s\" on \"%s\"", (int)(oplen > 32 ? 32 : oplen), op, col->name);
 }
 
-static sb_status_t where_list(build_t *b, const msgpack_object *list, const char *joiner, unsigned depth)
+/* the guest's where, node for node: every map, list and operator group keeps its own parentheses */
+static sb_status_t where_expr(build_t *b, const sb_where_t *w)
 {
-    sb_status_t st;
-    if (list->type != MSGPACK_OBJECT_ARRAY || list->via.array.size == 0 || list->via.array.size > SB_PG_MAX_CONDITIONS)
-        return fail(b, "where.%s needs a non-empty array of conditions", joiner[1] == 'A' ? "and" : "or");
-    emit(b, "(");
-    for (uint32_t i = 0; i < list->via.array.size; ++i) {
-        if (i != 0)
-            emit(b, "%s", joiner);
-        if ((st = where_expr(b, &list->via.array.ptr[i], depth + 1)) != SB_OK)
-            return st;
-    }
-    emit(b, ")");
-    return SB_OK;
-}
-
-static sb_status_t where_expr(build_t *b, const msgpack_object *w, unsigned depth)
-{
+    const sb_pg_col_t *col;
     sb_status_t st;
 
-    if (depth > SB_PG_MAX_WHERE_DEPTH)
-        return fail(b, "where is nested deeper than %u", SB_PG_MAX_WHERE_DEPTH);
-    if (w->type != MSGPACK_OBJECT_MAP)
-        return fail(b, "where must be an object");
-    if (w->via.map.size == 0) {
-        emit(b, "TRUE");
+    switch (w->kind) {
+    case SB_WHERE_ALL:
+    case SB_WHERE_AND:
+    case SB_WHERE_OR:
+    case SB_WHERE_OPS:
+        if (w->n == 0) {
+            emit(b, "TRUE");
+            return SB_OK;
+        }
+        col = NULL;
+        if (w->kind == SB_WHERE_OPS && (col = field_col(b, "unknown field", w->field, w->field_len)) == NULL)
+            return SB_E_BAD_ARGS;
+        emit(b, "(");
+        for (uint32_t i = 0; i < w->n; ++i) {
+            if (i != 0)
+                emit(b, "%s", w->kind == SB_WHERE_OR ? " OR " : " AND ");
+            if (w->kind == SB_WHERE_OPS)
+                st = field_op(b, col, &w->v[i]);
+            else
+                st = where_expr(b, &w->v[i]);
+            if (st != SB_OK)
+                return st;
+        }
+        emit(b, ")");
         return SB_OK;
+    case SB_WHERE_COND:
+        if ((col = field_col(b, "unknown field", w->field, w->field_len)) == NULL)
+            return SB_E_BAD_ARGS;
+        return field_op(b, col, w);
     }
-    emit(b, "(");
-    for (uint32_t i = 0; i < w->via.map.size; ++i) {
-        const msgpack_object *k = &w->via.map.ptr[i].key, *v = &w->via.map.ptr[i].val;
-        const sb_pg_col_t *col;
-        if (i != 0)
-            emit(b, " AND ");
-        if (k->type != MSGPACK_OBJECT_STR)
-            return fail(b, "where keys must be strings");
-        if (key_is(k, "and") || key_is(k, "or")) {
-            if ((st = where_list(b, v, key_is(k, "and") ? " AND " : " OR ", depth)) != SB_OK)
-                return st;
-            continue;
-        }
-        if ((col = find_col(b->c, k->via.str.ptr, k->via.str.size)) == NULL)
-            return fail(b, "unknown field \"%.*s\"", (int)(k->via.str.size > 64 ? 64 : k->via.str.size), k->via.str.ptr);
-        /* an object holds operators (a JSON value to compare goes under "equals") */
-        if (v->type == MSGPACK_OBJECT_MAP) {
-            if (v->via.map.size == 0)
-                return fail(b, "where.%s has no operator", col->name);
-            emit(b, "(");
-            for (uint32_t j = 0; j < v->via.map.size; ++j) {
-                const msgpack_object *ok = &v->via.map.ptr[j].key;
-                if (j != 0)
-                    emit(b, " AND ");
-                if (ok->type != MSGPACK_OBJECT_STR)
-                    return fail(b, "operators must be strings");
-                if ((st = field_op(b, col, ok->via.str.ptr, ok->via.str.size, &v->via.map.ptr[j].val)) != SB_OK)
-                    return st;
-            }
-            emit(b, ")");
-        } else {
-            /* a bare value means equals */
-            if ((st = field_op(b, col, "equals", 6, v)) != SB_OK)
-                return st;
-        }
-    }
-    emit(b, ")");
-    return SB_OK;
+    return fail(b, "where is malformed");
 }
 
 /* AND the scope clamp (and the store namespace) onto the statement */
@@ -408,20 +376,16 @@ static sb_status_t emit_clamp(build_t *b, const sb_token_t *tok, const char *sto
     return SB_OK;
 }
 
-static void emit_columns(build_t *b, const msgpack_object *select)
+static void emit_columns(build_t *b, const sb_call_data_t *d)
 {
     int first = 1;
     for (size_t i = 0; i < b->c->ncols; ++i) {
         const sb_pg_col_t *col = &b->c->cols[i];
-        if (select != NULL) {
+        if (d != NULL && d->has_select) {
             int wanted = 0;
-            if (select->type == MSGPACK_OBJECT_ARRAY) {
-                for (uint32_t k = 0; k < select->via.array.size; ++k)
-                    wanted |= sb_mp_str_is(&select->via.array.ptr[k], col->name);
-            } else {
-                const msgpack_object *s = sb_mp_get(select, col->name);
-                wanted = s != NULL && s->type == MSGPACK_OBJECT_BOOLEAN && s->via.boolean;
-            }
+            for (size_t k = 0; k < d->nselect && !wanted; ++k)
+                wanted = d->select[k].wanted && strlen(col->name) == d->select[k].len &&
+                         memcmp(col->name, d->select[k].name, d->select[k].len) == 0;
             if (!wanted && strcmp(col->name, b->c->key) != 0)
                 continue;
         }
@@ -430,114 +394,38 @@ static void emit_columns(build_t *b, const msgpack_object *select)
     }
 }
 
-static sb_status_t check_select(build_t *b, const msgpack_object *select)
+static sb_status_t check_select(build_t *b, const sb_call_data_t *d)
 {
-    if (select == NULL || select->type == MSGPACK_OBJECT_NIL)
-        return SB_OK;
-    if (select->type == MSGPACK_OBJECT_ARRAY) {
-        for (uint32_t i = 0; i < select->via.array.size; ++i) {
-            const msgpack_object *s = &select->via.array.ptr[i];
-            if (s->type != MSGPACK_OBJECT_STR)
-                return fail(b, "select entries must be field names");
-            if (find_col(b->c, s->via.str.ptr, s->via.str.size) == NULL)
-                return fail(b, "select names an unknown field \"%.*s\"", (int)(s->via.str.size > 64 ? 64 : s->via.str.size),
-                            s->via.str.ptr);
-        }
-        return SB_OK;
-    }
-    if (select->type == MSGPACK_OBJECT_MAP) {
-        for (uint32_t i = 0; i < select->via.map.size; ++i) {
-            const msgpack_object *k = &select->via.map.ptr[i].key;
-            if (k->type != MSGPACK_OBJECT_STR || find_col(b->c, k->via.str.ptr, k->via.str.size) == NULL)
-                return fail(b, "select names an unknown field \"%.*s\"", (int)(k->via.str.size > 64 ? 64 : k->via.str.size),
-                            k->via.str.ptr);
-        }
-        return SB_OK;
-    }
-    return fail(b, "select must be an array of field names or an object");
+    for (size_t i = 0; d->has_select && i < d->nselect; ++i)
+        if (field_col(b, "select names an unknown field", d->select[i].name, d->select[i].len) == NULL)
+            return SB_E_BAD_ARGS;
+    return SB_OK;
 }
 
-static sb_status_t emit_sort(build_t *b, const msgpack_object *sort)
+static sb_status_t emit_sort(build_t *b, const sb_call_data_t *d)
 {
-    const msgpack_object *items = sort;
-    uint32_t n = 1;
-
-    if (sort == NULL || sort->type == MSGPACK_OBJECT_NIL) {
+    if (d->nsort == 0) {
         emit(b, " ORDER BY \"%s\"", b->c->key);
         return SB_OK;
     }
-    if (sort->type == MSGPACK_OBJECT_ARRAY) {
-        items = sort->via.array.ptr;
-        n = sort->via.array.size;
-        if (n == 0 || n > 8)
-            return fail(b, "sort takes 1-8 fields");
-    }
     emit(b, " ORDER BY ");
-    for (uint32_t i = 0; i < n; ++i) {
-        const msgpack_object *s = &items[i];
-        const char *p;
-        size_t len;
-        int desc = 0;
-        const sb_pg_col_t *col;
-        if (s->type != MSGPACK_OBJECT_STR || s->via.str.size == 0)
-            return fail(b, "sort entries are field names, \"-\" for descending");
-        p = s->via.str.ptr;
-        len = s->via.str.size;
-        if (p[0] == '-') {
-            desc = 1;
-            ++p;
-            --len;
-        }
-        if ((col = find_col(b->c, p, len)) == NULL)
-            return fail(b, "sort names an unknown field \"%.*s\"", (int)(len > 64 ? 64 : len), p);
-        emit(b, "%s\"%s\"%s", i ? ", " : "", col->name, desc ? " DESC" : "");
+    for (size_t i = 0; i < d->nsort; ++i) {
+        const sb_pg_col_t *col = field_col(b, "sort names an unknown field", d->sort[i].name, d->sort[i].len);
+        if (col == NULL)
+            return SB_E_BAD_ARGS;
+        emit(b, "%s\"%s\"%s", i ? ", " : "", col->name, d->sort[i].desc ? " DESC" : "");
     }
     /* a stable page order: the key breaks ties */
     emit(b, ", \"%s\"", b->c->key);
     return SB_OK;
 }
 
-static sb_status_t get_uint_arg(build_t *b, const msgpack_object *args, const char *name, size_t def, size_t max, size_t *out)
-{
-    const msgpack_object *v = sb_mp_get(args, name);
-    if (v == NULL || v->type == MSGPACK_OBJECT_NIL) {
-        *out = def;
-        return SB_OK;
-    }
-    if (v->type != MSGPACK_OBJECT_POSITIVE_INTEGER || v->via.u64 > max) {
-        if (v->type == MSGPACK_OBJECT_POSITIVE_INTEGER && strcmp(name, "limit") == 0) {
-            *out = max; /* page size is clamped, not refused */
-            return SB_OK;
-        }
-        return fail(b, "%s must be an integer from 0 to %zu", name, max);
-    }
-    *out = (size_t)v->via.u64;
-    return SB_OK;
-}
-
-static sb_status_t check_keys(build_t *b, const msgpack_object *args, const char *const *allowed, const char *op)
-{
-    if (args == NULL || args->type == MSGPACK_OBJECT_NIL)
-        return SB_OK;
-    if (args->type != MSGPACK_OBJECT_MAP)
-        return fail(b, "%s args must be an object", op);
-    for (uint32_t i = 0; i < args->via.map.size; ++i) {
-        const msgpack_object *k = &args->via.map.ptr[i].key;
-        size_t j = 0;
-        while (allowed[j] != NULL && !sb_mp_str_is(k, allowed[j]))
-            ++j;
-        if (allowed[j] == NULL)
-            return fail(b, "%s takes no argument \"%.*s\"", op, (int)(k->via.str.size > 32 ? 32 : k->via.str.size), k->via.str.ptr);
-    }
-    return SB_OK;
-}
-
 /* the rows an update or delete may touch: the guest's where, clamped, capped at max_limit keys */
-static sb_status_t emit_target_rows(build_t *b, const msgpack_object *where, const sb_token_t *tok, const char *store_ns)
+static sb_status_t emit_target_rows(build_t *b, const sb_call_data_t *d, const sb_token_t *tok, const char *store_ns)
 {
     sb_status_t st;
     emit(b, " WHERE \"%s\" IN (SELECT \"%s\" FROM %s WHERE ", b->c->key, b->c->key, b->c->table);
-    if ((st = where != NULL && where->type != MSGPACK_OBJECT_NIL ? where_expr(b, where, 0) : (emit(b, "TRUE"), SB_OK)) != SB_OK)
+    if ((st = d->where != NULL ? where_expr(b, d->where) : (emit(b, "TRUE"), SB_OK)) != SB_OK)
         return st;
     if ((st = emit_clamp(b, tok, store_ns)) != SB_OK)
         return st;
@@ -551,20 +439,19 @@ static sb_status_t emit_target_rows(build_t *b, const msgpack_object *where, con
     return emit_clamp(b, tok, store_ns);
 }
 
-static sb_status_t build_data(build_t *b, const msgpack_object *data, const sb_token_t *tok, const char *store_ns, int insert)
+/* resolves every data field to its column (unknown fields and scope columns refused), in order */
+static sb_status_t data_cols(build_t *b, const sb_call_data_t *d, const sb_token_t *tok, const char *store_ns, int insert,
+                             const sb_pg_col_t **cols)
 {
-    sb_status_t st;
-    int first = 1;
-
-    if (data == NULL || data->type != MSGPACK_OBJECT_MAP || (data->via.map.size == 0 && !insert))
-        return fail(b, "data must be a non-empty object");
-    for (uint32_t i = 0; i < data->via.map.size; ++i) {
-        const msgpack_object *k = &data->via.map.ptr[i].key, *v = &data->via.map.ptr[i].val;
-        const sb_pg_col_t *col = find_col(b->c, k->via.str.ptr, k->via.str.size);
+    for (size_t i = 0; i < d->ndata; ++i) {
+        const sb_call_field_t *f = &d->data[i];
+        const sb_pg_col_t *col = field_col(b, "unknown field", f->name, f->len);
         if (col == NULL)
-            return fail(b, "unknown field \"%.*s\"", (int)(k->via.str.size > 64 ? 64 : k->via.str.size), k->via.str.ptr);
+            return SB_E_BAD_ARGS;
+        cols[i] = col;
         if (is_scope_col(b->c, col->name)) {
             /* create may restate the bound value; nothing may change it */
+            const msgpack_object *v = f->value;
             const char *bound = NULL;
             for (size_t s = 0; s < b->c->nscope; ++s)
                 if (strcmp(b->c->scope[s].column, col->name) == 0)
@@ -577,36 +464,46 @@ static sb_status_t build_data(build_t *b, const msgpack_object *data, const sb_t
                          insert ? "set to another value" : "changed");
                 return SB_E_FORBIDDEN;
             }
-            continue; /* the clamp sets it */
+            cols[i] = NULL; /* the clamp sets it */
         }
-        if (insert) {
-            emit(b, "%s\"%s\"", first ? "" : ", ", col->name);
-        } else {
-            emit(b, "%s\"%s\" = ", first ? "" : ", ", col->name);
-            if (v->type == MSGPACK_OBJECT_NIL)
-                emit(b, "NULL");
-            else if ((st = emit_param(b, col, v)) != SB_OK)
-                return st;
-        }
+    }
+    return SB_OK;
+}
+
+static sb_status_t build_update_set(build_t *b, const sb_call_data_t *d, const sb_pg_col_t **cols)
+{
+    sb_status_t st;
+    int first = 1;
+
+    for (size_t i = 0; i < d->ndata; ++i) {
+        if (cols[i] == NULL)
+            continue;
+        emit(b, "%s\"%s\" = ", first ? "" : ", ", cols[i]->name);
+        if (d->data[i].value->type == MSGPACK_OBJECT_NIL)
+            emit(b, "NULL");
+        else if ((st = emit_param(b, cols[i], d->data[i].value)) != SB_OK)
+            return st;
         first = 0;
     }
-    if (!insert && first)
+    if (first)
         return fail(b, "data sets no writable field");
     return SB_OK;
 }
 
-static sb_status_t build_insert(build_t *b, const msgpack_object *data, const sb_token_t *tok, const char *store_ns)
+static sb_status_t build_insert(build_t *b, const sb_call_data_t *d, const sb_pg_col_t **cols, const sb_token_t *tok,
+                                const char *store_ns)
 {
     sb_status_t st;
     int first = 1;
 
     emit(b, "INSERT INTO %s (", b->c->table);
     /* columns: the guest's (minus scope columns), then the clamp's */
-    if ((st = build_data(b, data, tok, store_ns, 1)) != SB_OK)
-        return st;
-    for (uint32_t i = 0; i < data->via.map.size; ++i)
-        if (!is_scope_col(b->c, find_col(b->c, data->via.map.ptr[i].key.via.str.ptr, data->via.map.ptr[i].key.via.str.size)->name))
-            first = 0;
+    for (size_t i = 0; i < d->ndata; ++i) {
+        if (cols[i] == NULL)
+            continue;
+        emit(b, "%s\"%s\"", first ? "" : ", ", cols[i]->name);
+        first = 0;
+    }
     for (size_t s = 0; s < b->c->nscope; ++s) {
         emit(b, "%s\"%s\"", first ? "" : ", ", b->c->scope[s].column);
         first = 0;
@@ -624,16 +521,15 @@ static sb_status_t build_insert(build_t *b, const msgpack_object *data, const sb
     }
     emit(b, ") VALUES (");
     first = 1;
-    for (uint32_t i = 0; i < data->via.map.size; ++i) {
-        const msgpack_object *k = &data->via.map.ptr[i].key, *v = &data->via.map.ptr[i].val;
-        const sb_pg_col_t *col = find_col(b->c, k->via.str.ptr, k->via.str.size);
-        if (is_scope_col(b->c, col->name))
+    for (size_t i = 0; i < d->ndata; ++i) {
+        const msgpack_object *v = d->data[i].value;
+        if (cols[i] == NULL)
             continue;
         emit(b, "%s", first ? "" : ", ");
         first = 0;
         if (v->type == MSGPACK_OBJECT_NIL)
             emit(b, "NULL");
-        else if ((st = emit_param(b, col, v)) != SB_OK)
+        else if ((st = emit_param(b, cols[i], v)) != SB_OK)
             return st;
     }
     for (size_t s = 0; s < b->c->nscope; ++s) {
@@ -666,74 +562,70 @@ static sb_status_t build_insert(build_t *b, const msgpack_object *data, const sb
     return SB_OK;
 }
 
-sb_status_t sb_pg_build(const sb_pg_coll_t *c, sb_method_op_t op, const msgpack_object *args, const sb_token_t *tok,
-                        const char *store_ns, int binary, sb_sql_t *q, char *err, size_t errsz)
+sb_status_t sb_pg_build(const sb_pg_coll_t *c, sb_method_op_t op, const sb_call_data_t *d, const sb_token_t *tok, int binary,
+                        sb_sql_t *q, char *err, size_t errsz)
 {
-    static const char *const find_keys[] = {"where", "limit", "offset", "sort", "select", NULL};
-    static const char *const find_one_keys[] = {"where", "sort", "select", NULL};
-    static const char *const create_keys[] = {"data", NULL};
-    static const char *const update_keys[] = {"where", "data", NULL};
-    static const char *const delete_keys[] = {"where", NULL};
-    build_t b = {c, q, binary, err, errsz, 0, 0};
-    const msgpack_object *where = sb_mp_get(args, "where");
+    build_t b = {c, q, binary, err, errsz, 0};
+    const char *store_ns = c->is_docstore ? d->ns : NULL;
+    const sb_pg_col_t *small[16], **cols = small;
     sb_status_t st;
 
     err[0] = '\0';
     switch (op) {
     case SB_OP_FIND:
-    case SB_OP_FIND_ONE: {
-        const msgpack_object *select = sb_mp_get(args, "select");
-        if ((st = check_keys(&b, args, op == SB_OP_FIND ? find_keys : find_one_keys, op == SB_OP_FIND ? "find" : "findOne")) !=
-                SB_OK ||
-            (st = check_select(&b, select)) != SB_OK)
+    case SB_OP_FIND_ONE:
+        if ((st = check_select(&b, d)) != SB_OK)
             return st;
         if (op == SB_OP_FIND) {
-            if ((st = get_uint_arg(&b, args, "limit", 10 < c->max_limit ? 10 : c->max_limit, c->max_limit, &q->limit)) != SB_OK ||
-                (st = get_uint_arg(&b, args, "offset", 0, SB_PG_MAX_OFFSET, &q->offset)) != SB_OK)
-                return st;
+            /* the page size is clamped to the collection's max_limit, not refused */
+            q->limit = !d->has_limit             ? (10 < c->max_limit ? 10 : c->max_limit)
+                       : d->limit > c->max_limit ? c->max_limit
+                                                 : (size_t)d->limit;
+            q->offset = (size_t)d->offset;
         } else {
             q->limit = 1;
             q->offset = 0;
         }
         emit(&b, "SELECT ");
-        emit_columns(&b, select != NULL && select->type != MSGPACK_OBJECT_NIL ? select : NULL);
+        emit_columns(&b, d);
         emit(&b, " FROM %s WHERE ", c->table);
-        if (where != NULL && where->type != MSGPACK_OBJECT_NIL) {
-            if ((st = where_expr(&b, where, 0)) != SB_OK)
+        if (d->where != NULL) {
+            if ((st = where_expr(&b, d->where)) != SB_OK)
                 return st;
         } else {
             emit(&b, "TRUE");
         }
         if ((st = emit_clamp(&b, tok, store_ns)) != SB_OK)
             return st;
-        if ((st = emit_sort(&b, sb_mp_get(args, "sort"))) != SB_OK)
+        if ((st = emit_sort(&b, d)) != SB_OK)
             return st;
         /* one row more than the page tells whether there is a next page */
         emit(&b, " LIMIT %zu OFFSET %zu", q->limit + 1, q->offset);
         break;
-    }
     case SB_OP_CREATE:
-        if ((st = check_keys(&b, args, create_keys, "create")) != SB_OK)
-            return st;
-        if ((st = build_insert(&b, sb_mp_get(args, "data"), tok, store_ns)) != SB_OK)
-            return st;
-        break;
     case SB_OP_UPDATE:
-        if ((st = check_keys(&b, args, update_keys, "update")) != SB_OK)
-            return st;
+        if (d->ndata > sizeof(small) / sizeof(small[0]))
+            cols = sb_mem_calloc(d->ndata, sizeof(*cols));
+        if ((st = data_cols(&b, d, tok, store_ns, op == SB_OP_CREATE, cols)) != SB_OK)
+            goto Exit;
+        if (op == SB_OP_CREATE) {
+            st = build_insert(&b, d, cols, tok, store_ns);
+            goto Exit;
+        }
         emit(&b, "UPDATE %s SET ", c->table);
-        if ((st = build_data(&b, sb_mp_get(args, "data"), tok, store_ns, 0)) != SB_OK)
-            return st;
-        if ((st = emit_target_rows(&b, where, tok, store_ns)) != SB_OK)
-            return st;
+        if ((st = build_update_set(&b, d, cols)) != SB_OK || (st = emit_target_rows(&b, d, tok, store_ns)) != SB_OK)
+            goto Exit;
         emit(&b, " RETURNING ");
         emit_columns(&b, NULL);
+    Exit:
+        if (cols != small)
+            free((void *)cols);
+        if (st != SB_OK)
+            return st;
         break;
     case SB_OP_DELETE:
-        if ((st = check_keys(&b, args, delete_keys, "delete")) != SB_OK)
-            return st;
         emit(&b, "DELETE FROM %s", c->table);
-        if ((st = emit_target_rows(&b, where, tok, store_ns)) != SB_OK)
+        if ((st = emit_target_rows(&b, d, tok, store_ns)) != SB_OK)
             return st;
         emit(&b, " RETURNING ");
         emit_columns(&b, NULL);

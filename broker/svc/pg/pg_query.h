@@ -1,5 +1,6 @@
 /*
- * broker/svc/pg_query: SQL for collections, from the guest's arguments.
+ * broker/svc/pg/pg_query: SQL for collections and the document store, from
+ * the typed call (call/call.h).
  *
  * Pure functions, no I/O: easy to test and to fuzz. Every value the guest
  * sends becomes a positional parameter ($n) cast to the column's introspected
@@ -14,15 +15,12 @@
 #include <msgpack.h>
 #include "sb/method.h"
 #include "sb/status.h"
+#include "call/call.h"
 #include "store/store.h"
 #include "svc/target.h"
 
 #define SB_PG_MAX_PARAMS 1024u
 #define SB_PG_MAX_SQL 65536u
-#define SB_PG_MAX_WHERE_DEPTH 8u
-#define SB_PG_MAX_CONDITIONS 64u
-#define SB_PG_MAX_IN 100u
-#define SB_PG_MAX_OFFSET 100000u
 
 typedef struct st_sb_pg_col_t {
     char *name;
@@ -55,13 +53,14 @@ void sb_sql_init(sb_sql_t *q);
 void sb_sql_dispose(sb_sql_t *q);
 
 /**
- * Builds the statement for one operation.
- * @param store_ns the document-store namespace (document store only), else NULL
+ * Builds the statement for one operation of a decoded call. The document
+ * store's statements are clamped to d->ns, the namespace the check granted.
+ * @param d the call's decoded args (whose shapes the decoder checked)
  * @param binary msgpack request: bytea values arrive as bin (JSON: base64 text)
- * @param err on SB_E_BAD_ARGS / SB_E_FORBIDDEN, a message naming the field or operator
+ * @param err on SB_E_BAD_ARGS / SB_E_FORBIDDEN, a message naming the field (unknown to the schema, or bound to the scope)
  */
-SB_WARN_UNUSED sb_status_t sb_pg_build(const sb_pg_coll_t *c, sb_method_op_t op, const msgpack_object *args, const sb_token_t *tok,
-                                       const char *store_ns, int binary, sb_sql_t *q, char *err, size_t errsz);
+SB_WARN_UNUSED sb_status_t sb_pg_build(const sb_pg_coll_t *c, sb_method_op_t op, const sb_call_data_t *d, const sb_token_t *tok,
+                                       int binary, sb_sql_t *q, char *err, size_t errsz);
 
 /**
  * Packs the rows of a result as an array of maps (column name → value, types

@@ -40,11 +40,10 @@
 #include "util/util.h"
 
 /* questpie-wire.md section 5.6, hard maxima */
-#define SB_TOOLS_MAX_LIST 786432u     /* a tools/list payload (each page, and what we return) */
-#define SB_TOOLS_MAX_RESULT 786432u   /* a tools/call result */
-#define SB_TOOLS_MAX_ARGUMENTS 64512u /* tools.call arguments, packed */
-#define SB_TOOLS_MAX_TOOLS 256u       /* tools an upstream may list, over every page */
-#define SB_TOOLS_MAX_NAME 256u
+#define SB_TOOLS_MAX_LIST 786432u   /* a tools/list payload (each page, and what we return) */
+#define SB_TOOLS_MAX_RESULT 786432u /* a tools/call result */
+#define SB_TOOLS_MAX_TOOLS 256u     /* tools an upstream may list, over every page */
+#define SB_TOOLS_MAX_NAME SB_CALL_MAX_TOOL_NAME
 /* release list entries (targets.<t>.tools.release holds at most this many, target.c) */
 #define SB_TOOLS_MAX_RELEASE 256u
 /* ours: pagination is bounded too, and so is a cursor we send back */
@@ -55,8 +54,7 @@
 #define SWEEP_INTERVAL_MS 1000
 
 static const char msg_bad_args[] = "invalid sandbox custom tool arguments";
-static const char msg_too_large[] = "sandbox custom tool arguments are too large";
-static const char msg_limit[] = "sandbox custom tool limit exceeded";
+static const char msg_limit[] = SB_TOOLS_MSG_LIMIT;
 static const char msg_not_released[] = "tools.call name is not released by the target";
 
 /* ---- the per-run call counter (process-wide) ----------------------------------------------------------------------- */
@@ -135,10 +133,7 @@ static void counts_free(void)
     counts.nbuckets = counts.n = 0;
 }
 
-/*
- * Counts one tools.call for the token's run.
- * @return SB_OK while the run has calls left, SB_E_RATE_LIMITED once it has none (or the table is full)
- */
+/* counts one tools.call for the token's run: SB_E_RATE_LIMITED once it has none left (or the table is full) */
 SB_WARN_UNUSED static sb_status_t count_call(const sb_token_t *tok, unsigned max_calls)
 {
     int64_t now = sb_now_ms();
@@ -534,17 +529,13 @@ static void list_page(tools_op_t *op, json_t *cursor)
     op->call = sb_mcp_call(op->up->mcp, "tools/list", params, SB_TOOLS_MAX_LIST + SB_MCP_ENVELOPE_SLACK, on_list_page, op);
 }
 
-static void handle_list(sb_tools_ctx_t *ctx, const sb_targets_t *targets, const sb_target_t *t, sb_token_t *tok,
-                        const msgpack_object *args, sb_dispatch_cb cb, void *arg)
+/* the decoder took the args: absent or exactly {} */
+static void handle_list(sb_tools_ctx_t *ctx, const sb_targets_t *targets, const sb_target_t *t, sb_token_t *tok, sb_dispatch_cb cb,
+                        void *arg)
 {
     upstream_t *up;
     tools_op_t *op;
 
-    /* questpie-wire.md section 5.6: tools.list args must be exactly {} (absent is the same) */
-    if (args != NULL && (args->type != MSGPACK_OBJECT_MAP || args->via.map.size != 0)) {
-        sb_answer_error(cb, arg, SB_E_BAD_ARGS, "%s", msg_bad_args);
-        return;
-    }
     up = get_upstream(ctx, targets, t->tools);
     if ((op = op_start(ctx, up, t, tok, "tools/list", cb, arg)) == NULL)
         return;
@@ -615,83 +606,30 @@ Exit:
     msgpack_zone_destroy(&zone);
 }
 
-/*
- * Reads {name, arguments?}: exactly those keys (questpie-wire.md section 5.6:
- * extra keys such as "envelope" are bad_args), arguments an object of at most
- * 63 KiB packed. The capability check already found name to be a granted
- * string of 1-256 bytes; it is checked again here, cheaply, because this
- * function must not depend on who called it.
- */
-SB_WARN_UNUSED static sb_status_t parse_call_args(const msgpack_object *args, const msgpack_object **name, json_t **arguments,
-                                                  const char **msg)
-{
-    const msgpack_object *a;
-    msgpack_sbuffer sb;
-    msgpack_packer pk;
-    size_t packed;
-
-    *msg = msg_bad_args;
-    *arguments = NULL;
-    if (args == NULL || args->type != MSGPACK_OBJECT_MAP)
-        return SB_E_BAD_ARGS;
-    for (uint32_t i = 0; i < args->via.map.size; ++i) {
-        const msgpack_object *k = &args->via.map.ptr[i].key;
-        if (!sb_mp_str_is(k, "name") && !sb_mp_str_is(k, "arguments"))
-            return SB_E_BAD_ARGS;
-    }
-    *name = sb_mp_get(args, "name");
-    if (*name == NULL || (*name)->type != MSGPACK_OBJECT_STR || (*name)->via.str.size == 0 ||
-        (*name)->via.str.size > SB_TOOLS_MAX_NAME)
-        return SB_E_BAD_ARGS;
-    if ((a = sb_mp_get(args, "arguments")) == NULL)
-        return SB_OK;
-    if (a->type != MSGPACK_OBJECT_MAP)
-        return SB_E_BAD_ARGS;
-    /* bound before converting: the packed size, as the guest's msgpack (or our packing of its JSON) has it */
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    sb_mp_pack_object(&pk, a);
-    packed = sb.size;
-    msgpack_sbuffer_destroy(&sb);
-    if (packed > SB_TOOLS_MAX_ARGUMENTS) {
-        *msg = msg_too_large;
-        return SB_E_BAD_ARGS;
-    }
-    /* bin values become base64 text, as everywhere JSON carries them */
-    if (sb_json_from_mp(a, arguments) != SB_OK)
-        return SB_E_BAD_ARGS;
-    return SB_OK;
-}
-
+/* the decoder took exactly {name, arguments?} (call.c); the manifest granted the name and dispatch counted the attempt */
 static void handle_call(sb_tools_ctx_t *ctx, const sb_targets_t *targets, const sb_target_t *t, sb_token_t *tok,
-                        const msgpack_object *args, sb_dispatch_cb cb, void *arg)
+                        const sb_call_tools_t *call, sb_dispatch_cb cb, void *arg)
 {
     const sb_tools_conf_t *tc = t->tools;
-    const msgpack_object *name = NULL;
     json_t *arguments = NULL, *params;
-    const char *msg;
     upstream_t *up;
     tools_op_t *op;
 
-    /* every attempt counts, whatever happens to it next: a run cannot probe past its quota */
-    if (count_call(tok, tc->max_calls) != SB_OK) {
-        sb_answer_error(cb, arg, SB_E_RATE_LIMITED, "%s", msg_limit);
+    /* the manifest granted the name; the target must also release it (deny by default on both sides) */
+    if (released_index(tc, call->name, call->name_len) < 0) {
+        sb_answer_error(cb, arg, SB_E_FORBIDDEN, "%s", msg_not_released);
         return;
     }
-    if (parse_call_args(args, &name, &arguments, &msg) != SB_OK) {
-        sb_answer_error(cb, arg, SB_E_BAD_ARGS, "%s", msg);
-        goto Exit;
-    }
-    /* the manifest granted the name; the target must also release it (deny by default on both sides) */
-    if (released_index(tc, name->via.str.ptr, name->via.str.size) < 0) {
-        sb_answer_error(cb, arg, SB_E_FORBIDDEN, "%s", msg_not_released);
-        goto Exit;
+    /* bin values become base64 text, as everywhere JSON carries them (the decoder checked JSON can carry the rest) */
+    if (call->arguments != NULL && sb_json_from_mp(call->arguments, &arguments) != SB_OK) {
+        sb_answer_error(cb, arg, SB_E_BAD_ARGS, "%s", msg_bad_args);
+        return;
     }
     up = get_upstream(ctx, targets, tc);
     if ((op = op_start(ctx, up, t, tok, "tools/call", cb, arg)) == NULL)
         goto Exit;
-    memcpy(op->tool, name->via.str.ptr, name->via.str.size);
-    op->tool[name->via.str.size] = '\0';
+    memcpy(op->tool, call->name, call->name_len);
+    op->tool[call->name_len] = '\0';
     /* server/tools, "Calling Tools": params {name, arguments?} */
     params = json_pack("{s:s}", "name", op->tool);
     if (params == NULL || (arguments != NULL && json_object_set_new(params, "arguments", arguments) != 0))
@@ -704,20 +642,28 @@ Exit:
 
 /* ---- entry points ---------------------------------------------------------------------------------------------------- */
 
-void sb_tools_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok, const sb_method_t *m,
-                     const msgpack_object *args, int binary, sb_dispatch_cb cb, void *arg)
+sb_status_t sb_tools_count_call(const sb_tools_conf_t *tc, const sb_token_t *tok)
 {
-    switch (m->op) {
+    return count_call(tok, tc->max_calls);
+}
+
+void sb_tools_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok, const sb_call_t *call, sb_dispatch_cb cb,
+                     void *arg)
+{
+    switch (call->m.op) {
     case SB_OP_LIST:
-        handle_list(env->tools, env->targets, t, tok, args, cb, arg);
+        handle_list(env->tools, env->targets, t, tok, cb, arg);
         return;
     case SB_OP_CALL:
-        handle_call(env->tools, env->targets, t, tok, args, cb, arg);
-        return;
+        if (call->tools != NULL && call->tools->name != NULL) {
+            handle_call(env->tools, env->targets, t, tok, call->tools, cb, arg);
+            return;
+        }
+        break;
     default:
-        sb_answer_error(cb, arg, SB_E_BAD_METHOD, "invalid sandbox custom tool method");
-        return;
+        break;
     }
+    sb_answer_error(cb, arg, SB_E_BAD_METHOD, "invalid sandbox custom tool method");
 }
 
 void sb_tools_ctx_destroy(sb_tools_ctx_t *ctx)
