@@ -399,6 +399,11 @@ int sb_rpc_on_req(h2o_handler_t *self, h2o_req_t *req)
         reply_error(c, SB_E_UNAUTHORIZED, NULL);
         return 0;
     }
+    /* two token headers are ambiguous: no token is "the" token, and a proxy and the broker could each pick another */
+    if (h2o_find_header_by_str(&req->headers, H2O_STRLIT("x-questpie-sandbox-token"), hi) >= 0) {
+        reply_error(c, SB_E_UNAUTHORIZED, NULL);
+        return 0;
+    }
     {
         h2o_iovec_t tv = req->headers.entries[hi].value;
         char hex[65];

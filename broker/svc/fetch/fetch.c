@@ -76,6 +76,7 @@ typedef struct st_fetch_t {
     sb_store_conn_t *store; /* quotas; NULL in egress-check */
     sb_token_t *tok;
     int binary;
+    char cid[37]; /* the call's correlation id, on every egress log line */
     sb_dispatch_cb cb;
     void *arg;
     unsigned hop;
@@ -116,22 +117,26 @@ static void free_fetch(fetch_t *f)
     free(f);
 }
 
-__attribute__((format(printf, 3, 4))) static void fail(fetch_t *f, sb_status_t st, const char *fmt, ...)
+/*
+ * Ends the exchange with an error. The reason goes to the egress.failed line
+ * (and, through the RPC route, to the call's rpc and audit lines) under the
+ * call's correlation id; for execution_error the guest sees only the fixed
+ * message and that id (PROTOCOL.md section 6a).
+ */
+static void vfail(fetch_t *f, sb_status_t st, int policy, const char *fmt, va_list ap)
 {
     sb_result_t res;
-    va_list ap;
 
     sb_result_init(&res);
-    va_start(ap, fmt);
     sb_result_vfail(&res, st, fmt, ap);
-    va_end(ap);
     if (f->check_cb != NULL) {
         f->decision->allowed = 0;
         snprintf(f->decision->reason, sizeof(f->decision->reason), "%s", res.message);
         f->check_cb(f->arg, f->decision);
     } else {
         sb_logline_t l;
-        sb_log_begin(&l, st == SB_E_FORBIDDEN ? SB_LOG_WARN : SB_LOG_INFO, "egress.failed");
+        sb_log_begin(&l, policy ? SB_LOG_WARN : SB_LOG_INFO, "egress.failed");
+        sb_log_cstr(&l, "cid", f->cid);
         sb_log_cstr(&l, "runId", f->tok->run_id);
         sb_log_int(&l, "hop", f->hop);
         sb_log_cstr(&l, "host", f->url.host);
@@ -141,6 +146,32 @@ __attribute__((format(printf, 3, 4))) static void fail(fetch_t *f, sb_status_t s
     }
     sb_result_dispose(&res);
     free_fetch(f);
+}
+
+__attribute__((format(printf, 3, 4))) static void fail(fetch_t *f, sb_status_t st, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vfail(f, st, 0, fmt, ap);
+    va_end(ap);
+}
+
+/*
+ * A refusal decided during the fetch, after the capability check: the name
+ * or address policy, a redirect hop leaving the allowlist. It is an
+ * execution_error like every other failure of the exchange (upstream's rule,
+ * PROTOCOL.md section 6a): only the check before any I/O is forbidden, and
+ * the guest never learns from a reason which private address a name
+ * resolved to.
+ */
+__attribute__((format(printf, 2, 3))) static void deny(fetch_t *f, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vfail(f, f->check_cb != NULL ? SB_E_FORBIDDEN : SB_E_EXECUTION, 1, fmt, ap);
+    va_end(ap);
 }
 
 static void on_deadline(h2o_timeout_entry_t *entry)
@@ -342,6 +373,7 @@ static void on_response(void *arg, const char *err, sb_http_response_t *res)
     {
         sb_logline_t l;
         sb_log_begin(&l, SB_LOG_INFO, "egress.response");
+        sb_log_cstr(&l, "cid", f->cid);
         sb_log_cstr(&l, "runId", f->tok->run_id);
         sb_log_int(&l, "hop", f->hop);
         sb_log_cstr(&l, "host", f->url.host);
@@ -450,6 +482,7 @@ static int validate(fetch_t *f, const sb_ip_t *addrs, size_t n)
     if (f->check_cb == NULL) {
         sb_logline_t l;
         sb_log_begin(&l, all_ok ? SB_LOG_INFO : SB_LOG_WARN, "egress.decision");
+        sb_log_cstr(&l, "cid", f->cid);
         sb_log_cstr(&l, "runId", f->tok->run_id);
         sb_log_int(&l, "hop", f->hop);
         sb_log_cstr(&l, "host", f->url.host);
@@ -462,10 +495,9 @@ static int validate(fetch_t *f, const sb_ip_t *addrs, size_t n)
     }
     if (!all_ok) {
         if (f->url.host_kind == SB_URL_HOST_NAME)
-            fail(f, SB_E_FORBIDDEN, "http.fetch host \"%s\" resolves to a blocked address %s (%s)", f->url.host, first_ip,
-                 first_rule);
+            deny(f, "http.fetch host \"%s\" resolves to a blocked address %s (%s)", f->url.host, first_ip, first_rule);
         else
-            fail(f, SB_E_FORBIDDEN, "http.fetch address %s is blocked (%s)", first_ip, first_rule);
+            deny(f, "http.fetch address %s is blocked (%s)", first_ip, first_rule);
         return 0;
     }
     memcpy(f->pins, addrs, n * sizeof(*addrs));
@@ -497,13 +529,13 @@ static void start_hop(fetch_t *f)
         char hp[SB_URL_MAX_HOST + 16];
         sb_url_hostport(&f->url, hp, sizeof(hp));
         sb_metrics_egress("redirect leaves the net allowlist", 0);
-        fail(f, SB_E_FORBIDDEN, "http.fetch redirect host \"%s\" is not in the net allowlist", hp);
+        deny(f, "http.fetch redirect host \"%s\" is not in the net allowlist", hp);
         return;
     }
     if (f->url.host_kind == SB_URL_HOST_NAME) {
         if (!sb_egress_check_name(f->ctx->conf->policy, f->url.host, &rule)) {
             sb_metrics_egress(rule, 0);
-            fail(f, SB_E_FORBIDDEN, "http.fetch host \"%s\" is blocked (%s)", f->url.host, rule);
+            deny(f, "http.fetch host \"%s\" is blocked (%s)", f->url.host, rule);
             return;
         }
         {
@@ -563,6 +595,8 @@ void sb_fetch_start(sb_fetch_ctx_t *ctx, sb_store_conn_t *store, sb_token_t *tok
     f->ctx = ctx;
     f->store = store;
     f->binary = call->binary;
+    if (call->cid != NULL)
+        snprintf(f->cid, sizeof(f->cid), "%s", call->cid);
     f->cb = cb;
     f->arg = arg;
     sb_token_addref(tok);
