@@ -514,6 +514,28 @@ class Injection(Base):
                     self.assertError(r, 400, "bad_args", enc=enc)
         self.assertIntact()
 
+    def test_echoed_names_stay_utf8(self):
+        """Names echoed in errors are cut on a code point boundary: the reply, the log and the audit line stay valid UTF-8."""
+        tok = mint(new_tenant())
+        field = "f" * 63 + "\u00e9\u00e9"          # 67 bytes: a cut at 64 would split the first e-acute
+        op = "o" * 31 + "\U0001F600"                # 35 bytes: a cut at 32 would split the emoji
+        key = "k" * 30 + "\U0001F600"
+        for enc in ENCODINGS:
+            with self.subTest(enc=enc):
+                for args, want in [({"where": {field: 1}}, 'unknown field "%s"' % ("f" * 63)),
+                                   ({"where": {"title": {op: 1}}}, 'unknown operator "%s" on "title"' % ("o" * 31)),
+                                   ({"where": {field: {}}}, "where.%s has no operator" % ("f" * 63)),
+                                   ({key: 1}, 'find takes no argument "%s"' % ("k" * 30)),
+                                   ({"sort": "-" + field}, 'sort names an unknown field "%s"' % ("f" * 63))]:
+                    r = self.call(tok, "collections.posts.find", args, enc)
+                    # decode_body of the test client parses strictly: invalid UTF-8 would not get here
+                    self.assertError(r, 400, "bad_args", want, enc=enc)
+                    if enc == "json":
+                        r.raw.decode("utf-8")  # raises on a split code point
+        lines = [e for e in self.b().events() if e.get("event") == "rpc" and e.get("code") == "bad_args"
+                 and "f" * 63 in e.get("reason", "")]
+        self.assertTrue(lines, "the log lines of those calls")
+
     def test_sort_and_select_name_the_field(self):
         """PROTOCOL.md 6b: unknown fields are bad_args naming them (sort and select too)."""
         r = self.call(self.tok, "collections.posts.find", {"sort": "-nope"})

@@ -485,6 +485,33 @@ static void test_where_refusals(void)
     }
     build(&posts, SB_OP_FIND, "[]", NULL, 0);
     expect_err("find args must be an object", SB_E_BAD_ARGS, "find args must be an object");
+
+    /* an unknown field is named, cut at 64 bytes on a code point boundary (the message is JSON, msgpack str, log text) */
+    {
+        char field[80], json[256], want[160];
+        memset(field, 'u', 63);
+        memcpy(field + 63, "\xc3\xa9\xc3\xa9", 4);
+        field[67] = '\0';
+        snprintf(json, sizeof(json), "{\"where\":{\"%s\":1}}", field);
+        build(&posts, SB_OP_FIND, json, NULL, 0);
+        snprintf(want, sizeof(want), "unknown field \"%.63s\"", field);
+        expect_err("unknown where field: a 2-byte character across the cut is left out", SB_E_BAD_ARGS, want);
+        snprintf(json, sizeof(json), "{\"sort\":\"-%s\"}", field);
+        build(&posts, SB_OP_FIND, json, NULL, 0);
+        snprintf(want, sizeof(want), "sort names an unknown field \"%.63s\"", field);
+        expect_err("unknown sort field: cut on a code point", SB_E_BAD_ARGS, want);
+        snprintf(json, sizeof(json), "{\"data\":{\"%s\":1}}", field);
+        build(&posts, SB_OP_CREATE, json, NULL, 0);
+        snprintf(want, sizeof(want), "unknown field \"%.63s\"", field);
+        expect_err("unknown data field: cut on a code point", SB_E_BAD_ARGS, want);
+        memset(field, 'v', 62);
+        memcpy(field + 62, "\xf0\x9f\x98\x80", 4);
+        field[66] = '\0';
+        snprintf(json, sizeof(json), "{\"select\":[\"%s\"]}", field);
+        build(&posts, SB_OP_FIND, json, NULL, 0);
+        snprintf(want, sizeof(want), "select names an unknown field \"%.62s\"", field);
+        expect_err("unknown select field: a 4-byte character across the cut", SB_E_BAD_ARGS, want);
+    }
     build(&posts, SB_OP_FIND_ONE, "{\"limit\":1}", NULL, 0);
     expect_err("findOne takes no limit", SB_E_BAD_ARGS, "findOne takes no argument \"limit\"");
 
