@@ -8,7 +8,7 @@
  * Properties of an accepted path's output:
  *  - no ".." segment, no "//", no leading '/', no backslash, no NUL, not empty,
  *    never longer than the input;
- *  - it equals a reference written straight from questpie-wire.md section 4.2
+ *  - it equals a reference written straight from PROTOCOL.md section 6 ("Paths")
  *    (collapse '/' runs, strip ONE leading "./", refuse ".." segments);
  *  - normalising it again is the identity, with the one exception the spec
  *    makes: only one leading "./" is stripped per pass, so an output that

@@ -1,5 +1,5 @@
 /*
- * libFuzzer driver for broker/svc/mcp_wire.c: the event-stream parser and the
+ * libFuzzer driver for broker/svc/tools/mcp_wire.c: the event-stream parser and the
  * JSON-RPC response picker that read what an MCP upstream answers.
  *
  * Input: byte 0 picks the mode and the caps, bytes 1-2 seed the chunking,

@@ -1,7 +1,7 @@
 /*
  * broker/authz: the capability manifest (authz.h, sb_manifest_*).
  *
- * Schema: upstream's ExecutorCapabilities (questpie-wire.md section 4) plus a
+ * Schema: upstream's ExecutorCapabilities (PROTOCOL.md section 5) plus a
  * tools axis. Every key is optional and an omitted axis grants nothing. The
  * parse is strict because a manifest the host thinks means one thing and we
  * read as another is a privilege bug: unknown keys, wrong types, unknown

@@ -287,7 +287,7 @@ static void on_token(void *arg, sb_status_t st, sb_token_t *tok)
     }
     memcpy(c->run_id, tok->run_id, sizeof(c->run_id));
     c->tok = tok; /* the lookup's reference, released with the call */
-    /* every call counts against the run's quotas, denied ones included (reference section 5.6) */
+    /* every call counts against the run's quotas, denied ones included (PROTOCOL.md section 9, quotas) */
     sb_store_quota_acquire(sb_current_worker->store, tok, on_quota, c);
 }
 

@@ -25,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ENCODINGS = ("json", "msgpack")
 ALL = {"files": {"read": ["**"], "write": ["**"]}}
 
-# reasons, byte for byte (broker/svc/files_path.h, files_fs.h, broker/authz/check.c)
+# reasons, byte for byte (broker/call/path.h, broker/svc/files/files_path.h, files_fs.h, broker/authz/check.c)
 UNSAFE = "files path is missing or unsafe"
 SEGMENT = 'files path has an empty or "." segment'
 RESERVED = "files path names a reserved temporary file"

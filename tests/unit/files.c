@@ -1,5 +1,5 @@
 /*
- * Unit tests for broker/svc/files.c, files_path.c and files_fs.c: root
+ * Unit tests for broker/svc/files/ (files.c, files_path.c, files_fs.c): root
  * template substitution, MIME types, the filesystem layer
  * on a scratch directory (containment, atomic replace, listing), and the
  * handler's worker pool (results on the loop thread, rate_limited when the

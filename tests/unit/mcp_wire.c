@@ -1,5 +1,5 @@
 /*
- * Unit tests for broker/svc/mcp_wire.c: the event-stream parser (WHATWG
+ * Unit tests for broker/svc/tools/mcp_wire.c: the event-stream parser (WHATWG
  * "Interpreting an event stream") and the JSON-RPC response picker that the
  * MCP client reads upstream answers with.
  */

@@ -1,5 +1,5 @@
 /*
- * Unit tests for broker/svc/pg_query.c: the SQL that collections and the
+ * Unit tests for broker/svc/pg/pg_query.c: the SQL that collections and the
  * document store send to PostgreSQL (PROTOCOL.md section 6b), without a
  * database. Collections are built by hand as the introspection would build
  * them (posts: the integration test's table; document_store: deploy/sql).

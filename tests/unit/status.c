@@ -95,7 +95,7 @@ static void test_table(void)
     }
     is_int(sb_status_http(SB_OK), 200, "SB_OK -> HTTP 200");
 
-    /* the upstream messages (questpie-wire.md section 2.3) for the codes it has */
+    /* the upstream messages (PROTOCOL.md section 3) for the codes it has */
     is_str(sb_status_message(SB_E_BAD_ARGS), "invalid sandbox binding arguments", "bad_args message");
     is_str(sb_status_message(SB_E_TOO_LARGE), "sandbox broker request body is too large", "too large message");
     is_str(sb_status_message(SB_E_NOMEM), sb_status_message(SB_E_EXECUTION), "NOMEM has the execution_error message");

@@ -397,7 +397,7 @@ static void on_response(void *arg, const char *err, sb_http_response_t *res)
         fail(f, SB_E_EXECUTION, "invalid redirect Location: %s", why != NULL ? why : "unparseable");
         return;
     }
-    /* reference section 6.7: 303 -> GET (any method, HEAD too); 301/302 after anything but GET/HEAD -> GET; 307/308 keep both */
+    /* PROTOCOL.md section 6a: 303 -> GET (any method, HEAD too); 301/302 after anything but GET/HEAD -> GET; 307/308 keep both */
     if (res->status == 303 ||
         ((res->status == 301 || res->status == 302) && strcmp(f->method, "GET") != 0 && strcmp(f->method, "HEAD") != 0)) {
         memcpy(f->method, "GET", 4);

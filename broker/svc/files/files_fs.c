@@ -1,5 +1,5 @@
 /*
- * broker/svc/files_fs: files.read / write / list on the filesystem
+ * broker/svc/files/files_fs: files.read / write / list on the filesystem
  * (files_fs.h).
  *
  * The containment argument, in one place:

@@ -1,5 +1,5 @@
 /*
- * broker/svc/files_fs: the storage half of the files handler.
+ * broker/svc/files/files_fs: the storage half of the files handler.
  *
  * Blocking system calls, run on the files worker threads (files.c), never on
  * an h2o loop. Every guest path is opened relative to a descriptor of the

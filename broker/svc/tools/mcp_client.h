@@ -1,5 +1,5 @@
 /*
- * broker/svc/mcp_client: an MCP client over the Streamable HTTP transport
+ * broker/svc/tools/mcp_client: an MCP client over the Streamable HTTP transport
  * (MCP 2025-06-18, basic/transports and basic/lifecycle), one session per
  * upstream per worker loop.
  *

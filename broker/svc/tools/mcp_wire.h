@@ -1,5 +1,5 @@
 /*
- * broker/svc/mcp_wire: the bytes an MCP Streamable HTTP server answers with.
+ * broker/svc/tools/mcp_wire: the bytes an MCP Streamable HTTP server answers with.
  *
  * An MCP server answers a POSTed JSON-RPC request either with one JSON object
  * (Content-Type: application/json) or with a Server-Sent Events stream

@@ -6,12 +6,14 @@
  * returns) and the target's `release` list (what the host chose to expose
  * from its tool server). A tool reaches the guest only when both name it.
  *
- * Limits are upstream's custom-tools hard maxima (questpie-wire.md section
- * 5.6): tools.call arguments 63 KiB packed, a tools/list payload and a
- * tools/call result 768 KiB each, 256 tools, one operation timeout, a number
- * of tools.call per run (every attempt that reaches us counts, refused ones
- * included, so probing is not free) and a number of operations in flight per
- * worker and upstream. Upstream answers a limit with forbidden; we answer
+ * Limits are upstream's custom-tools hard maxima (PROTOCOL.md section
+ * 6b, "Tools"): tools.call arguments 63 KiB packed (checked by the typed-call
+ * decoder, call/call.c), a tools/list payload and a tools/call result
+ * 768 KiB each, 256 tools, one operation timeout, a number of tools.call per
+ * run (every granted attempt counts, a malformed or unreleased one included,
+ * so probing is not free: dispatch counts it through sb_tools_count_call
+ * before it refuses bad args) and a number of operations in flight per worker
+ * and upstream. Upstream answers a limit with forbidden; we answer
  * rate_limited, our code for an exhausted quota (PROTOCOL.md section 7).
  *
  * Every upstream failure is execution_error: the detail (with the upstream
@@ -39,7 +41,7 @@
 #include "svc/tools/mcp_wire.h"
 #include "util/util.h"
 
-/* questpie-wire.md section 5.6, hard maxima */
+/* PROTOCOL.md section 6b ("Tools"), upstream's hard maxima */
 #define SB_TOOLS_MAX_LIST 786432u   /* a tools/list payload (each page, and what we return) */
 #define SB_TOOLS_MAX_RESULT 786432u /* a tools/call result */
 #define SB_TOOLS_MAX_TOOLS 256u     /* tools an upstream may list, over every page */
