@@ -102,10 +102,20 @@ int main(void)
     check_valid("a multibyte message cut at the cap", SB_E_FORBIDDEN, big, 1201);
     {
         char buf[SB_REPLY_ERROR_MAX];
-        size_t n = sb_reply_error_body(buf, SB_E_FORBIDDEN, big, NULL, 0);
+        size_t n;
+        big[1200] = '\0'; /* 600 two-byte characters: the 512-byte cut falls on a boundary */
+        n = sb_reply_error_body(buf, SB_E_FORBIDDEN, big, NULL, 0);
         json_t *j = json_loadb(buf, n, 0, NULL);
         const char *m = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
         ok(m != NULL && strlen(m) == SB_REPLY_MAX_MESSAGE, "the message is cut at %u bytes, on a code point", SB_REPLY_MAX_MESSAGE);
+        json_decref(j);
+        /* one ASCII byte first: byte 512 is the first half of a character, which is left out whole */
+        memmove(big + 1, big, 1201); /* the NUL too */
+        big[0] = 'a';
+        n = sb_reply_error_body(buf, SB_E_FORBIDDEN, big, NULL, 0);
+        j = json_loadb(buf, n, 0, NULL);
+        m = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
+        ok(m != NULL && strlen(m) == SB_REPLY_MAX_MESSAGE - 1, "a character across the cut is left out whole");
         json_decref(j);
     }
     return done_testing();
