@@ -1,7 +1,9 @@
 /*
- * libFuzzer driver for broker/svc/files_path.c: the guest path the files
- * handler opens (sb_files_guest_path), the root template it opens it under
- * (sb_files_root_expand) and the MIME type it reports.
+ * libFuzzer driver for the files paths: the guest path the files handler
+ * opens (broker/call/path.c: sb_path_normalize, then sb_path_storage_check,
+ * as the typed-call decoder runs them), the root template it opens it under
+ * (broker/svc/files/files_path.c, sb_files_root_expand) and the MIME type it
+ * reports.
  *
  * Input: byte 0 picks the mode.
  *
@@ -32,13 +34,24 @@
 #include <stdlib.h>
 #include <string.h>
 #include "sb/limits.h"
-#include "authz/authz.h"
-#include "svc/files_path.h"
+#include "call/path.h"
+#include "svc/files/files_path.h"
 #include "fuzz.h"
 
 #define NVALUES 4
 
-/* ---- guest paths ---------------------------------------------------------------------------------------------------- */
+/* what the typed files call holds: the normal form of the check, held to the storage shape */
+static sb_status_t guest_path(const char *in, size_t len, char *out, size_t outsz, const char **why)
+{
+    sb_status_t st = sb_path_normalize(in, len, out, outsz);
+    if (st != SB_OK) {
+        *why = SB_PATH_WHY_UNSAFE;
+        return SB_E_FORBIDDEN;
+    }
+    return sb_path_storage_check(out, strlen(out), why);
+}
+
+/* ---- guest paths -------------------------------------------------------------------------------------------------- */
 
 static int segment_ok(const char *s, size_t n)
 {
@@ -103,7 +116,7 @@ static void fuzz_guest_path(const uint8_t *data, size_t size)
     if (len != 0)
         memcpy(in, data + 2, len);
 
-    st = sb_files_guest_path(in, len, out, outsz, &why);
+    st = guest_path(in, len, out, outsz, &why);
     nst = sb_path_normalize(in, len, ref, outsz < sizeof(ref) ? outsz : sizeof(ref));
     want = nst == SB_OK && all_segments_ok(ref, strlen(ref));
 
@@ -122,7 +135,7 @@ static void fuzz_guest_path(const uint8_t *data, size_t size)
         SB_FUZZ_ASSERT(memchr(in, '\0', len) == NULL && strchr(out, '\\') == NULL, "NUL or backslash got through");
         SB_FUZZ_ASSERT(resolves_to_itself(out, olen), "\"%s\" moves when resolved", out);
         why = NULL;
-        SB_FUZZ_ASSERT(sb_files_guest_path(out, olen, again, sizeof(again), &why) == SB_OK && strcmp(again, out) == 0,
+        SB_FUZZ_ASSERT(guest_path(out, olen, again, sizeof(again), &why) == SB_OK && strcmp(again, out) == 0,
                        "not a fixed point: \"%s\" -> \"%s\" (%s)", out, again, why != NULL ? why : "");
         mime = sb_files_mime_type(out, olen);
         SB_FUZZ_ASSERT(mime != NULL && strchr(mime, '/') != NULL && strchr(mime, '/') == strrchr(mime, '/'), "bad MIME type");

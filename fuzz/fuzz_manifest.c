@@ -1,6 +1,7 @@
 /*
  * libFuzzer driver for broker/authz: the capability manifest parser
- * (sb_manifest_parse) and the per-call check (sb_authz_check).
+ * (sb_manifest_parse) and the per-call check (sb_authz_check), on the typed
+ * call the route builds (sb_call_decode, then the check).
  *
  * Input: JSON text, then optionally a NUL byte and up to five NUL-separated
  * strings: path, url, tool name, store namespace, method. The text goes
@@ -26,7 +27,9 @@
 #include "sb/method.h"
 #include "sb/limits.h"
 #include "authz/authz.h"
-#include "fetch/url.h"
+#include "call/call.h"
+#include "call/path.h"
+#include "call/url.h"
 #include "fuzz.h"
 
 enum { S_PATH, S_URL, S_NAME, S_NS, S_METHOD, S_COUNT };
@@ -82,7 +85,7 @@ static void pack_str(msgpack_packer *pk, const str_t *s)
         msgpack_pack_nil(pk);
 }
 
-/* {path, url, name, where: {store: ns}, data: {store: ns}}, or with every key twice when `dup` */
+/* {path, url, name, where: {store: ns}, data: {store: ns}, store: ns}, or with every key twice when `dup` */
 static void pack_args(msgpack_sbuffer *sb, const str_t *s, int dup)
 {
     msgpack_packer pk;
@@ -90,7 +93,7 @@ static void pack_args(msgpack_sbuffer *sb, const str_t *s, int dup)
 
     msgpack_sbuffer_clear(sb);
     msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&pk, (size_t)(5 * copies));
+    msgpack_pack_map(&pk, (size_t)(6 * copies));
     for (int c = 0; c < copies; ++c) {
         msgpack_pack_str_with_body(&pk, "path", 4);
         pack_str(&pk, &s[S_PATH]);
@@ -115,6 +118,9 @@ static void pack_args(msgpack_sbuffer *sb, const str_t *s, int dup)
         msgpack_pack_map(&pk, 1);
         msgpack_pack_str_with_body(&pk, "store", 5);
         pack_str(&pk, &s[S_NS]);
+        /* upstream's document-store create: {...doc, store: ns} */
+        msgpack_pack_str_with_body(&pk, "store", 5);
+        pack_str(&pk, &s[S_NS]);
     }
 }
 
@@ -122,18 +128,23 @@ static sb_status_t check(const sb_manifest_t *m, const sb_method_t *meth, const 
 {
     char reason[160], again[160];
     sb_status_t st, st2;
+    msgpack_zone zone;
+    sb_call_t call, *c = &call;
 
+    msgpack_zone_init(&zone, 1024);
+    (void)sb_call_decode(&call, meth, "fuzz.method", 11, args, 0, &zone);
     memset(reason, 0x7f, sizeof(reason));
-    st = sb_authz_check(m, meth, args, reason, sizeof(reason));
+    st = sb_authz_check(m, c, reason, sizeof(reason));
     SB_FUZZ_ASSERT(st == SB_OK || st == SB_E_FORBIDDEN || st == SB_E_BAD_ARGS, "sb_authz_check status %d", (int)st);
     SB_FUZZ_ASSERT(printable(reason, sizeof(reason)), "reason not printable or not terminated");
     SB_FUZZ_ASSERT(st == SB_OK || reason[0] != '\0', "refusal %d without a reason", (int)st);
-    st2 = sb_authz_check(m, meth, args, again, sizeof(again));
+    st2 = sb_authz_check(m, c, again, sizeof(again));
     SB_FUZZ_ASSERT(st == st2 && strcmp(reason, again) == 0, "sb_authz_check is not deterministic");
     /* a tiny reason buffer is still terminated */
-    st2 = sb_authz_check(m, meth, args, again, 3);
+    st2 = sb_authz_check(m, c, again, 3);
     SB_FUZZ_ASSERT(st == st2 && strnlen(again, 3) < 3, "reason buffer of 3 bytes");
-    SB_FUZZ_ASSERT(sb_authz_check(m, meth, args, NULL, 0) == st, "NULL reason buffer");
+    SB_FUZZ_ASSERT(sb_authz_check(m, c, NULL, 0) == st, "NULL reason buffer");
+    msgpack_zone_destroy(&zone);
     return st;
 }
 

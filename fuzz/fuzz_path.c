@@ -1,5 +1,5 @@
 /*
- * libFuzzer driver for broker/authz/path.c (sb_path_normalize).
+ * libFuzzer driver for broker/call/path.c (sb_path_normalize).
  *
  * Input: byte 0 picks an output buffer size (small sizes probe the bound
  * checks; the buffer is heap-allocated at exactly that size so an overrun is
@@ -8,7 +8,7 @@
  * Properties of an accepted path's output:
  *  - no ".." segment, no "//", no leading '/', no backslash, no NUL, not empty,
  *    never longer than the input;
- *  - it equals a reference written straight from questpie-wire.md section 4.2
+ *  - it equals a reference written straight from PROTOCOL.md section 6 ("Paths")
  *    (collapse '/' runs, strip ONE leading "./", refuse ".." segments);
  *  - normalising it again is the identity, with the one exception the spec
  *    makes: only one leading "./" is stripped per pass, so an output that
@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "sb/limits.h"
-#include "authz/authz.h"
+#include "call/path.h"
 #include "fuzz.h"
 
 static int has_dotdot_segment(const char *p, size_t len)

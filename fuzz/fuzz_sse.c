@@ -1,5 +1,5 @@
 /*
- * libFuzzer driver for broker/svc/mcp_wire.c: the event-stream parser and the
+ * libFuzzer driver for broker/svc/tools/mcp_wire.c: the event-stream parser and the
  * JSON-RPC response picker that read what an MCP upstream answers.
  *
  * Input: byte 0 picks the mode and the caps, bytes 1-2 seed the chunking,
@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "sb/value.h"
-#include "svc/mcp_wire.h"
+#include "svc/tools/mcp_wire.h"
 #include "fuzz.h"
 
 typedef struct st_trace_t {

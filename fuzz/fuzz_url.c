@@ -1,5 +1,5 @@
 /*
- * libFuzzer driver for broker/fetch/url.c (sb_url_parse, sb_url_resolve,
+ * libFuzzer driver for broker/call/url.c (sb_url_parse, sb_url_resolve,
  * sb_url_hostport, sb_url_host_header): the parser that decides where
  * http.fetch connects.
  *
@@ -24,7 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "fetch/url.h"
+#include "call/url.h"
 #include "fuzz.h"
 
 static void check_host(const sb_url_t *u)

@@ -1,6 +1,7 @@
 /*
- * libFuzzer driver for broker/svc/pg_query.c (sb_pg_build): the guest's
- * collection arguments -> one SQL statement and its parameters.
+ * libFuzzer driver for broker/svc/pg/pg_query.c (sb_pg_build): the guest's
+ * collection arguments -> the typed call (sb_call_decode, call/where.c) -> one
+ * SQL statement and its parameters.
  *
  * Input: one msgpack object (the RPC's `args`), decoded with sb_mp_decode as
  * the RPC route does. It is built for every operation (find, findOne,
@@ -9,8 +10,8 @@
  * "notes"), once as a JSON request and once as a msgpack request.
  *
  * Properties:
- *  - never crashes (ASan/UBSan), never leaks; a refusal is bad_args or
- *    forbidden with a non-empty message;
+ *  - never crashes (ASan/UBSan), never leaks; a refusal (by the decoder or
+ *    the builder) is bad_args or forbidden with a non-empty message;
  *  - on success, the statement is made only of the builder's vocabulary:
  *    SQL keywords, the table, type names from the schema, quoted identifiers
  *    that are columns of the collection, $n with 1 <= n <= nparams, unsigned
@@ -33,7 +34,8 @@
 #include <string.h>
 #include <msgpack.h>
 #include "sb/value.h"
-#include "svc/pg_query.h"
+#include "call/call.h"
+#include "svc/pg/pg_query.h"
 #include "fuzz.h"
 
 static sb_pg_col_t posts_cols[] = {
@@ -196,7 +198,7 @@ static void check_sql(const sb_pg_coll_t *c, const sb_sql_t *q, sb_method_op_t o
         SB_FUZZ_ASSERT(used[i], "parameter $%d is never referenced in: %s", i, s);
     if (op == SB_OP_FIND) {
         SB_FUZZ_ASSERT(q->limit <= c->max_limit, "page size %zu above max_limit %zu", q->limit, c->max_limit);
-        SB_FUZZ_ASSERT(q->offset <= SB_PG_MAX_OFFSET, "offset %zu", q->offset);
+        SB_FUZZ_ASSERT(q->offset <= SB_CALL_MAX_OFFSET, "offset %zu", q->offset);
     }
     SB_FUZZ_ASSERT(clamped(q, op, "tenant_id", "t1"), "no scope clamp in: %s", s);
     if (c->is_docstore)
@@ -286,26 +288,51 @@ static void rewrite_strings(msgpack_object *o, int is_key)
     }
 }
 
+/* decodes the args for the operation (collections.posts.<op> or store.notes.<op>) and builds; a decoder refusal is the build's */
+static sb_status_t build(const sb_pg_coll_t *c, sb_method_op_t op, const msgpack_object *args, int binary, sb_sql_t *q, char *err,
+                         size_t errsz)
+{
+    char method[64];
+    sb_method_t m;
+    sb_call_t call;
+    msgpack_zone zone;
+    sb_status_t st;
+    int n = snprintf(method, sizeof(method), "%s.%s", c->is_docstore ? "store.notes" : "collections.posts", sb_method_op_name(op));
+
+    SB_FUZZ_ASSERT(sb_method_parse(method, (size_t)n, &m) == SB_OK && m.op == op, "method %s", method);
+    msgpack_zone_init(&zone, 1024);
+    if ((st = sb_call_decode(&call, &m, method, (size_t)n, args, binary, &zone)) != SB_OK) {
+        SB_FUZZ_ASSERT(call.err_stage == SB_CALL_ERR_ARGS, "a collections call refused at stage %d", (int)call.err_stage);
+        snprintf(err, errsz, "%s", call.err);
+    } else {
+        SB_FUZZ_ASSERT(call.data != NULL && (call.data->ns != NULL) == c->is_docstore, "namespace of a decoded call");
+        st = sb_pg_build(c, op, call.data, &tok, binary, q, err, errsz);
+    }
+    msgpack_zone_destroy(&zone);
+    return st;
+}
+
 static void run_one(const sb_pg_coll_t *c, sb_method_op_t op, const msgpack_object *args, const msgpack_object *rewritten,
-                    const char *ns, int binary)
+                    int binary)
 {
     sb_sql_t q, q2;
-    char err[400], err2[400];
+    char err[SB_CALL_MAX_REASON], err2[SB_CALL_MAX_REASON];
     sb_status_t st, st2;
 
     sb_sql_init(&q);
     memset(err, 0x55, sizeof(err));
-    st = sb_pg_build(c, op, args, &tok, ns, binary, &q, err, sizeof(err));
+    st = build(c, op, args, binary, &q, err, sizeof(err));
     if (st != SB_OK) {
         SB_FUZZ_ASSERT(st == SB_E_BAD_ARGS || st == SB_E_FORBIDDEN, "status %d", (int)st);
         SB_FUZZ_ASSERT(memchr(err, '\0', sizeof(err)) != NULL && err[0] != '\0', "refusal without a message");
+        SB_FUZZ_ASSERT(sb_utf8_valid((const uint8_t *)err, strlen(err)), "refusal message is not valid UTF-8: %s", err);
         sb_sql_dispose(&q);
         return;
     }
     check_sql(c, &q, op);
 
     sb_sql_init(&q2);
-    st2 = sb_pg_build(c, op, rewritten, &tok, ns, binary, &q2, err2, sizeof(err2));
+    st2 = build(c, op, rewritten, binary, &q2, err2, sizeof(err2));
     if (st2 == SB_OK) {
         SB_FUZZ_ASSERT(strcmp(q.sql, q2.sql) == 0, "the statement depends on string values:\n%s\n%s", q.sql, q2.sql);
         SB_FUZZ_ASSERT(q.nparams == q2.nparams, "parameter count depends on string values");
@@ -344,8 +371,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); ++i) {
         for (int binary = 0; binary <= 1; ++binary) {
-            run_one(&posts, ops[i], &args, &rewritten, NULL, binary);
-            run_one(&docs, ops[i], &args, &rewritten, "notes", binary);
+            run_one(&posts, ops[i], &args, &rewritten, binary);
+            run_one(&docs, ops[i], &args, &rewritten, binary);
         }
     }
     msgpack_zone_destroy(&z2);

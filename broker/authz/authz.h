@@ -12,9 +12,10 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <jansson.h>
-#include <msgpack.h>
 #include "sb/status.h"
 #include "sb/method.h"
+#include "call/call.h"
+#include "call/url.h"
 
 typedef struct st_sb_manifest_t sb_manifest_t;
 
@@ -34,24 +35,41 @@ void sb_manifest_free(sb_manifest_t *m);
 int64_t sb_manifest_timeout_ms(const sb_manifest_t *m);
 
 /**
- * The per-call check (PROTOCOL.md, "Capability check").
+ * The per-call check (PROTOCOL.md section 6), on the typed call: the check
+ * reads the call and never changes it, so the handler receives exactly what
+ * was granted.
  * @param m the run's manifest
- * @param meth the parsed method
- * @param args the call's args (may be NULL when absent)
+ * @param call the decoded call (call/call.h); an error in the argument the
+ *        check decides on (the call's SB_CALL_ERR_SUBJECT) is returned here,
+ *        after any axis the check tests first
  * @param reason receives a human-readable reason on denial (NUL-terminated, truncated to reasonsz)
  * @return SB_OK when granted; SB_E_FORBIDDEN when denied; SB_E_BAD_ARGS when the
- *         arguments needed for the decision are malformed (http.fetch url)
+ *         argument needed for the decision is malformed (http.fetch url, a duplicate key)
  */
-SB_WARN_UNUSED sb_status_t sb_authz_check(const sb_manifest_t *m, const sb_method_t *meth, const msgpack_object *args, char *reason,
-                                          size_t reasonsz);
+SB_WARN_UNUSED sb_status_t sb_authz_check(const sb_manifest_t *m, const sb_call_t *call, char *reason, size_t reasonsz);
+
+/*
+ * The questions a handler asks of the manifest after the check granted its
+ * call (the check itself is sb_authz_check): every one is deny by default.
+ */
 
 /**
- * Normalises a files path (PROTOCOL.md, "Paths"): non-empty, no NUL, no
- * backslash, not absolute, runs of '/' collapsed, one leading "./" stripped,
- * no ".." segment.
- * @return SB_OK (out holds the NUL-terminated result) or SB_E_FORBIDDEN (unsafe) or SB_E_TOO_LARGE
+ * What files.list shows: an entry whose path matches a read glob, or a
+ * directory some read glob lives under (the rule the check applies to the
+ * listed path itself).
+ * @param path a normalised path (call/path.h)
  */
-SB_WARN_UNUSED sb_status_t sb_path_normalize(const char *in, size_t len, char *out, size_t outsz);
+int sb_authz_files_visible(const sb_manifest_t *m, const char *path, size_t len, int is_dir);
+/** 1 when a tools glob grants the tool name (tools.list shows only those) */
+int sb_authz_tool_granted(const sb_manifest_t *m, const char *name, size_t len);
+/**
+ * 1 when the net allowlist admits a request (PROTOCOL.md section 6): the URL's
+ * host and effective port match an entry. A redirect hop must pass it as the
+ * first URL did. The method is part of the question so that an entry may
+ * later restrict it (and the path, which is in the URL); today every entry
+ * admits every method.
+ */
+int sb_authz_fetch_allows(const sb_manifest_t *m, const sb_url_t *url, const char *method);
 
 /**
  * Anchored glob match: "**" any run of characters including '/', "*" any run

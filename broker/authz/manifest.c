@@ -1,7 +1,7 @@
 /*
  * broker/authz: the capability manifest (authz.h, sb_manifest_*).
  *
- * Schema: upstream's ExecutorCapabilities (questpie-wire.md section 4) plus a
+ * Schema: upstream's ExecutorCapabilities (PROTOCOL.md section 5) plus a
  * tools axis. Every key is optional and an omitted axis grants nothing. The
  * parse is strict because a manifest the host thinks means one thing and we
  * read as another is a privilege bug: unknown keys, wrong types, unknown
@@ -16,7 +16,7 @@
  * (upstream needed hasOwnProperty for that; we have no prototype chain).
  *
  * check.c reads the parsed form through the sb_manifest__* accessors at the
- * bottom of this file (declared there, in its "manifest accessors" block).
+ * bottom of this file (declared once, in manifest_int.h).
  */
 #include <arpa/inet.h>
 #include <stdarg.h>
@@ -24,8 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include "sb/limits.h"
-#include "authz/authz.h"
-#include "fetch/url.h"
+#include "authz/manifest_int.h"
+#include "call/path.h"
+#include "call/url.h"
 #include "util/util.h"
 
 #define MAX_NAME_LEN SB_MAX_NAME
@@ -35,8 +36,7 @@
 /* how much of an offending key or value an error message quotes */
 #define MAX_QUOTE 64u
 
-/* verbs as bits, positioned by the sb_method_op_t of the same name (shared with check.c through sb/method.h) */
-#define VERB_BIT(op) (1u << (unsigned)(op))
+#define VERB_BIT(op) SB_MANIFEST_VERB_BIT(op)
 
 typedef struct st_mstr_t {
     char *p; /* NUL-terminated copy; len excludes the NUL */
@@ -286,7 +286,7 @@ static const char *parse_net_entry(const char *s, size_t len, net_entry_t *e)
             return "invalid port";
     }
 
-    /* URL hosts never carry a trailing dot (fetch/url.c strips it), so neither do entries */
+    /* URL hosts never carry a trailing dot (call/url.c strips it), so neither do entries */
     if (hlen > 1 && host[hlen - 1] == '.')
         --hlen;
     if (hlen == 0 || (hlen == 1 && host[0] == '.'))
@@ -565,22 +565,7 @@ int64_t sb_manifest_timeout_ms(const sb_manifest_t *m)
     return m->timeout_ms;
 }
 
-/* ---- accessors for check.c (declared in its "manifest accessors" block) ------------------------------------------ */
-
-unsigned sb_manifest__collection_verbs(const sb_manifest_t *m, const char *name, size_t len);
-unsigned sb_manifest__global_verbs(const sb_manifest_t *m, const char *name, size_t len);
-unsigned sb_manifest__store_verbs(const sb_manifest_t *m, const char *name, size_t len);
-int sb_manifest__has_service(const sb_manifest_t *m, const char *name, size_t len);
-int sb_manifest__has_job(const sb_manifest_t *m, const char *name, size_t len);
-int sb_manifest__has_workflow(const sb_manifest_t *m, const char *name, size_t len);
-size_t sb_manifest__files_read_count(const sb_manifest_t *m);
-int sb_manifest__files_read_match(const sb_manifest_t *m, const char *path, size_t len);
-int sb_manifest__files_write_match(const sb_manifest_t *m, const char *path, size_t len);
-int sb_manifest__files_read_under(const sb_manifest_t *m, const char *dir, size_t len);
-size_t sb_manifest__tools_count(const sb_manifest_t *m);
-int sb_manifest__tools_match(const sb_manifest_t *m, const char *name, size_t len);
-size_t sb_manifest__net_count(const sb_manifest_t *m);
-int sb_manifest__net_allows(const sb_manifest_t *m, const sb_url_t *u);
+/* ---- accessors for check.c (manifest_int.h) ------------------------------------------------------------------------ */
 
 static unsigned grant_verbs(const grants_t *g, const char *name, size_t len)
 {

@@ -13,10 +13,10 @@
 
 #include <h2o.h>
 #include <openssl/ssl.h>
+#include "sb/limits.h"
 #include "fetch/ipclass.h"
 
 #define SB_MAX_RESPONSE_HEAD 65536u
-#define SB_MAX_RESPONSE_HEADERS 100u
 
 typedef struct st_sb_http_header_t {
     const char *name; /* lowercased; points into the response's head copy */

@@ -12,11 +12,9 @@
 #define SB_FETCH_RESOLVER_H
 
 #include <h2o.h>
+#include "sb/limits.h"
 #include "sb/status.h"
 #include "fetch/ipclass.h"
-
-/* answers per family that are read and validated; a reply with more is refused */
-#define SB_MAX_DNS_ANSWERS 32
 
 typedef struct st_sb_resolver_t sb_resolver_t;
 typedef struct st_sb_resolve_t sb_resolve_t;

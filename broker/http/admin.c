@@ -10,7 +10,10 @@
 #include <stdio.h>
 #include <string.h>
 #include "http/framing.h"
-#include "http/server.h"
+#include "http/async.h"
+#include "http/reply.h"
+#include "http/routes.h"
+#include "http/worker.h"
 #include "obs/log.h"
 #include "obs/metrics.h"
 #include "sb/limits.h"
@@ -35,30 +38,38 @@ static void op_dispose(sb_async_t *a)
     sb_token_release(op->tok);
 }
 
-static void send_json(h2o_req_t *req, const char *op, int status, const char *reason, json_t *body)
+/* every admin answer: the log first (admin events reach it before the host sees the answer), the metric, the reply */
+static void send_admin(h2o_req_t *req, const char *op, sb_status_t st, const char *body, size_t len)
 {
-    /* admin events (minted, revoked) reach the log before the host sees the answer */
     sb_log_flush();
+    sb_metrics_admin(op, sb_status_http(st));
+    sb_reply_send(req, st, len != 0 ? "application/json" : NULL, body, len);
+}
+
+static void send_json(h2o_req_t *req, const char *op, sb_status_t st, json_t *body)
+{
     char *text = json_dumps(body, JSON_COMPACT);
     json_decref(body);
     if (text == NULL)
         sb_fatal(__FILE__, __LINE__, "out of memory");
-    sb_metrics_admin(op, status);
-    sb_send_bytes(req, status, reason, "application/json", text, strlen(text));
+    send_admin(req, op, st, text, strlen(text));
     free(text);
 }
 
-static void send_error(h2o_req_t *req, const char *op, int status, const char *reason, const char *code, const char *message)
+/* {"ok":false,"error":{"code","message"}}: the code from the status table, the message valid UTF-8 */
+static void send_error(h2o_req_t *req, const char *op, sb_status_t st, const char *message)
 {
-    send_json(req, op, status, reason, json_pack("{s:b, s:{s:s, s:s}}", "ok", 0, "error", "code", code, "message", message));
+    char body[SB_REPLY_ERROR_MAX];
+    size_t len = sb_reply_error_body(body, st, message, NULL, 0);
+    send_admin(req, op, st, body, len);
 }
 
 static void send_store_error(h2o_req_t *req, const char *op, sb_status_t st)
 {
     if (st == SB_E_RATE_LIMITED)
-        send_error(req, op, 429, "Too Many Requests", "rate_limited", "the token store is full");
+        send_error(req, op, SB_E_RATE_LIMITED, "the token store is full");
     else
-        send_error(req, op, 503, "Service Unavailable", "unavailable", "the token store is unavailable");
+        send_error(req, op, SB_E_UNAVAILABLE, "the token store is unavailable");
 }
 
 static int authorized(h2o_req_t *req)
@@ -131,10 +142,10 @@ static void on_stored(void *arg, sb_status_t st)
             sb_log_cstr(&l, "token", op->tokref);
             sb_log_int(&l, "expiresAt", op->expires_at);
             sb_log_end(&l);
-            send_json(req, "mint", 201, "Created",
+            send_json(req, "mint", SB_OK_CREATED,
                       json_pack("{s:s, s:I}", "token", op->token_hex, "expiresAt", (json_int_t)op->expires_at));
         } else if (st == SB_E_BAD_ARGS) {
-            send_error(req, "mint", 409, "Conflict", "conflict", "that token is already registered");
+            send_error(req, "mint", SB_E_CONFLICT, "that token is already registered");
         } else {
             send_store_error(req, "mint", st);
         }
@@ -158,12 +169,7 @@ static void on_revoked(void *arg, sb_status_t st)
     }
     if (req != NULL) {
         if (st == SB_OK) {
-            sb_log_flush();
-            sb_metrics_admin(op->op, 204);
-            req->res.status = 204;
-            req->res.reason = "No Content";
-            req->res.content_length = 0;
-            h2o_send_inline(req, NULL, 0);
+            send_admin(req, op->op, SB_OK_NO_CONTENT, NULL, 0);
         } else {
             send_store_error(req, op->op, st);
         }
@@ -190,16 +196,16 @@ static void mint(h2o_req_t *req)
     sb_token_t *tok;
 
     if (req->entity.base == NULL || req->entity.len == 0) {
-        send_error(req, "mint", 400, "Bad Request", "bad_args", "invalid JSON body");
+        send_error(req, "mint", SB_E_BAD_ARGS, "invalid JSON body");
         return;
     }
     if (req->entity.len > SB_MAX_ADMIN_BODY) {
-        send_error(req, "mint", 413, "Payload Too Large", "bad_args", "request body is too large");
+        send_error(req, "mint", SB_E_TOO_LARGE, "request body is too large");
         return;
     }
     if ((body = json_loadb(req->entity.base, req->entity.len, JSON_REJECT_DUPLICATES, &jerr)) == NULL || !json_is_object(body)) {
         json_decref(body);
-        send_error(req, "mint", 400, "Bad Request", "bad_args", "invalid JSON body");
+        send_error(req, "mint", SB_E_BAD_ARGS, "invalid JSON body");
         return;
     }
     json_object_foreach(body, k, v)
@@ -234,7 +240,9 @@ static void mint(h2o_req_t *req)
             goto BadArgs;
         }
         if (json_object_get(conf->targets, json_string_value(target)) == NULL) {
-            snprintf(err, sizeof(err), "target: no target named \"%.128s\" is configured", json_string_value(target));
+            const char *t = json_string_value(target);
+            /* cut on a code point boundary: the message is JSON text */
+            snprintf(err, sizeof(err), "target: no target named \"%.*s\" is configured", (int)sb_utf8_cut(t, strlen(t), 128), t);
             goto BadArgs;
         }
     } else {
@@ -251,7 +259,7 @@ static void mint(h2o_req_t *req)
     if (given == NULL) {
         if (sb_random(raw, sizeof(raw)) != SB_OK) {
             json_decref(body);
-            send_error(req, "mint", 503, "Service Unavailable", "unavailable", "no randomness available");
+            send_error(req, "mint", SB_E_UNAVAILABLE, "no randomness available");
             return;
         }
     }
@@ -273,7 +281,7 @@ static void mint(h2o_req_t *req)
     if (sb_token_build(hash, json_string_value(run), caps, target != NULL ? json_string_value(target) : NULL, scope, 0, &tok, err,
                        sizeof(err)) != SB_OK) {
         json_decref(body);
-        send_error(req, "mint", 400, "Bad Request", "bad_args", err);
+        send_error(req, "mint", SB_E_BAD_ARGS, err);
         return;
     }
     /* quotas: the configured defaults, unless the host sets them for this run */
@@ -300,7 +308,7 @@ static void mint(h2o_req_t *req)
                 while (i < 3 && strcmp(qk[i].key, qkey) != 0)
                     ++i;
                 if (i == 3) {
-                    snprintf(err, sizeof(err), "quotas.%.64s: unknown key", qkey);
+                    snprintf(err, sizeof(err), "quotas.%.*s: unknown key", (int)sb_utf8_cut(qkey, strlen(qkey), 64), qkey);
                     sb_token_release(tok);
                     goto BadArgs;
                 }
@@ -334,7 +342,7 @@ static void mint(h2o_req_t *req)
 
 BadArgs:
     json_decref(body);
-    send_error(req, "mint", 400, "Bad Request", "bad_args", err);
+    send_error(req, "mint", SB_E_BAD_ARGS, err);
 }
 
 static void revoke_id(h2o_req_t *req, int by_run, const char *seg, size_t seglen)
@@ -344,11 +352,11 @@ static void revoke_id(h2o_req_t *req, int by_run, const char *seg, size_t seglen
     const char *opname = by_run ? "revoke_run" : "revoke_token";
 
     if (decode_segment(seg, seglen, id, sizeof(id)) != 0) {
-        send_error(req, opname, 400, "Bad Request", "bad_args", by_run ? "runId: malformed" : "token: malformed");
+        send_error(req, opname, SB_E_BAD_ARGS, by_run ? "runId: malformed" : "token: malformed");
         return;
     }
     if (!by_run && !sb_is_token_format(id, strlen(id))) {
-        send_error(req, opname, 400, "Bad Request", "bad_args", "token: expected 64 lowercase hex characters");
+        send_error(req, opname, SB_E_BAD_ARGS, "token: expected 64 lowercase hex characters");
         return;
     }
     op = (admin_op_t *)sb_async_attach(req, sizeof(*op), op_dispose);
@@ -380,12 +388,12 @@ int sb_admin_on_req(h2o_handler_t *self, h2o_req_t *req)
     path.len = q;
     if (path.len >= 7 && memcmp(path.base, "/admin/", 7) == 0) {
         if (!authorized(req)) {
-            send_error(req, "other", 401, "Unauthorized", "unauthorized", "missing or wrong admin secret");
+            send_error(req, "other", SB_E_UNAUTHORIZED, "missing or wrong admin secret");
             return 0;
         }
         if (h2o_memis(path.base, path.len, H2O_STRLIT("/admin/v1/tokens"))) {
             if (!h2o_memis(req->method.base, req->method.len, H2O_STRLIT("POST"))) {
-                send_error(req, "other", 405, "Method Not Allowed", "bad_method", "use POST");
+                send_error(req, "other", SB_E_METHOD_NOT_ALLOWED, "use POST");
                 return 0;
             }
             mint(req);
@@ -393,7 +401,7 @@ int sb_admin_on_req(h2o_handler_t *self, h2o_req_t *req)
         }
         if (path.len > 17 && memcmp(path.base, "/admin/v1/tokens/", 17) == 0) {
             if (!h2o_memis(req->method.base, req->method.len, H2O_STRLIT("DELETE"))) {
-                send_error(req, "other", 405, "Method Not Allowed", "bad_method", "use DELETE");
+                send_error(req, "other", SB_E_METHOD_NOT_ALLOWED, "use DELETE");
                 return 0;
             }
             revoke_id(req, 0, path.base + 17, path.len - 17);
@@ -401,19 +409,19 @@ int sb_admin_on_req(h2o_handler_t *self, h2o_req_t *req)
         }
         if (path.len > 15 && memcmp(path.base, "/admin/v1/runs/", 15) == 0) {
             if (!h2o_memis(req->method.base, req->method.len, H2O_STRLIT("DELETE"))) {
-                send_error(req, "other", 405, "Method Not Allowed", "bad_method", "use DELETE");
+                send_error(req, "other", SB_E_METHOD_NOT_ALLOWED, "use DELETE");
                 return 0;
             }
             revoke_id(req, 1, path.base + 15, path.len - 15);
             return 0;
         }
-        send_error(req, "other", 404, "Not Found", "not_found", "no such admin endpoint");
+        send_error(req, "other", SB_E_NOT_FOUND, "no such admin endpoint");
         return 0;
     }
     if (h2o_memis(path.base, path.len, H2O_STRLIT("/metrics")) && h2o_memis(req->method.base, req->method.len, H2O_STRLIT("GET"))) {
         char *text;
         size_t len = sb_metrics_render(&text);
-        sb_send_bytes(req, 200, "OK", "text/plain; version=0.0.4", text, len);
+        sb_reply_send(req, SB_OK, "text/plain; version=0.0.4", text, len);
         free(text);
         return 0;
     }

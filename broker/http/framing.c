@@ -24,7 +24,7 @@
 #include <string.h>
 #include <sys/types.h>
 #include "http/framing.h"
-#include "http/server.h"
+#include "http/reply.h"
 #include "obs/log.h"
 
 struct phr_header {
@@ -148,6 +148,7 @@ int sb_http_framing_refuse(h2o_req_t *req)
     sb_log_str(&l, "reason", why, strlen(why));
     sb_log_end(&l);
     req->http1_is_persistent = 0;
-    sb_send_bytes(req, 400, "Bad Request", "text/plain; charset=utf-8", body, sizeof(body) - 1);
+    /* 400 Bad Request (the table's row for a request the broker will not read) */
+    sb_reply_send(req, SB_E_BAD_ARGS, "text/plain; charset=utf-8", body, sizeof(body) - 1);
     return 1;
 }

@@ -10,13 +10,17 @@
 #include <stdio.h>
 #include <string.h>
 #include "http/framing.h"
-#include "http/server.h"
+#include "http/async.h"
+#include "http/reply.h"
+#include "http/routes.h"
+#include "http/worker.h"
 #include "obs/audit.h"
 #include "obs/log.h"
 #include "obs/metrics.h"
 #include "sb/limits.h"
 #include "sb/method.h"
 #include "sb/value.h"
+#include "call/call.h"
 #include "svc/dispatch.h"
 #include "util/util.h"
 
@@ -31,6 +35,7 @@ typedef struct st_rpc_call_t {
     size_t method_len;
     int kind; /* sb_method_kind_t, or SB_MK_COUNT_ while unknown */
     sb_method_t m;
+    sb_call_t call; /* the typed call: decoded once, checked, dispatched */
     uint8_t hash[32];
     char tokref[13];
     char run_id[SB_MAX_RUN_ID + 1];
@@ -97,124 +102,74 @@ static void log_call(rpc_call_t *c, sb_status_t st, const char *message, size_t 
     }
 }
 
-static const char *reason_phrase(int status)
-{
-    switch (status) {
-    case 200:
-        return "OK";
-    case 400:
-        return "Bad Request";
-    case 401:
-        return "Unauthorized";
-    case 403:
-        return "Forbidden";
-    case 413:
-        return "Payload Too Large";
-    case 429:
-        return "Too Many Requests";
-    case 501:
-        return "Not Implemented";
-    case 503:
-        return "Service Unavailable";
-    default:
-        return "Internal Server Error";
-    }
-}
-
-/*
- * Appends `s` as the inside of a JSON string (RFC 8259 section 7): quote,
- * backslash and control characters escaped, everything else (valid UTF-8, as
- * every message is) copied; stops at `cap`.
- */
-static size_t json_escape_into(char *buf, size_t cap, size_t n, const char *s)
-{
-    static const char hex[] = "0123456789abcdef";
-    for (; *s != '\0' && n + 6 < cap; ++s) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\') {
-            buf[n++] = '\\';
-            buf[n++] = (char)ch;
-        } else if (ch < 0x20 || ch == 0x7f) {
-            buf[n++] = '\\';
-            buf[n++] = 'u';
-            buf[n++] = '0';
-            buf[n++] = '0';
-            buf[n++] = hex[ch >> 4];
-            buf[n++] = hex[ch & 15];
-        } else {
-            buf[n++] = (char)ch;
-        }
-    }
-    return n;
-}
-
 static void send_body(rpc_call_t *c, sb_status_t st, const char *message, const char *body, size_t len)
 {
-    int status = sb_status_http(st);
     log_call(c, st, message, len);
-    sb_send_bytes(c->super.req, status, reason_phrase(status), c->binary ? "application/msgpack" : "application/json", body, len);
+    sb_reply_send(c->super.req, st, c->binary ? "application/msgpack" : "application/json", body, len);
 }
 
 /*
- * Answers an error. execution_error never carries its detail to the guest:
- * the message is the stable upstream string plus a correlation id that finds
- * the detail in the log.
+ * Answers an error. A redacted status (execution_error) never carries its
+ * detail to the guest: the wire gets the stable upstream message plus a
+ * correlation id that finds the detail in the log (PROTOCOL.md section 7).
  */
 static void reply_error(rpc_call_t *c, sb_status_t st, const char *message)
 {
-    const char *code = sb_status_code(st);
-    int redact = st == SB_E_EXECUTION || st == SB_E_NOMEM || st == SB_E_AGAIN;
-    const char *wire_msg = redact || message == NULL ? sb_status_message(st) : message;
+    char body[SB_REPLY_ERROR_MAX];
+    size_t len;
 
-    if (redact)
-        st = SB_E_EXECUTION;
+    st = sb_status_on_wire(st);
     release_quota(c);
     sb_metrics_call(c->kind, st, sb_mono_us() - c->started_us);
     if (st == SB_E_UNAUTHORIZED)
         sb_metrics_deny(c->tokref[0] == '\0' ? SB_DENY_TOKEN_MISSING : SB_DENY_TOKEN_INVALID);
     else if (st == SB_E_FORBIDDEN && c->kind < SB_MK_COUNT_)
         sb_metrics_deny(SB_DENY_AXIS + c->kind);
+    len = sb_reply_error_body(body, st, message, c->cid, c->binary);
+    send_body(c, st, message, body, len);
+}
 
-    if (c->binary) {
-        msgpack_sbuffer sb;
-        msgpack_packer pk;
-        msgpack_sbuffer_init(&sb);
-        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-        msgpack_pack_map(&pk, 2);
-        msgpack_pack_str_with_body(&pk, "ok", 2);
-        msgpack_pack_false(&pk);
-        msgpack_pack_str_with_body(&pk, "error", 5);
-        msgpack_pack_map(&pk, redact ? 3 : 2);
-        msgpack_pack_str_with_body(&pk, "code", 4);
-        msgpack_pack_str_with_body(&pk, code, strlen(code));
-        msgpack_pack_str_with_body(&pk, "message", 7);
-        msgpack_pack_str_with_body(&pk, wire_msg, strlen(wire_msg));
-        if (redact) {
-            msgpack_pack_str_with_body(&pk, "correlationId", 13);
-            msgpack_pack_str_with_body(&pk, c->cid, strlen(c->cid));
-        }
-        send_body(c, st, message, sb.data, sb.size);
-        msgpack_sbuffer_destroy(&sb);
-    } else {
-        /* written directly: building a jansson tree for three strings costs more than the whole check */
-        char body[4096]; /* room for a 512-byte message escaped in full (6 bytes per control character) */
-        size_t n = 0;
-        n += (size_t)snprintf(body + n, sizeof(body) - n, "{\"ok\":false,\"error\":{\"code\":\"%s\",\"message\":\"", code);
-        n = json_escape_into(body, sizeof(body) - 64, n, wire_msg);
-        if (redact)
-            n += (size_t)snprintf(body + n, sizeof(body) - n, "\",\"correlationId\":\"%s\"}}", c->cid);
-        else
-            n += (size_t)snprintf(body + n, sizeof(body) - n, "\"}}");
-        send_body(c, st, message, body, n);
+/*
+ * The JSON reply {"ok":true,"value":V} for a value a handler packed as
+ * msgpack: the one place a reply value becomes JSON (the one-pass codec
+ * replaces this function alone). On success *text is malloc'ed.
+ * @return SB_OK, or SB_E_EXECUTION with *why set
+ */
+static sb_status_t encode_json_value(const char *packed, size_t len, char **text, size_t *text_len, const char **why)
+{
+    msgpack_zone zone;
+    msgpack_object value;
+    json_t *v, *o;
+    sb_status_t st = SB_OK;
+
+    *text = NULL;
+    msgpack_zone_init(&zone, 4096);
+    /* the handler packed it in this process: no pre-check (sb_json_from_mp still checks every string) */
+    if (sb_mp_decode_packed((const uint8_t *)packed, len, &zone, &value) != SB_OK) {
+        *why = "handler produced an invalid value";
+        st = SB_E_EXECUTION;
+        goto Exit;
     }
+    if (sb_json_from_mp(&value, &v) != SB_OK) {
+        *why = "handler produced a value JSON cannot carry";
+        st = SB_E_EXECUTION;
+        goto Exit;
+    }
+    o = json_pack("{s:b, s:o}", "ok", 1, "value", v);
+    *text = json_dumps(o, JSON_COMPACT | JSON_ENCODE_ANY);
+    json_decref(o);
+    if (*text == NULL)
+        sb_fatal(__FILE__, __LINE__, "out of memory");
+    *text_len = strlen(*text);
+Exit:
+    msgpack_zone_destroy(&zone);
+    return st;
 }
 
 /* answers {ok:true, value} from a packed msgpack value, enforcing the method's response cap */
 static void reply_value(rpc_call_t *c, const char *packed, size_t len)
 {
     size_t cap = sb_method_response_cap(&c->m);
-    msgpack_zone zone;
-    msgpack_object value;
 
     release_quota(c);
     if (c->binary) {
@@ -237,34 +192,21 @@ static void reply_value(rpc_call_t *c, const char *packed, size_t len)
         msgpack_sbuffer_destroy(&sb);
         return;
     }
-    msgpack_zone_init(&zone, 4096);
-    /* the handler packed it in this process: no pre-check (sb_json_from_mp still checks every string) */
-    if (sb_mp_decode_packed((const uint8_t *)packed, len, &zone, &value) != SB_OK) {
-        msgpack_zone_destroy(&zone);
-        reply_error(c, SB_E_EXECUTION, "handler produced an invalid value");
-        return;
-    }
     {
-        json_t *v, *o;
         char *text;
-        if (sb_json_from_mp(&value, &v) != SB_OK) {
-            msgpack_zone_destroy(&zone);
-            reply_error(c, SB_E_EXECUTION, "handler produced a value JSON cannot carry");
+        size_t text_len = 0;
+        const char *why = NULL;
+        if (encode_json_value(packed, len, &text, &text_len, &why) != SB_OK) {
+            reply_error(c, SB_E_EXECUTION, why);
             return;
         }
-        o = json_pack("{s:b, s:o}", "ok", 1, "value", v);
-        text = json_dumps(o, JSON_COMPACT | JSON_ENCODE_ANY);
-        json_decref(o);
-        msgpack_zone_destroy(&zone);
-        if (text == NULL)
-            sb_fatal(__FILE__, __LINE__, "out of memory");
-        if (strlen(text) > cap) {
+        if (text_len > cap) {
             free(text);
             reply_error(c, SB_E_EXECUTION, "result exceeds the method's response cap");
             return;
         }
         sb_metrics_call(c->kind, SB_OK, sb_mono_us() - c->started_us);
-        send_body(c, SB_OK, NULL, text, strlen(text));
+        send_body(c, SB_OK, NULL, text, text_len);
         free(text);
     }
 }
@@ -308,16 +250,23 @@ static void on_quota(void *arg, sb_status_t st, const char *why)
         goto Exit;
     }
     c->kind = c->m.kind;
+    /* the args, decoded once: the check decides on this call, and the handler receives the same one */
+    if (sb_call_decode(&c->call, &c->m, c->method, c->method_len, c->args, c->binary, &c->zone) != SB_OK &&
+        c->call.err_stage == SB_CALL_ERR_NOW) {
+        reply_error(c, c->call.err_status, c->call.err);
+        goto Exit;
+    }
+    c->call.cid = c->cid;
     /* the manifest is checked on every call: nothing about a grant is cached */
     reason[0] = '\0';
-    if ((st = sb_authz_check(c->tok->manifest, &c->m, c->args, reason, sizeof(reason))) != SB_OK) {
+    if ((st = sb_authz_check(c->tok->manifest, &c->call, reason, sizeof(reason))) != SB_OK) {
         reply_error(c, st, reason[0] != '\0' ? reason : NULL);
         goto Exit;
     }
     c->granted = 1;
-    /* the handler's callback holds its own reference: it may run long after this one is dropped */
+    /* the handler's callback holds its own reference: it may run long after this one is dropped (and the call with it) */
     sb_async_retain(&c->super);
-    sb_dispatch(&sb_current_worker->svc, c->tok, &c->m, c->method, c->method_len, c->args, c->binary, on_dispatched, c);
+    sb_dispatch(&sb_current_worker->svc, c->tok, &c->call, on_dispatched, c);
 Exit:
     sb_async_release(&c->super);
 }
@@ -335,8 +284,27 @@ static void on_token(void *arg, sb_status_t st, sb_token_t *tok, const char *why
         sb_async_release(&c->super);
         return;
     }
-    /* the lookup also counted the call against the run's quotas, denied ones included (reference section 5.6) */
+    /* the lookup also counted the call against the run's quotas, denied ones included (PROTOCOL.md section 9, quotas) */
     on_quota(c, st, why);
+}
+
+/*
+ * The request body as one value in the call's zone: msgpack pre-checked and
+ * unpacked, or JSON. The one place a JSON request body is decoded (the
+ * one-pass codec replaces this function alone); either way the value obeys
+ * PROTOCOL.md section 1 (caps, strict UTF-8, unique string keys).
+ * @return SB_OK, SB_E_BAD_ARGS, SB_E_TOO_LARGE (nesting or node caps) or SB_E_NOMEM
+ */
+static sb_status_t decode_body(rpc_call_t *c, const char *body, size_t len, const char **why)
+{
+    sb_status_t st;
+
+    if (c->binary)
+        return sb_mp_decode((const uint8_t *)body, len, &c->zone, &c->root, why);
+    if ((st = sb_json_decode(body, len, &c->packed, why)) != SB_OK)
+        return st;
+    /* packed here from a jansson tree that already met every value rule: no second pre-check */
+    return sb_mp_decode_packed((const uint8_t *)c->packed.data, c->packed.size, &c->zone, &c->root);
 }
 
 static int is_msgpack(h2o_req_t *req)
@@ -361,7 +329,7 @@ int sb_rpc_on_req(h2o_handler_t *self, h2o_req_t *req)
         return 0;
     if (!h2o_memis(req->method.base, req->method.len, H2O_STRLIT("POST"))) {
         h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_ALLOW, NULL, H2O_STRLIT("POST"));
-        sb_send_bytes(req, 405, "Method Not Allowed", "text/plain", H2O_STRLIT("method not allowed\n"));
+        sb_reply_send(req, SB_E_METHOD_NOT_ALLOWED, "text/plain", H2O_STRLIT("method not allowed\n"));
         return 0;
     }
     c = (rpc_call_t *)sb_async_attach(req, sizeof(*c), call_dispose);
@@ -387,13 +355,7 @@ int sb_rpc_on_req(h2o_handler_t *self, h2o_req_t *req)
         reply_error(c, SB_E_BAD_ARGS, c->binary ? "invalid msgpack body" : "invalid JSON body");
         return 0;
     }
-    if (c->binary) {
-        st = sb_mp_decode((const uint8_t *)req->entity.base, req->entity.len, &c->zone, &c->root, &why);
-    } else if ((st = sb_json_decode(req->entity.base, req->entity.len, &c->packed, &why)) == SB_OK) {
-        /* packed here from a jansson tree that already met every value rule: no second pre-check */
-        st = sb_mp_decode_packed((const uint8_t *)c->packed.data, c->packed.size, &c->zone, &c->root);
-    }
-    if (st != SB_OK) {
+    if ((st = decode_body(c, req->entity.base, req->entity.len, &why)) != SB_OK) {
         if (st == SB_E_NOMEM)
             reply_error(c, SB_E_EXECUTION, "out of memory decoding the body");
         else if (st == SB_E_TOO_LARGE)
@@ -433,6 +395,11 @@ int sb_rpc_on_req(h2o_handler_t *self, h2o_req_t *req)
     /* 6. the token: only well-formed ones are looked up, and only by hash */
     hi = h2o_find_header_by_str(&req->headers, H2O_STRLIT("x-questpie-sandbox-token"), -1);
     if (hi < 0 || req->headers.entries[hi].value.len == 0) {
+        reply_error(c, SB_E_UNAUTHORIZED, NULL);
+        return 0;
+    }
+    /* two token headers are ambiguous: no token is "the" token, and a proxy and the broker could each pick another */
+    if (h2o_find_header_by_str(&req->headers, H2O_STRLIT("x-questpie-sandbox-token"), hi) >= 0) {
         reply_error(c, SB_E_UNAUTHORIZED, NULL);
         return 0;
     }

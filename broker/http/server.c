@@ -19,13 +19,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 #include "http/framing.h"
+#include "http/routes.h"
 #include "http/server.h"
 #include "obs/log.h"
 #include "obs/metrics.h"
 #include "svc/handlers.h"
 #include "util/util.h"
-
-__thread sb_worker_t *sb_current_worker;
 
 /* "host:port" or "[v6]:port" of an address */
 static void format_addr(const struct sockaddr_storage *ss, char *out, size_t outsz)
@@ -481,89 +480,4 @@ void sb_server_dispose(sb_server_t *s)
     if (s->admin_fd >= 0)
         close(s->admin_fd);
     /* workers, loops and h2o configuration live until exit (see worker_main) */
-}
-
-/* --- helpers for the handlers --- */
-
-static void on_guard_dispose(void *p)
-{
-    sb_async_t *a = *(sb_async_t **)p;
-    a->req = NULL;
-    --a->worker->inflight;
-    sb_async_release(a);
-}
-
-sb_async_t *sb_async_attach(h2o_req_t *req, size_t size, void (*dispose)(sb_async_t *))
-{
-    sb_async_t *a = sb_mem_calloc(1, size), **slot;
-    a->_refcnt = 1;
-    a->req = req;
-    a->worker = sb_current_worker;
-    a->_dispose = dispose;
-    slot = h2o_mem_alloc_shared(&req->pool, sizeof(*slot), on_guard_dispose);
-    *slot = a;
-    ++a->worker->inflight;
-    return a;
-}
-
-void sb_async_retain(sb_async_t *a)
-{
-    ++a->_refcnt;
-}
-
-void sb_async_release(sb_async_t *a)
-{
-    if (--a->_refcnt != 0)
-        return;
-    if (a->_dispose != NULL)
-        a->_dispose(a);
-    free(a);
-}
-
-void sb_send_bytes(h2o_req_t *req, int status, const char *reason, const char *ctype, const char *body, size_t len)
-{
-    static h2o_generator_t generator = {NULL, NULL};
-    h2o_iovec_t buf = h2o_strdup(&req->pool, body, len);
-
-    req->res.status = status;
-    req->res.reason = reason;
-    req->res.content_length = len;
-    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL, ctype, strlen(ctype));
-    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CACHE_CONTROL, NULL, H2O_STRLIT("no-store"));
-    if (atomic_load_explicit(&sb_current_worker->server->stopping, memory_order_relaxed))
-        req->http1_is_persistent = 0;
-    h2o_start_response(req, &generator);
-    h2o_send(req, &buf, 1, H2O_SEND_STATE_FINAL);
-}
-
-int sb_health_on_req(h2o_handler_t *self, h2o_req_t *req)
-{
-    sb_worker_t *w = sb_current_worker;
-
-    if (!h2o_memis(req->method.base, req->method.len, H2O_STRLIT("GET")) &&
-        !h2o_memis(req->method.base, req->method.len, H2O_STRLIT("HEAD")))
-        return -1;
-    if (h2o_memis(req->path_normalized.base, req->path_normalized.len, H2O_STRLIT("/healthz"))) {
-        sb_send_bytes(req, 200, "OK", "application/json", H2O_STRLIT("{\"ok\":true}"));
-        return 0;
-    }
-    if (h2o_memis(req->path_normalized.base, req->path_normalized.len, H2O_STRLIT("/readyz"))) {
-        if (w->stopping)
-            sb_send_bytes(req, 503, "Service Unavailable", "application/json",
-                          H2O_STRLIT("{\"ok\":false,\"tokenStore\":\"up\",\"draining\":true}"));
-        else {
-            /* the database counts only when a target uses one */
-            int store_up = sb_store_conn_healthy(w->store), db_up = w->svc.pg == NULL || sb_pg_pool_healthy(w->svc.pg);
-            char body[128];
-            int n = snprintf(body, sizeof(body), "{\"ok\":%s,\"tokenStore\":\"%s\"%s}", store_up && db_up ? "true" : "false",
-                             store_up ? "up" : "down",
-                             w->svc.pg == NULL ? ""
-                             : db_up           ? ",\"database\":\"up\""
-                                               : ",\"database\":\"down\"");
-            sb_send_bytes(req, store_up && db_up ? 200 : 503, store_up && db_up ? "OK" : "Service Unavailable", "application/json",
-                          body, (size_t)n);
-        }
-        return 0;
-    }
-    return -1;
 }

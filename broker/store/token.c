@@ -75,7 +75,8 @@ sb_status_t sb_token_build(const uint8_t hash[32], const char *run_id, const jso
         {
             size_t vlen;
             if (!sb_is_name(k, 64)) {
-                snprintf(err, errsz, "scope.%.64s: expected a key of [A-Za-z0-9_-]{1,64}", k);
+                /* cut on a code point boundary: the message is JSON text */
+                snprintf(err, errsz, "scope.%.*s: expected a key of [A-Za-z0-9_-]{1,64}", (int)sb_utf8_cut(k, strlen(k), 64), k);
                 st = SB_E_BAD_ARGS;
                 goto Error;
             }

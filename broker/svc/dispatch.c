@@ -3,58 +3,75 @@
  * rest is wired per target: files (a root), collections and store
  * (PostgreSQL), tools (an MCP upstream), globals (static values, or table
  * rows read through PostgreSQL). What the target does not wire answers
- * not_implemented. services, jobs and workflows are never dispatched, and
- * globals.<n>.set is refused: a global is a singleton the host owns.
+ * not_implemented (a collection it does not declare, a document store it does
+ * not wire). services, jobs and workflows are never dispatched, and
+ * globals.<n>.set is refused: a global is a singleton the host owns. Then,
+ * and only then, a call with an argument error is refused with the decoder's
+ * reason: a handler receives only calls that decoded whole.
  */
 #include <stdio.h>
 #include <string.h>
-#include "fetch/fetch.h"
 #include "svc/dispatch.h"
 #include "svc/handlers.h"
-
-static void reply(sb_dispatch_cb cb, void *arg, sb_status_t st, const char *fmt, const char *a, size_t alen)
-{
-    sb_result_t res;
-    memset(&res, 0, sizeof(res));
-    res.status = st;
-    snprintf(res.message, sizeof(res.message), fmt, (int)alen, a);
-    msgpack_sbuffer_init(&res.value);
-    cb(arg, &res);
-    msgpack_sbuffer_destroy(&res.value);
-}
 
 static int name_is(const sb_method_t *m, const char *s)
 {
     return m->name_len == strlen(s) && memcmp(m->name, s, m->name_len) == 0;
 }
 
+static void no_handler(const sb_call_t *call, sb_dispatch_cb cb, void *arg)
+{
+    sb_answer_error(cb, arg, SB_E_NOT_IMPLEMENTED, "%.*s has no host handler", (int)call->method_len, call->method);
+}
+
+/*
+ * A granted call whose args the decoder refused: answered here, once its
+ * handler is known to exist, so no handler ever sees a malformed call.
+ */
+static int refused(const sb_call_t *call, sb_dispatch_cb cb, void *arg)
+{
+    if (call->err_stage == SB_CALL_ERR_NONE)
+        return 0;
+    sb_answer_error(cb, arg, call->err_status, "%s", call->err);
+    return 1;
+}
+
 /* a static value is answered here; a table global reads its row through the PostgreSQL pool */
-static void get_global(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok, const sb_method_t *m, const char *raw,
-                       size_t raw_len, sb_dispatch_cb cb, void *arg)
+static void get_global(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok, const sb_call_t *call, sb_dispatch_cb cb,
+                       void *arg)
 {
     for (size_t i = 0; i < t->nglobals; ++i) {
         const sb_global_conf_t *g = &t->globals[i];
-        if (!name_is(m, g->name))
+        if (!name_is(&call->m, g->name))
             continue;
         if (g->table != NULL) {
             sb_pg_global(env, t, g, tok, cb, arg);
         } else {
             sb_result_t res;
-            memset(&res, 0, sizeof(res));
-            res.status = SB_OK;
-            msgpack_sbuffer_init(&res.value);
+            sb_result_init(&res);
             msgpack_sbuffer_write(&res.value, g->value.data, g->value.size);
             cb(arg, &res);
-            msgpack_sbuffer_destroy(&res.value);
+            sb_result_dispose(&res);
         }
         return;
     }
-    reply(cb, arg, SB_E_NOT_IMPLEMENTED, "%.*s has no host handler", raw, raw_len);
+    no_handler(call, cb, arg);
 }
 
-void sb_dispatch(const sb_svc_env_t *env, sb_token_t *tok, const sb_method_t *m, const char *raw_method, size_t raw_len,
-                 const msgpack_object *args, int binary, sb_dispatch_cb cb, void *arg)
+/* 1 when the target declares the collection of a collections.<name>.* call, or wires the document store of a store call */
+static int wires_data(const sb_target_t *t, const sb_call_t *call)
 {
+    if (call->data != NULL && call->data->docstore)
+        return t->document_store != NULL;
+    for (size_t i = 0; i < t->ncollections; ++i)
+        if (name_is(&call->m, t->collections[i].name))
+            return 1;
+    return 0;
+}
+
+void sb_dispatch(const sb_svc_env_t *env, sb_token_t *tok, const sb_call_t *call, sb_dispatch_cb cb, void *arg)
+{
+    const sb_method_t *m = &call->m;
     const char *kind = sb_method_kind_name(m->kind);
     const sb_target_t *t = sb_targets_find(env->targets, tok->target);
 
@@ -62,48 +79,56 @@ void sb_dispatch(const sb_svc_env_t *env, sb_token_t *tok, const sb_method_t *m,
     case SB_MK_SERVICES:
     case SB_MK_JOBS:
     case SB_MK_WORKFLOWS:
-        reply(cb, arg, SB_E_NOT_IMPLEMENTED, "%.*s dispatch is not implemented", kind, strlen(kind));
+        sb_answer_error(cb, arg, SB_E_NOT_IMPLEMENTED, "%s dispatch is not implemented", kind);
         return;
     case SB_MK_GLOBALS:
         if (m->op == SB_OP_SET) {
-            reply(cb, arg, SB_E_NOT_IMPLEMENTED, "%.*s guest write is denied: a global is a singleton owned by the host",
-                  raw_method, raw_len);
+            sb_answer_error(cb, arg, SB_E_NOT_IMPLEMENTED, "%.*s guest write is denied: a global is a singleton owned by the host",
+                            (int)call->method_len, call->method);
             return;
         }
         if (t != NULL) {
-            get_global(env, t, tok, m, raw_method, raw_len, cb, arg);
+            get_global(env, t, tok, call, cb, arg);
             return;
         }
         break;
     case SB_MK_HTTP:
         /* egress is the broker's own handler, for every run whose manifest grants net */
         if (env->fetch != NULL) {
-            sb_fetch_start(env->fetch, env->store, tok, args, binary, cb, arg);
+            if (!refused(call, cb, arg))
+                sb_fetch_start(env->fetch, env->store, tok, call, cb, arg);
             return;
         }
         break;
     case SB_MK_FILES:
         if (t != NULL && t->files != NULL) {
-            sb_files_handle(env, t->files, tok, m, args, binary, cb, arg);
+            if (!refused(call, cb, arg))
+                sb_files_handle(env, t->files, tok, call, cb, arg);
             return;
         }
         break;
     case SB_MK_TOOLS:
         if (t != NULL && t->tools != NULL && env->tools != NULL) {
-            sb_tools_handle(env, t, tok, m, args, binary, cb, arg);
+            /* every tools.call attempt counts against max_calls, a malformed one included (PROTOCOL.md section 6b) */
+            if (m->op == SB_OP_CALL && sb_tools_count_call(t->tools, tok) != SB_OK) {
+                sb_answer_error(cb, arg, SB_E_RATE_LIMITED, "%s", SB_TOOLS_MSG_LIMIT);
+                return;
+            }
+            if (!refused(call, cb, arg))
+                sb_tools_handle(env, t, tok, call, cb, arg);
             return;
         }
         break;
     case SB_MK_COLLECTIONS:
     case SB_MK_STORE:
-        if (t != NULL && env->pg != NULL) {
-            /* the PostgreSQL module answers not_implemented for collections the target does not declare */
-            sb_pg_handle(env, t, tok, m, args, binary, cb, arg);
+        if (t != NULL && env->pg != NULL && wires_data(t, call)) {
+            if (!refused(call, cb, arg))
+                sb_pg_handle(env, t, tok, call, cb, arg);
             return;
         }
         break;
     default:
         break;
     }
-    reply(cb, arg, SB_E_NOT_IMPLEMENTED, "%.*s has no host handler", raw_method, raw_len);
+    no_handler(call, cb, arg);
 }

@@ -12,16 +12,9 @@
 #include <msgpack.h>
 #include "sb/method.h"
 #include "sb/status.h"
+#include "call/call.h"
+#include "call/result.h"
 #include "store/store.h"
-
-/** what a handler produced: a packed msgpack value, or an error */
-typedef struct st_sb_result_t {
-    sb_status_t status;
-    char message[512];     /* for errors other than SB_E_EXECUTION (those are redacted on the wire) */
-    msgpack_sbuffer value; /* packed value on SB_OK (owned; msgpack_sbuffer_destroy) */
-} sb_result_t;
-
-typedef void (*sb_dispatch_cb)(void *arg, sb_result_t *res);
 
 struct st_sb_fetch_ctx_t;
 struct st_sb_targets_t;
@@ -39,11 +32,12 @@ typedef struct st_sb_svc_env_t {
 } sb_svc_env_t;
 
 /**
- * Runs a granted call. The callback runs exactly once, possibly before this
- * returns. Handlers that outlive the call take their own token reference.
- * @param raw_method the method string as sent, for messages
+ * Runs a granted call. What the run's target does not wire answers
+ * not_implemented; then a call whose args the decoder refused answers that
+ * error (SB_CALL_ERR_ARGS), and only a whole call reaches a handler. The
+ * callback runs exactly once, possibly before this returns. `call` must stay
+ * valid until it has run.
  */
-void sb_dispatch(const sb_svc_env_t *env, sb_token_t *tok, const sb_method_t *m, const char *raw_method, size_t raw_len,
-                 const msgpack_object *args, int binary, sb_dispatch_cb cb, void *arg);
+void sb_dispatch(const sb_svc_env_t *env, sb_token_t *tok, const sb_call_t *call, sb_dispatch_cb cb, void *arg);
 
 #endif

@@ -1,30 +1,48 @@
 /*
- * broker/svc: the handlers a target wires. Each runs a call that passed the
- * capability check, on the worker's loop, and answers through `cb` exactly
- * once (possibly before returning). A handler that outlives the call takes its
- * own token reference (sb_token_addref).
+ * broker/svc: the handler families, one folder each (svc/files, svc/pg,
+ * svc/tools, svc/fetch), and what a worker calls them through. Each handler
+ * runs a call that passed the capability check, on the worker's loop, and
+ * answers through `cb` exactly once (possibly before returning). A handler
+ * receives the typed call the check granted (call/call.h), never one with an
+ * argument error (dispatch answers those), and reads its args only from it.
+ * The call stays valid until the handler has answered; a handler that
+ * outlives the call takes its own token reference (sb_token_addref).
+ *
+ * The families include this header and svc/target.h; nothing in broker/svc
+ * itself includes a family's own headers, so the folders form no cycle.
  */
 #ifndef SB_HANDLERS_H
 #define SB_HANDLERS_H
 
 #include <h2o.h>
 #include "sb/method.h"
+#include "call/call.h"
 #include "svc/dispatch.h"
 #include "svc/target.h"
+#include "fetch/fetch.h"
 
-/* ---- files (svc/files.c): files.read / write / list beneath the target's root ---- */
-void sb_files_handle(const sb_svc_env_t *env, const sb_files_conf_t *fc, sb_token_t *tok, const sb_method_t *m,
-                     const msgpack_object *args, int binary, sb_dispatch_cb cb, void *arg);
+/* ---- files (svc/files/files.c): files.read / write / list beneath the target's root ---- */
+void sb_files_handle(const sb_svc_env_t *env, const sb_files_conf_t *fc, sb_token_t *tok, const sb_call_t *call, sb_dispatch_cb cb,
+                     void *arg);
 
-/* ---- tools (svc/tools.c): tools.list / tools.call on the target's MCP upstream ---- */
+/* ---- tools (svc/tools/tools.c): tools.list / tools.call on the target's MCP upstream ---- */
 typedef struct st_sb_tools_ctx_t sb_tools_ctx_t;
 /** per-worker MCP client state (sessions, in-flight counts) */
 sb_tools_ctx_t *sb_tools_ctx_create(h2o_loop_t *loop);
 void sb_tools_ctx_destroy(sb_tools_ctx_t *ctx);
-void sb_tools_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok, const sb_method_t *m,
-                     const msgpack_object *args, int binary, sb_dispatch_cb cb, void *arg);
+void sb_tools_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok, const sb_call_t *call, sb_dispatch_cb cb,
+                     void *arg);
+/* the answer of an exhausted tools limit (max_calls, concurrency) */
+#define SB_TOOLS_MSG_LIMIT "sandbox custom tool limit exceeded"
+/**
+ * Counts one tools.call attempt of the token's run against the target's
+ * max_calls. Every attempt counts, a malformed or refused one included, so a
+ * run cannot probe past its limit: dispatch counts before it refuses bad args.
+ * @return SB_OK while the run has calls left, SB_E_RATE_LIMITED once it has none
+ */
+SB_WARN_UNUSED sb_status_t sb_tools_count_call(const sb_tools_conf_t *tc, const sb_token_t *tok);
 
-/* ---- PostgreSQL (svc/pg.c): collections.<n>.*, store.<ns>.*, collections.document_store.*, table globals ---- */
+/* ---- PostgreSQL (svc/pg/): collections.<n>.*, store.<ns>.*, collections.document_store.*, table globals ---- */
 typedef struct st_sb_pg_pool_t sb_pg_pool_t;
 /** per-worker connection pool; NULL database_url means no pool (data calls answer not_implemented) */
 sb_pg_pool_t *sb_pg_pool_create(h2o_loop_t *loop, const char *database_url, const sb_targets_t *targets, unsigned pool_size);
@@ -43,8 +61,9 @@ SB_WARN_UNUSED sb_status_t sb_pg_check_schema(const char *database_url, const sb
 int sb_pg_pool_idle(const sb_pg_pool_t *pool);
 /** 1 when a connection is up (readiness) */
 int sb_pg_pool_healthy(sb_pg_pool_t *pool);
-void sb_pg_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok, const sb_method_t *m, const msgpack_object *args,
-                  int binary, sb_dispatch_cb cb, void *arg);
+/** a call of a collection the target declares (or of its document store, which it wires): dispatch checked both */
+void sb_pg_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok, const sb_call_t *call, sb_dispatch_cb cb,
+                  void *arg);
 /**
  * globals.<name>.get of a table global: the configured row, clamped to the
  * token's scope (its value column, or the whole row; null when there is none).
@@ -52,5 +71,22 @@ void sb_pg_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok
  */
 void sb_pg_global(const sb_svc_env_t *env, const sb_target_t *t, const sb_global_conf_t *gc, sb_token_t *tok, sb_dispatch_cb cb,
                   void *arg);
+
+/* ---- http.fetch (svc/fetch/fetch.c): the broker's own handler, for every run whose manifest grants net ---- */
+/** per-worker state: the resolver and the timers live on the worker's loop */
+typedef struct st_sb_fetch_ctx_t sb_fetch_ctx_t;
+sb_fetch_ctx_t *sb_fetch_ctx_create(const sb_fetch_conf_t *conf, h2o_loop_t *loop, const char **err);
+void sb_fetch_ctx_destroy(sb_fetch_ctx_t *ctx);
+/** 1 when no exchange is running on the context (it can be destroyed) */
+int sb_fetch_ctx_idle(const sb_fetch_ctx_t *ctx);
+/**
+ * Runs http.fetch for a call that passed the capability check. The token is
+ * referenced for the whole exchange (its net allowlist is rechecked on every
+ * hop). The run's fetched-bytes quota is checked before the first byte is
+ * sent and charged with every response body. The callback runs once, possibly
+ * before this returns.
+ */
+void sb_fetch_start(sb_fetch_ctx_t *ctx, sb_store_conn_t *store, sb_token_t *tok, const sb_call_t *call, sb_dispatch_cb cb,
+                    void *arg);
 
 #endif

@@ -184,6 +184,38 @@ const char *sb_quote_printable(const char *s, size_t len, size_t max, char *buf,
     return buf;
 }
 
+size_t sb_utf8_cut(const char *s, size_t len, size_t max)
+{
+    size_t n = len < max ? len : max;
+
+    if (n == len)
+        return n;
+    /* s[n] is the first byte left out: while it continues a sequence, the sequence started inside the prefix */
+    for (unsigned k = 0; k < 3 && n != 0 && ((unsigned char)s[n] & 0xc0) == 0x80; ++k)
+        --n;
+    if (((unsigned char)s[n] & 0xc0) == 0x80)
+        n = 0; /* not UTF-8 at all: echo nothing rather than a broken byte */
+    return n;
+}
+
+size_t sb_utf8_trim_tail(const char *s, size_t len)
+{
+    size_t i = len;
+    unsigned need;
+
+    /* find the lead byte of the last sequence (at most 3 continuation bytes back) */
+    while (i != 0 && len - i < 4 && ((unsigned char)s[i - 1] & 0xc0) == 0x80)
+        --i;
+    if (i == 0)
+        return 0; /* nothing but continuation bytes: no complete code point to keep */
+    {
+        unsigned char lead = (unsigned char)s[i - 1];
+        need = lead < 0x80 ? 1 : lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : lead >= 0xc0 ? 2 : 1;
+    }
+    /* the sequence starting at i - 1 holds len - (i - 1) bytes: complete, or cut off */
+    return len - (i - 1) >= need ? len : i - 1;
+}
+
 int sb_is_name(const char *s, size_t max)
 {
     size_t n = strlen(s);

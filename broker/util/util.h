@@ -50,6 +50,16 @@ __attribute__((format(printf, 3, 4))) void sb_format_error(char *err, size_t err
 #define sb_fail_bad_args(err, errsz, ...) (sb_format_error((err), (errsz), __VA_ARGS__), SB_E_BAD_ARGS)
 /** a printable, bounded copy of untrusted bytes for an error message ('?' for anything else); returns buf */
 const char *sb_quote_printable(const char *s, size_t len, size_t max, char *buf, size_t bufsz);
+/**
+ * The longest prefix of at most `max` bytes of the UTF-8 text `s` that does
+ * not end inside a code point: cutting a guest string for an error message
+ * there keeps the message (and the JSON, msgpack str, log and audit line it
+ * lands in) valid UTF-8.
+ * @return the prefix length, at most min(len, max)
+ */
+size_t sb_utf8_cut(const char *s, size_t len, size_t max);
+/** `len` minus an incomplete code point at the end of `s` (a buffer cut at a byte count) */
+size_t sb_utf8_trim_tail(const char *s, size_t len);
 /** 1 if `s` is a name of [A-Za-z0-9_-]{1,max} (targets, scope keys, globals, collections) */
 int sb_is_name(const char *s, size_t max);
 /** 1 if `s` is exactly 64 lowercase hex characters (the token format) */

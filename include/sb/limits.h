@@ -10,15 +10,16 @@
  *
  * What is not here: a cap that one module alone checks lives beside the code
  * that checks it, named after the module, in its header when tests or other
- * files of the module need it, else in its .c. Today: broker/svc/pg_query.h
- * (SB_PG_MAX_*: SQL, parameters, where depth, conditions, IN lists, offset),
- * svc/tools.c (SB_TOOLS_MAX_*: MCP list and result sizes, pages, cursor),
- * svc/mcp_client.h and mcp_wire.h (session id, event type), svc/files.c,
- * files_fs.c and files_path.h (listing, write depth, queue, scope key),
- * svc/pg.c (queue), fetch/client.h (SB_MAX_RESPONSE_HEAD and _HEADERS),
- * fetch/resolver.h (DNS answers), fetch/ipclass.h (CIDR entries),
- * fetch/fetch.c and url.c (request headers, method, raw host, label),
- * authz/manifest.c (timeout, memory), obs/log.h (SB_LOGLINE_MAX),
+ * files of the module need it, else in its .c. Today: broker/call/call.h
+ * (SB_CALL_MAX_*: reasons, tool arguments, fetch header bytes, sort, offset),
+ * call/where.h (SB_WHERE_MAX_*: where depth, conditions, IN lists),
+ * call/url.c (raw host, label), svc/pg/pg_query.h (SB_PG_MAX_*: SQL,
+ * parameters), svc/pg/pg_int.h (queue), svc/tools/tools.c (SB_TOOLS_MAX_*:
+ * MCP list and result sizes, pages, cursor), svc/tools/mcp_client.h and
+ * mcp_wire.h (session id, event type), svc/files/files.c, files_fs.c and
+ * files_path.h (listing, write depth, queue, scope key), http/reply.h (error
+ * bodies), fetch/client.h (SB_MAX_RESPONSE_HEAD), fetch/ipclass.h (CIDR
+ * entries), authz/manifest.c (timeout, memory), obs/log.h (SB_LOGLINE_MAX),
  * obs/audit.h (SB_AUDIT_BUFFER), obs/metrics.c, and the shim's own
  * SB_SHIM_MAX_* in the headers of supervisor-shim/. scripts/checksrc refuses
  * a cap a header defines and a file outside its folder uses, unless it is
@@ -78,12 +79,24 @@
 /* a URL handed to http.fetch */
 #define SB_MAX_URL 8192u
 /* a host name: a DNS name is at most 253 bytes without the trailing dot (RFC 1035 section 2.3.4); the URL
-   parser's output (fetch/url.h), the manifest's net entries and the MCP client's upstream all hold one */
+   parser's output (call/url.h), the manifest's net entries and the MCP client's upstream all hold one */
 #define SB_MAX_HOST 253u
 /* a name segment of a method and a name in a manifest list: [A-Za-z0-9_-]{1,128} (proto/method.c, authz/) */
 #define SB_MAX_NAME 128u
-/* a tool name, as the capability check (authz/check.c) and the tools handler (svc/tools.c) bound it */
+/* a tool name, as the typed call (call/call.c) and the tools handler (svc/tools/tools.c) bound it */
 #define SB_MAX_TOOL_NAME 256u
+/* an http.fetch request's method token and header entries: the typed call (call/call.c) bounds them,
+   the handler (svc/fetch/fetch.c) writes them */
+#define SB_MAX_FETCH_METHOD 32u
+#define SB_MAX_FETCH_HEADERS 64u
+/* a handler's error message (call/result.h), which the tools handler (svc/tools/tools.c) composes */
+#define SB_MAX_RESULT_MESSAGE 512u
+/* headers of an upstream HTTP response: the reader (fetch/http1.c) refuses more, the http.fetch handler
+   (svc/fetch/fetch.c) copies them */
+#define SB_MAX_RESPONSE_HEADERS 100u
+/* DNS answers per family that are read and validated (fetch/resolver.c); a reply with more is refused; the
+   http.fetch handler (svc/fetch/) pins what they give */
+#define SB_MAX_DNS_ANSWERS 32
 
 /* the largest cap an sb_buf_t takes (buf.h; proto/buf.c): room for the NUL, and no sum or doubling
  * of sizes below it overflows */

@@ -40,6 +40,28 @@ class Audit(sbtest.BrokerTestCase):
         self.assertEqual((unknown["decision"], unknown["code"]), ("deny", "unauthorized"))
         self.assertNotIn("runId", unknown)
 
+    def test_egress_refusal_reason_is_audited_under_the_call_id(self):
+        """An http.fetch the address policy refuses during the fetch: execution_error on the wire, the reason in the
+        egress.failed line and the audit line, both under the call's correlation id (PROTOCOL.md section 6a)."""
+        d = tempfile.mkdtemp(prefix="sb-audit-")
+        path = os.path.join(d, "audit.log")
+        port = sbtest.free_port()
+        reason = "http.fetch address 127.0.0.2 is blocked (loopback 127.0.0.0/8)"
+        with sbtest.Broker(env={"SANDBOX_BROKER_AUDIT": path}) as b:
+            token = b.mint_ok("audit-egress", {"net": ["127.0.0.2:%d" % port]})
+            r = b.rpc(token, "http.fetch", {"url": "http://127.0.0.2:%d/" % port})
+            self.assertError(r, 500, "execution_error", "sandbox binding operation failed")
+            cid = r.body["error"]["correlationId"]
+            self.assertNotIn(b"127.0.0.2", r.raw)
+            failed = sbtest.poll(lambda: [e for e in b.events() if e.get("event") == "egress.failed"], 5.0)
+            self.assertEqual([(e.get("cid"), e.get("reason")) for e in failed], [(cid, reason)])
+            self.assertEqual(b.stop(), 0)
+        with open(path) as f:
+            lines = [json.loads(l) for l in f.read().splitlines()]
+        self.assertEqual(len(lines), 1, lines)
+        self.assertEqual((lines[0]["cid"], lines[0]["decision"], lines[0]["code"], lines[0]["status"], lines[0]["reason"]),
+                         (cid, "allow", "execution_error", 500, reason))
+
     def test_dropped_lines_are_counted(self):
         with sbtest.Broker(env={"SANDBOX_BROKER_AUDIT": "/dev/full"}) as b:
             token = b.mint_ok("audit-full", {"services": ["svc"]})

@@ -413,7 +413,7 @@ class Find(Base):
             v = self.find(self.tok, {"limit": 50, "offset": 10}, enc)
             self.assertEqual((len(v["docs"]), v["hasMore"]), (50, False))
         r = self.call(self.tok, "collections.posts.find", {"limit": -1}, "json")
-        self.assertError(r, 400, "bad_args", "limit must be an integer from 0 to 50")
+        self.assertError(r, 400, "bad_args", "limit must be a non-negative integer")
         r = self.call(self.tok, "collections.posts.find", {"offset": 100001}, "json")
         self.assertError(r, 400, "bad_args", "offset must be an integer from 0 to 100000")
 
@@ -518,6 +518,28 @@ class Injection(Base):
                     self.assertError(r, 400, "bad_args", enc=enc)
         self.assertIntact()
 
+    def test_echoed_names_stay_utf8(self):
+        """Names echoed in errors are cut on a code point boundary: the reply, the log and the audit line stay valid UTF-8."""
+        tok = mint(new_tenant())
+        field = "f" * 63 + "\u00e9\u00e9"          # 67 bytes: a cut at 64 would split the first e-acute
+        op = "o" * 31 + "\U0001F600"                # 35 bytes: a cut at 32 would split the emoji
+        key = "k" * 30 + "\U0001F600"
+        for enc in ENCODINGS:
+            with self.subTest(enc=enc):
+                for args, want in [({"where": {field: 1}}, 'unknown field "%s"' % ("f" * 63)),
+                                   ({"where": {"title": {op: 1}}}, 'unknown operator "%s" on "title"' % ("o" * 31)),
+                                   ({"where": {field: {}}}, "where.%s has no operator" % ("f" * 63)),
+                                   ({key: 1}, 'find takes no argument "%s"' % ("k" * 30)),
+                                   ({"sort": "-" + field}, 'sort names an unknown field "%s"' % ("f" * 63))]:
+                    r = self.call(tok, "collections.posts.find", args, enc)
+                    # decode_body of the test client parses strictly: invalid UTF-8 would not get here
+                    self.assertError(r, 400, "bad_args", want, enc=enc)
+                    if enc == "json":
+                        r.raw.decode("utf-8")  # raises on a split code point
+        lines = [e for e in self.b().events() if e.get("event") == "rpc" and e.get("code") == "bad_args"
+                 and "f" * 63 in e.get("reason", "")]
+        self.assertTrue(lines, "the log lines of those calls")
+
     def test_sort_and_select_name_the_field(self):
         """PROTOCOL.md 6b: unknown fields are bad_args naming them (sort and select too)."""
         r = self.call(self.tok, "collections.posts.find", {"sort": "-nope"})
@@ -541,7 +563,7 @@ class Injection(Base):
                 with self.subTest(enc=enc, ns=ns):
                     r = self.call(self.tok, "collections.document_store.find", {"where": {"store": ns}}, enc)
                     self.assertError(r, 403, "forbidden", MSG_NS, enc=enc)
-                    r = self.call(self.tok, "collections.document_store.create", {"data": {"store": ns}}, enc)
+                    r = self.call(self.tok, "collections.document_store.create", {"store": ns}, enc)
                     self.assertError(r, 403, "forbidden", MSG_NS, enc=enc)
         # a name that is grammatical but not the configured one: the manifest grants "Posts", the target has no such collection
         r = self.call(self.tok, "collections.Posts.find", {})
@@ -712,8 +734,9 @@ class DocumentStore(Base):
                 a = self.ok(self.tok, "store.notes.create", {"data": {"key": key, "data": {"x": [1, {"y": None}]}}}, enc)
                 self.assertEqual(sorted(a.keys()), sorted(DOC_FIELDS))
                 self.assertEqual((a["store"], a["tenant_id"], a["key"], a["data"]), ("notes", self.tenant, key, {"x": [1, {"y": None}]}))
-                b = self.ok(self.tok, "collections.document_store.create", {"data": {"store": "notes", "key": key + "2"}}, enc)
-                self.assertEqual((b["store"], b["tenant_id"]), ("notes", self.tenant))
+                # upstream's store sugar (PROTOCOL.md section 6b): store.<s>.create(x) is sent as create({...x, store: s})
+                b = self.ok(self.tok, "collections.document_store.create", {"key": key + "2", "data": {"v": 1}, "store": "notes"}, enc)
+                self.assertEqual((b["store"], b["tenant_id"], b["key"], b["data"]), ("notes", self.tenant, key + "2", {"v": 1}))
                 f1 = self.ok(self.tok, "store.notes.find", {"where": {"key": {"like": "k-" + enc + "%"}}}, enc)
                 f2 = self.ok(self.tok, "collections.document_store.find", {"where": {"store": "notes", "key": {"like": "k-" + enc + "%"}}}, enc)
                 f3 = self.ok(self.tok, "collections.document_store.find",
@@ -731,6 +754,46 @@ class DocumentStore(Base):
                 self.assertEqual([d["id"] for d in dele["docs"]], [b["id"]])
                 dele = self.ok(self.tok, "store.notes.delete", {"where": {"key": key}}, enc)
                 self.assertEqual([d["id"] for d in dele["docs"]], [a["id"]])
+
+    def test_upstream_bodies_byte_for_byte(self):
+        """The bodies upstream's guest runtime sends for questpie.store.notes.* (PROTOCOL.md section 6b), as bytes."""
+        tenant = new_tenant("up")
+        tok = mint(tenant)
+        def post(body):
+            r = self.b().rpc(tok, body=body, timeout=30)
+            self.assertEqual(r.status, 200, r)
+            return r.body["value"]
+        created = post(b'{"method":"collections.document_store.create","args":{"key":"k1","data":{"v":1},"store":"notes"}}')
+        self.assertEqual((created["store"], created["tenant_id"], created["key"], created["data"]), ("notes", tenant, "k1", {"v": 1}))
+        self.assertEqual(PG.sql("SELECT store, key, data::text FROM document_store WHERE tenant_id = '%s'" % tenant),
+                         [["notes", "k1", '{"v": 1}']])
+        found = post(b'{"method":"collections.document_store.find","args":{"where":{"key":"k1","store":"notes"}}}')
+        self.assertEqual([d["id"] for d in found["docs"]], [created["id"]])
+        one = post(b'{"method":"collections.document_store.findOne","args":{"where":{"key":"k1","store":"notes"}}}')
+        self.assertEqual(one["id"], created["id"])
+        upd = post(b'{"method":"collections.document_store.update","args":{"where":{"key":"k1","store":"notes"},'
+                   b'"data":{"data":{"v":2}}}}')
+        self.assertEqual([(d["id"], d["data"]) for d in upd["docs"]], [(created["id"], {"v": 2})])
+        # the sugar merges store into an empty where too: {store: s}
+        found = post(b'{"method":"collections.document_store.find","args":{"where":{"store":"notes"}}}')
+        self.assertEqual([d["key"] for d in found["docs"]], ["k1"])
+        dele = post(b'{"method":"collections.document_store.delete","args":{"where":{"key":"k1","store":"notes"}}}')
+        self.assertEqual([d["id"] for d in dele["docs"]], [created["id"]])
+        self.assertEqual(PG.sql("SELECT count(*) FROM document_store WHERE tenant_id = '%s'" % tenant), [["0"]])
+        # the same create in msgpack
+        r = self.b().rpc(tok, body=sbtest.encode({"method": "collections.document_store.create",
+                                                  "args": {"key": "k2", "data": {"v": 1}, "store": "notes"}}, "msgpack"),
+                         enc="msgpack", timeout=30)
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual((r.body["value"]["store"], r.body["value"]["key"]), ("notes", "k2"))
+        # a store named by x itself is overridden by the sugar's own: only the top-level store is the namespace
+        r = self.b().rpc(tok, body=b'{"method":"collections.document_store.create","args":{"key":"k3","data":{"store":"other"},'
+                                   b'"store":"notes"}}', timeout=30)
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual((r.body["value"]["store"], r.body["value"]["data"]), ("notes", {"store": "other"}))
+        # an unknown document field is named, as for collections
+        r = self.b().rpc(tok, body=b'{"method":"collections.document_store.create","args":{"nope":1,"store":"notes"}}', timeout=30)
+        self.assertError(r, 400, "bad_args", 'unknown field "nope"')
 
     def test_namespace_clamp(self):
         tenant = new_tenant("ns")
@@ -779,10 +842,13 @@ class DocumentStore(Base):
                     ("collections.document_store.findOne", {"where": {"store": {"equals": 5}}}, MSG_NS),
                     ("collections.document_store.create", {"data": {"key": "x"}}, MSG_NS),
                     ("collections.document_store.create", {"data": {}}, MSG_NS),
+                    # data.store is a document field in upstream's shape, never the namespace
+                    ("collections.document_store.create", {"data": {"store": "notes"}}, MSG_NS),
+                    ("collections.document_store.create", {"key": "x", "store": {"equals": "notes"}}, MSG_NS),
                     ("collections.document_store.update", {"data": {"key": "x"}}, MSG_NS),
                     ("collections.document_store.delete", {}, MSG_NS),
                     ("collections.document_store.find", {"where": {"store": "other"}}, 'store "other" does not grant "read"'),
-                    ("collections.document_store.create", {"data": {"store": "ro"}}, 'store "ro" does not grant "write"'),
+                    ("collections.document_store.create", {"key": "k", "data": {"v": 1}, "store": "ro"}, 'store "ro" does not grant "write"'),
                     ("collections.document_store.delete", {"where": {"store": "ro"}}, 'store "ro" does not grant "write"'),
                     ("collections.document_store.find", {"where": {"store": "wo"}}, 'store "wo" does not grant "read"'),
                 ]
@@ -791,7 +857,7 @@ class DocumentStore(Base):
                     self.assertError(r, 403, "forbidden", msg, enc=enc)
                 self.ok(tok, "store.ro.find", {}, enc)
                 self.ok(tok, "store.wo.create", {"data": {"key": "w-" + enc}}, enc)
-                self.ok(tok, "collections.document_store.create", {"data": {"store": "wo"}}, enc)
+                self.ok(tok, "collections.document_store.create", {"store": "wo"}, enc)
         # data.collections grants nothing for the document store, and data.stores nothing for collections
         tok2 = mint(self.tenant, caps={"data": {"collections": {"document_store": ALL_VERBS}, "stores": {"posts": ["read", "write"]}}})
         r = self.call(tok2, "collections.document_store.find", {"where": {"store": "notes"}})

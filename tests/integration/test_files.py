@@ -25,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ENCODINGS = ("json", "msgpack")
 ALL = {"files": {"read": ["**"], "write": ["**"]}}
 
-# reasons, byte for byte (broker/svc/files_path.h, files_fs.h, broker/authz/check.c)
+# reasons, byte for byte (broker/call/path.h, broker/svc/files/files_path.h, files_fs.h, broker/authz/check.c)
 UNSAFE = "files path is missing or unsafe"
 SEGMENT = 'files path has an empty or "." segment'
 RESERVED = "files path names a reserved temporary file"
@@ -523,9 +523,11 @@ class Caps(FilesCase):
                                  "files.write content exceeds 500-byte cap", enc=enc)
                 self.assertError(self.call("files.write", {"path": "w501", "content": "w" * 501}, enc), 400, "bad_args",
                                  "files.write content exceeds 500-byte cap", enc=enc)
-        # base64 far above the cap is refused before it is decoded, valid or not
-        self.assertError(self.call("files.write", {"path": "w", "contentBase64": "!" * 4000}), 400, "bad_args",
+        # base64 that decodes to more than the cap is refused (it is decoded once, bounded by the 64 KiB request)
+        self.assertError(self.call("files.write", {"path": "w", "contentBase64": "A" * 4000}), 400, "bad_args",
                          "files.write content exceeds 500-byte cap")
+        self.assertError(self.call("files.write", {"path": "w", "contentBase64": "!" * 4000}), 400, "bad_args",
+                         "files.write contentBase64 must be a base64 string")
         self.assertFalse(os.path.exists(self.t1("w501")))
 
     def test_read_cap(self):

@@ -421,6 +421,42 @@ class RpcRefusals(sbtest.BrokerTestCase):
                     r = self.call(tok, "email.send", {}, enc=enc)
                     self.expect(r, 401, "unauthorized", MSG_UNAUTHORIZED, enc)
 
+    def _raw_rpc(self, header_lines, body):
+        """One request written by hand (duplicate headers), read to EOF; returns (status, parsed body)."""
+        s = socket.create_connection(("127.0.0.1", self.b.port), timeout=10)
+        try:
+            s.sendall(("POST %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n%s"
+                       "Content-Length: %d\r\n\r\n" % (sbtest.RPC_PATH, "".join(l + "\r\n" for l in header_lines), len(body))
+                       ).encode() + body)
+            data = b""
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        finally:
+            s.close()
+        head, _, raw = data.partition(b"\r\n\r\n")
+        status = int(head.split(b" ")[1])
+        return status, json.loads(raw) if raw else None
+
+    def test_two_token_headers_are_ambiguous(self):
+        """Two x-questpie-sandbox-token headers: no token is "the" token, 401 whatever they hold."""
+        body = json.dumps({"method": "services.mailer.send", "args": {}}).encode()
+        other = self.b.mint_ok("run-second", GRANTS)
+        for name, pair in {"the same token twice": (self.granted, self.granted),
+                           "two live tokens": (self.granted, other),
+                           "live then unknown": (self.granted, "ab" * 32),
+                           "unknown then live": ("ab" * 32, self.granted),
+                           "live then empty": (self.granted, "")}.items():
+            with self.subTest(case=name):
+                status, got = self._raw_rpc(["%s: %s" % (sbtest.TOKEN_HEADER, t) for t in pair], body)
+                self.assertEqual(status, 401, got)
+                self.assertEqual(got, {"ok": False, "error": {"code": "unauthorized", "message": MSG_UNAUTHORIZED}})
+        # one of them alone is accepted: the refusal is the ambiguity, not the token
+        status, got = self._raw_rpc(["%s: %s" % (sbtest.TOKEN_HEADER, self.granted)], body)
+        self.assertEqual(status, 501, got)
+
     def test_token_expired(self):
         # minted in setUpClass with ttlMs=1000
         left = self.short_minted + 1.2 - time.monotonic()
@@ -464,7 +500,9 @@ class RpcRefusals(sbtest.BrokerTestCase):
         ("store.other.find", {}, 'store "other" does not grant "read"'),
         ("store.__proto__.find", {}, 'store "__proto__" does not grant "read"'),
         ("collections.document_store.find", {"where": {"store": "other"}}, 'store "other" does not grant "read"'),
-        ("collections.document_store.create", {"data": {"store": "ro"}}, 'store "ro" does not grant "write"'),
+        # upstream's create: the document's fields and store at the top level (PROTOCOL.md section 6b)
+        ("collections.document_store.create", {"key": "k1", "data": {"v": 1}, "store": "ro"}, 'store "ro" does not grant "write"'),
+        ("collections.document_store.create", {"data": {"store": "ro"}}, "document_store namespace is missing or invalid"),
         ("collections.document_store.update", {"where": {"store": {"equals": "ro"}}},
          'store "ro" does not grant "write"'),
         ("collections.document_store.find", {}, "document_store namespace is missing or invalid"),
@@ -618,7 +656,7 @@ class RpcRefusals(sbtest.BrokerTestCase):
          "collections.document_store.find has no host handler"),
         ("collections.document_store.findOne", {"where": {"store": {"equals": "ro"}}},
          "collections.document_store.findOne has no host handler"),
-        ("collections.document_store.create", {"data": {"store": "notes"}},
+        ("collections.document_store.create", {"key": "k1", "data": {"v": 1}, "store": "notes"},
          "collections.document_store.create has no host handler"),
         ("store.notes.create", {}, "store.notes.create has no host handler"),
         ("store.notes.delete", {}, "store.notes.delete has no host handler"),

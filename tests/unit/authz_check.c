@@ -1,6 +1,7 @@
 /*
  * Unit tests for broker/authz/check.c: the per-call capability check, with
- * exact statuses and exact reasons (the table at the top of check.c).
+ * exact statuses and exact reasons (the table at the top of check.c), on the
+ * typed call as the route builds it (sb_call_decode, then sb_authz_check).
  *
  * Arguments are real msgpack objects: each test writes them as JSON for
  * readability, the helper packs that with msgpack_packer and reads it back
@@ -13,6 +14,7 @@
 #include "sb/limits.h"
 #include "sb/method.h"
 #include "authz/authz.h"
+#include "call/call.h"
 
 /* ---- msgpack argument helpers -------------------------------------------------------------------------------------- */
 
@@ -148,6 +150,8 @@ static void expect_obj(const sb_manifest_t *m, const char *label, const char *me
                        const char *reason)
 {
     sb_method_t meth;
+    sb_call_t call;
+    msgpack_zone zone;
     char got[512] = "(untouched)";
     sb_status_t st;
 
@@ -155,9 +159,13 @@ static void expect_obj(const sb_manifest_t *m, const char *label, const char *me
         ok(0, "%s: method %s parses", label, method);
         return;
     }
-    st = sb_authz_check(m, &meth, a, got, sizeof(got));
+    /* as the route runs it: decode once, check the typed call */
+    msgpack_zone_init(&zone, 1024);
+    (void)sb_call_decode(&call, &meth, method, strlen(method), a, 0, &zone);
+    st = sb_authz_check(m, &call, got, sizeof(got));
     is_int(st, want, "%s %s", method, label);
     is_str(got, reason, "  reason");
+    msgpack_zone_destroy(&zone);
 }
 
 static void expect(const sb_manifest_t *m, const char *method, const char *args_json, sb_status_t want, const char *reason)
@@ -334,19 +342,26 @@ static void test_data(const sb_manifest_t *m)
            FORBIDDEN("store \"__proto__\" does not grant \"read\""));
     expect(m, "collections.document_store.find", "{\"where\": {\"store\": \"constructor\"}}",
            FORBIDDEN("store \"constructor\" does not grant \"read\""));
-    expect(m, "collections.document_store.create", "{\"data\": {\"store\": \"inbox\", \"body\": \"x\"}}", OK_);
-    expect(m, "collections.document_store.create", "{\"data\": {\"store\": \"rw\"}}", OK_);
-    expect(m, "collections.document_store.create", "{\"data\": {\"store\": \"notes\"}}",
+    /* create: upstream's shape, the document's fields and store at the top level ({...doc, store: ns}) */
+    expect(m, "collections.document_store.create", "{\"key\": \"k1\", \"data\": {\"v\": 1}, \"store\": \"inbox\"}", OK_);
+    expect(m, "collections.document_store.create", "{\"store\": \"rw\"}", OK_);
+    expect(m, "collections.document_store.create", "{\"store\": \"notes\"}", FORBIDDEN("store \"notes\" does not grant \"write\""));
+    expect(m, "collections.document_store.create", "{\"key\": \"k1\", \"data\": {\"v\": 1}, \"store\": \"notes\"}",
            FORBIDDEN("store \"notes\" does not grant \"write\""));
     expect(m, "collections.document_store.update", "{\"where\": {\"store\": \"inbox\"}, \"data\": {\"x\": 1}}", OK_);
     expect(m, "collections.document_store.update", "{\"where\": {\"store\": {\"equals\": \"inbox\"}}}", OK_);
     expect(m, "collections.document_store.delete", "{\"where\": {\"store\": \"rw\"}}", OK_);
     expect(m, "collections.document_store.delete", "{\"where\": {\"store\": \"notes\"}}",
            FORBIDDEN("store \"notes\" does not grant \"write\""));
-    /* create takes data.store, not where.store (and the reverse) */
+    /* create takes the top-level store, the others where.store: data.store is a document field, never a namespace */
     expect(m, "collections.document_store.create", "{\"where\": {\"store\": \"inbox\"}}", FORBIDDEN(ns_missing));
+    expect(m, "collections.document_store.create", "{\"data\": {\"store\": \"inbox\"}}", FORBIDDEN(ns_missing));
     expect(m, "collections.document_store.update", "{\"data\": {\"store\": \"inbox\"}}", FORBIDDEN(ns_missing));
-    expect(m, "collections.document_store.create", "{\"data\": {\"store\": {\"equals\": \"inbox\"}}}", FORBIDDEN(ns_missing));
+    expect(m, "collections.document_store.update", "{\"store\": \"inbox\", \"data\": {\"x\": 1}}", FORBIDDEN(ns_missing));
+    expect(m, "collections.document_store.create", "{\"store\": {\"equals\": \"inbox\"}}", FORBIDDEN(ns_missing));
+    expect(m, "collections.document_store.create", "{\"store\": \"no tes\"}", FORBIDDEN(ns_missing));
+    expect(m, "collections.document_store.create", "[\"inbox\"]", FORBIDDEN(ns_missing));
+    expect(m, "collections.document_store.create", NULL, FORBIDDEN(ns_missing));
     /* missing or malformed namespaces */
     expect(m, "collections.document_store.find", NULL, FORBIDDEN(ns_missing));
     expect(m, "collections.document_store.find", "{}", FORBIDDEN(ns_missing));
@@ -607,33 +622,45 @@ static void test_omitted_axes(void)
     m = manifest("{\"data\": {\"collections\": {\"document_store\": [\"read\", \"create\", \"update\", \"delete\"]}}}");
     expect(m, "collections.document_store.find", "{\"where\": {\"store\": \"notes\"}}",
            FORBIDDEN("store \"notes\" does not grant \"read\""));
-    expect(m, "collections.document_store.create", "{\"data\": {\"store\": \"notes\"}}",
-           FORBIDDEN("store \"notes\" does not grant \"write\""));
+    expect(m, "collections.document_store.create", "{\"store\": \"notes\"}", FORBIDDEN("store \"notes\" does not grant \"write\""));
     expect(m, "collections.document_store.find", "{}", FORBIDDEN("document_store namespace is missing or invalid"));
     sb_manifest_free(m);
 }
 
-static void test_reason_buffer(const sb_manifest_t *m)
+/* a call decoded from no args */
+static sb_call_t *call_of(sb_call_t *call, msgpack_zone *zone, const char *method)
 {
     sb_method_t meth;
+
+    if (sb_method_parse(method, strlen(method), &meth) != SB_OK)
+        ok(0, "parse %s", method);
+    (void)sb_call_decode(call, &meth, method, strlen(method), NULL, 0, zone);
+    return call;
+}
+
+static void test_reason_buffer(const sb_manifest_t *m)
+{
+    sb_call_t call, *meth;
+    msgpack_zone zone;
     char small[8];
 
-    if (sb_method_parse("email.send", 10, &meth) != SB_OK)
-        ok(0, "parse");
-    is_int(sb_authz_check(m, &meth, NULL, small, sizeof(small)), SB_E_FORBIDDEN, "small reason buffer");
+    msgpack_zone_init(&zone, 1024);
+    meth = call_of(&call, &zone, "email.send");
+    is_int(sb_authz_check(m, meth, small, sizeof(small)), SB_E_FORBIDDEN, "small reason buffer");
     is_str(small, "email.s", "  truncated reason");
-    is_int(sb_authz_check(m, &meth, NULL, NULL, 0), SB_E_FORBIDDEN, "no reason buffer");
-    is_int(sb_authz_check(NULL, &meth, NULL, small, sizeof(small)), SB_E_FORBIDDEN, "no manifest");
-    if (sb_method_parse("files.list", 10, &meth) != SB_OK)
-        ok(0, "parse");
+    is_int(sb_authz_check(m, meth, NULL, 0), SB_E_FORBIDDEN, "no reason buffer");
+    is_int(sb_authz_check(NULL, meth, small, sizeof(small)), SB_E_FORBIDDEN, "no manifest");
+    meth = call_of(&call, &zone, "files.list");
     memcpy(small, "junk", 5);
-    is_int(sb_authz_check(m, &meth, NULL, small, sizeof(small)), SB_OK, "granted");
+    is_int(sb_authz_check(m, meth, small, sizeof(small)), SB_OK, "granted");
     is_str(small, "", "  reason cleared when granted");
     {
         char big[64];
-        is_int(sb_authz_check(NULL, &meth, NULL, big, sizeof(big)), SB_E_FORBIDDEN, "no manifest");
+        is_int(sb_authz_check(NULL, meth, big, sizeof(big)), SB_E_FORBIDDEN, "no manifest");
         is_str(big, "no capability manifest", "  reason");
+        is_int(sb_authz_check(m, NULL, big, sizeof(big)), SB_E_FORBIDDEN, "no call");
     }
+    msgpack_zone_destroy(&zone);
 }
 
 int main(void)

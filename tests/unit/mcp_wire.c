@@ -1,12 +1,12 @@
 /*
- * Unit tests for broker/svc/mcp_wire.c: the event-stream parser (WHATWG
+ * Unit tests for broker/svc/tools/mcp_wire.c: the event-stream parser (WHATWG
  * "Interpreting an event stream") and the JSON-RPC response picker that the
  * MCP client reads upstream answers with.
  */
 #include <stdlib.h>
 #include <string.h>
 #include "sb/value.h"
-#include "svc/mcp_wire.h"
+#include "svc/tools/mcp_wire.h"
 #include "tap.h"
 
 /* ---- raw events ------------------------------------------------------------------------------------------------------ */

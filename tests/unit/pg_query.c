@@ -1,5 +1,5 @@
 /*
- * Unit tests for broker/svc/pg_query.c: the SQL that collections and the
+ * Unit tests for broker/svc/pg/pg_query.c: the SQL that collections and the
  * document store send to PostgreSQL (PROTOCOL.md section 6b), without a
  * database. Collections are built by hand as the introspection would build
  * them (posts: the integration test's table; document_store: deploy/sql).
@@ -23,7 +23,8 @@
 #include <msgpack.h>
 #include "tap.h"
 #include "sb/value.h"
-#include "svc/pg_query.h"
+#include "call/call.h"
+#include "svc/pg/pg_query.h"
 
 /* ---- the collections, as introspection would build them ------------------------------------------------------------ */
 
@@ -40,7 +41,8 @@ static sb_pg_col_t posts_cols[] = {
     {"created", 1184, "timestamp with time zone"},
     {"uid", 2950, "uuid"},
 };
-#define POSTS_COLS "\"id\", \"tenant_id\", \"title\", \"views\", \"score\", \"price\", \"published\", \"meta\", \"blob\", \"created\", \"uid\""
+#define POSTS_COLS                                                                                                                 \
+    "\"id\", \"tenant_id\", \"title\", \"views\", \"score\", \"price\", \"published\", \"meta\", \"blob\", \"created\", \"uid\""
 
 static sb_pg_col_t ds_cols[] = {
     {"id", 20, "bigint"},
@@ -55,9 +57,10 @@ static sb_pg_col_t ds_cols[] = {
 
 static sb_scope_bind_t tenant_scope[] = {{"tenant_id", "tenantId"}};
 
-static sb_pg_coll_t posts = {"posts", "posts", "id", 50, posts_cols, sizeof(posts_cols) / sizeof(posts_cols[0]), tenant_scope, 1, 0};
-static sb_pg_coll_t docs = {"document_store", "document_store", "id", 100, ds_cols, sizeof(ds_cols) / sizeof(ds_cols[0]),
-                            tenant_scope, 1, 1};
+static sb_pg_coll_t posts = {"posts",      "posts", "id", 50, posts_cols, sizeof(posts_cols) / sizeof(posts_cols[0]),
+                             tenant_scope, 1,       0};
+static sb_pg_coll_t docs = {
+    "document_store", "document_store", "id", 100, ds_cols, sizeof(ds_cols) / sizeof(ds_cols[0]), tenant_scope, 1, 1};
 
 static sb_token_t tok_t1;      /* tenantId = t1 */
 static sb_token_t tok_noscope; /* binds nothing */
@@ -124,19 +127,55 @@ static void free_kept(void)
 typedef struct {
     sb_status_t st;
     sb_sql_t q;
-    char err[400];
+    char err[SB_CALL_MAX_REASON];
 } built_t;
 
 static built_t last;
 
-static sb_status_t build_obj(const sb_pg_coll_t *c, sb_method_op_t op, const msgpack_object *args, const sb_token_t *tok,
-                             const char *ns, int binary)
+/*
+ * As the route runs it: the args decoded once into the typed call (whose
+ * argument errors count as the build's), then the statement built from it.
+ * The document store is decoded as store.<ns>.<op> and its namespace then
+ * replaced by `ns` (NULL for none), so the builder's own clamp is what is
+ * tested; upstream's collections.document_store shapes are tested apart.
+ */
+static sb_status_t build_method(const sb_pg_coll_t *c, const char *method, sb_method_op_t op, const msgpack_object *args,
+                                const sb_token_t *tok, int override_ns, const char *ns, int binary)
 {
+    sb_method_t m;
+    sb_call_t call;
+    msgpack_zone zone;
+
     sb_sql_dispose(&last.q);
     sb_sql_init(&last.q);
     memset(last.err, 0, sizeof(last.err));
-    last.st = sb_pg_build(c, op, args, tok, ns, binary, &last.q, last.err, sizeof(last.err));
+    if (sb_method_parse(method, strlen(method), &m) != SB_OK || m.op != op) {
+        printf("# bad test method %s\n", method);
+        abort();
+    }
+    msgpack_zone_init(&zone, 1024);
+    if (sb_call_decode(&call, &m, method, strlen(method), args, binary, &zone) != SB_OK) {
+        last.st = call.err_status;
+        snprintf(last.err, sizeof(last.err), "%s", call.err);
+    } else {
+        if (override_ns) {
+            call.data->ns = ns;
+            call.data->ns_len = ns != NULL ? strlen(ns) : 0;
+        }
+        last.st = sb_pg_build(c, op, call.data, tok, binary, &last.q, last.err, sizeof(last.err));
+    }
+    msgpack_zone_destroy(&zone);
     return last.st;
+}
+
+static sb_status_t build_obj(const sb_pg_coll_t *c, sb_method_op_t op, const msgpack_object *args, const sb_token_t *tok,
+                             const char *ns, int binary)
+{
+    char method[128];
+
+    snprintf(method, sizeof(method), "%s.%s.%s", c->is_docstore ? "store" : "collections", c->is_docstore ? "ns" : c->name,
+             sb_method_op_name(op));
+    return build_method(c, method, op, args, tok, c->is_docstore, ns, binary);
 }
 
 static sb_status_t build(const sb_pg_coll_t *c, sb_method_op_t op, const char *json, const char *ns, int binary)
@@ -207,8 +246,8 @@ static void test_find_basics(void)
     {
         msgpack_object nil = {.type = MSGPACK_OBJECT_NIL};
         build_obj(&posts, SB_OP_FIND, &nil, &tok_t1, NULL, 0);
-        expect_sql("find with nil args is find {}", FIND_PREFIX "TRUE AND \"tenant_id\" = $1::text ORDER BY \"id\" LIMIT 11 OFFSET 0",
-                   "t1", NULL);
+        expect_sql("find with nil args is find {}",
+                   FIND_PREFIX "TRUE AND \"tenant_id\" = $1::text ORDER BY \"id\" LIMIT 11 OFFSET 0", "t1", NULL);
     }
     build(&posts, SB_OP_FIND, "{\"where\":null}", NULL, 0);
     expect_sql("where null is no where", FIND_PREFIX "TRUE AND \"tenant_id\" = $1::text ORDER BY \"id\" LIMIT 11 OFFSET 0", "t1",
@@ -232,7 +271,8 @@ static void test_operators(void)
         {"{\"published\":true}", "(\"published\" = $1::boolean)", "true"},
         {"{\"published\":{\"equals\":false}}", "((\"published\" = $1::boolean))", "false"},
         {"{\"uid\":\"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11\"}", "(\"uid\" = $1::uuid)", "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"},
-        {"{\"created\":{\"gt\":\"2024-01-02T03:04:05Z\"}}", "((\"created\" > $1::timestamp with time zone))", "2024-01-02T03:04:05Z"},
+        {"{\"created\":{\"gt\":\"2024-01-02T03:04:05Z\"}}", "((\"created\" > $1::timestamp with time zone))",
+         "2024-01-02T03:04:05Z"},
         {"{\"meta\":{\"equals\":{\"a\":[1,true,null]}}}", "((\"meta\" = $1::jsonb))", "{\"a\":[1,true,null]}"},
         {"{\"meta\":{\"equals\":\"x\"}}", "((\"meta\" = $1::jsonb))", "\"x\""},
         {"{\"blob\":\"AAEC/w==\"}", "(\"blob\" = $1::bytea)", "\\x000102ff"},
@@ -245,7 +285,8 @@ static void test_operators(void)
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); ++i) {
         char args[512], name[600];
         snprintf(args, sizeof(args), "{\"where\":%s}", cases[i].where);
-        snprintf(want, sizeof(want), FIND_PREFIX "%s AND \"tenant_id\" = $2::text ORDER BY \"id\" LIMIT 11 OFFSET 0", cases[i].cond);
+        snprintf(want, sizeof(want), FIND_PREFIX "%s AND \"tenant_id\" = $2::text ORDER BY \"id\" LIMIT 11 OFFSET 0",
+                 cases[i].cond);
         snprintf(name, sizeof(name), "where %s", cases[i].where);
         build(&posts, SB_OP_FIND, args, NULL, 0);
         expect_sql(name, want, cases[i].p1, "t1", NULL);
@@ -267,7 +308,8 @@ static void test_operators(void)
         for (size_t i = 0; i < sizeof(nop) / sizeof(nop[0]); ++i) {
             char args[512], name[600];
             snprintf(args, sizeof(args), "{\"where\":%s}", nop[i].where);
-            snprintf(want, sizeof(want), FIND_PREFIX "%s AND \"tenant_id\" = $1::text ORDER BY \"id\" LIMIT 11 OFFSET 0", nop[i].cond);
+            snprintf(want, sizeof(want), FIND_PREFIX "%s AND \"tenant_id\" = $1::text ORDER BY \"id\" LIMIT 11 OFFSET 0",
+                     nop[i].cond);
             snprintf(name, sizeof(name), "where %s", nop[i].where);
             build(&posts, SB_OP_FIND, args, NULL, 0);
             expect_sql(name, want, "t1", NULL);
@@ -281,7 +323,8 @@ static void test_operators(void)
                "1", "2", "3", "t1", NULL);
     build(&posts, SB_OP_FIND, "{\"where\":{\"title\":{\"not_in\":[\"a\",\"b\"]}}}", NULL, 0);
     expect_sql("not_in [a,b]",
-               FIND_PREFIX "((\"title\" NOT IN ($1::text, $2::text))) AND \"tenant_id\" = $3::text ORDER BY \"id\" LIMIT 11 OFFSET 0",
+               FIND_PREFIX
+               "((\"title\" NOT IN ($1::text, $2::text))) AND \"tenant_id\" = $3::text ORDER BY \"id\" LIMIT 11 OFFSET 0",
                "a", "b", "t1", NULL);
     build(&posts, SB_OP_FIND, "{\"where\":{\"views\":{\"gt\":1,\"lt\":9}}}", NULL, 0);
     expect_sql("two operators on one field are ANDed",
@@ -290,8 +333,9 @@ static void test_operators(void)
                "1", "9", "t1", NULL);
     build(&posts, SB_OP_FIND, "{\"where\":{\"title\":\"a\",\"views\":2}}", NULL, 0);
     expect_sql("two fields are ANDed",
-               FIND_PREFIX "(\"title\" = $1::text AND \"views\" = $2::integer) AND \"tenant_id\" = $3::text ORDER BY \"id\" LIMIT 11 "
-                           "OFFSET 0",
+               FIND_PREFIX
+               "(\"title\" = $1::text AND \"views\" = $2::integer) AND \"tenant_id\" = $3::text ORDER BY \"id\" LIMIT 11 "
+               "OFFSET 0",
                "a", "2", "t1", NULL);
 }
 
@@ -373,7 +417,8 @@ static void test_limits(void)
             o += (size_t)snprintf(buf + o, sizeof(buf) - o, "%s%d", i ? "," : "", i);
         snprintf(buf + o, sizeof(buf) - o, "]}}}");
         build(&posts, SB_OP_FIND, buf, NULL, 0);
-        expect_err("not_in with 101 values", SB_E_BAD_ARGS, "operator \"not_in\" on \"views\" needs an array of at most 100 values");
+        expect_err("not_in with 101 values", SB_E_BAD_ARGS,
+                   "operator \"not_in\" on \"views\" needs an array of at most 100 values");
 
         /* 11 full in-lists: 1,100 parameters, above the 1,024 a statement may carry */
         o = (size_t)snprintf(buf, sizeof(buf), "{\"where\":{\"and\":[");
@@ -421,9 +466,9 @@ static void test_where_refusals(void)
         {"{\"where\":{\"blob\":\"AAE\"}}", "value for \"blob\" must be base64 text"},
         {"{\"nope\":1}", "find takes no argument \"nope\""},
         {"{\"data\":{}}", "find takes no argument \"data\""},
-        {"{\"limit\":-1}", "limit must be an integer from 0 to 50"},
-        {"{\"limit\":\"5\"}", "limit must be an integer from 0 to 50"},
-        {"{\"limit\":1.5}", "limit must be an integer from 0 to 50"},
+        {"{\"limit\":-1}", "limit must be a non-negative integer"},
+        {"{\"limit\":\"5\"}", "limit must be a non-negative integer"},
+        {"{\"limit\":1.5}", "limit must be a non-negative integer"},
         {"{\"offset\":100001}", "offset must be an integer from 0 to 100000"},
         {"{\"offset\":-1}", "offset must be an integer from 0 to 100000"},
         {"{\"sort\":[]}", "sort takes 1-8 fields"},
@@ -440,6 +485,33 @@ static void test_where_refusals(void)
     }
     build(&posts, SB_OP_FIND, "[]", NULL, 0);
     expect_err("find args must be an object", SB_E_BAD_ARGS, "find args must be an object");
+
+    /* an unknown field is named, cut at 64 bytes on a code point boundary (the message is JSON, msgpack str, log text) */
+    {
+        char field[80], json[256], want[160];
+        memset(field, 'u', 63);
+        memcpy(field + 63, "\xc3\xa9\xc3\xa9", 4);
+        field[67] = '\0';
+        snprintf(json, sizeof(json), "{\"where\":{\"%s\":1}}", field);
+        build(&posts, SB_OP_FIND, json, NULL, 0);
+        snprintf(want, sizeof(want), "unknown field \"%.63s\"", field);
+        expect_err("unknown where field: a 2-byte character across the cut is left out", SB_E_BAD_ARGS, want);
+        snprintf(json, sizeof(json), "{\"sort\":\"-%s\"}", field);
+        build(&posts, SB_OP_FIND, json, NULL, 0);
+        snprintf(want, sizeof(want), "sort names an unknown field \"%.63s\"", field);
+        expect_err("unknown sort field: cut on a code point", SB_E_BAD_ARGS, want);
+        snprintf(json, sizeof(json), "{\"data\":{\"%s\":1}}", field);
+        build(&posts, SB_OP_CREATE, json, NULL, 0);
+        snprintf(want, sizeof(want), "unknown field \"%.63s\"", field);
+        expect_err("unknown data field: cut on a code point", SB_E_BAD_ARGS, want);
+        memset(field, 'v', 62);
+        memcpy(field + 62, "\xf0\x9f\x98\x80", 4);
+        field[66] = '\0';
+        snprintf(json, sizeof(json), "{\"select\":[\"%s\"]}", field);
+        build(&posts, SB_OP_FIND, json, NULL, 0);
+        snprintf(want, sizeof(want), "select names an unknown field \"%.62s\"", field);
+        expect_err("unknown select field: a 4-byte character across the cut", SB_E_BAD_ARGS, want);
+    }
     build(&posts, SB_OP_FIND_ONE, "{\"limit\":1}", NULL, 0);
     expect_err("findOne takes no limit", SB_E_BAD_ARGS, "findOne takes no argument \"limit\"");
 
@@ -471,22 +543,24 @@ static void test_sort_select_page(void)
                FIND_PREFIX "TRUE AND \"tenant_id\" = $1::text ORDER BY \"views\" DESC, \"id\" LIMIT 11 OFFSET 0", "t1", NULL);
     build(&posts, SB_OP_FIND, "{\"sort\":[\"title\",\"-score\"]}", NULL, 0);
     expect_sql("sort [title, -score]",
-               FIND_PREFIX "TRUE AND \"tenant_id\" = $1::text ORDER BY \"title\", \"score\" DESC, \"id\" LIMIT 11 OFFSET 0", "t1", NULL);
+               FIND_PREFIX "TRUE AND \"tenant_id\" = $1::text ORDER BY \"title\", \"score\" DESC, \"id\" LIMIT 11 OFFSET 0", "t1",
+               NULL);
     build(&posts, SB_OP_FIND, "{\"select\":[\"title\",\"views\"]}", NULL, 0);
-    expect_sql("select [title, views] (the key always comes along)",
-               "SELECT \"id\", \"title\", \"views\" FROM posts WHERE TRUE AND \"tenant_id\" = $1::text ORDER BY \"id\" LIMIT 11 OFFSET 0",
-               "t1", NULL);
+    expect_sql(
+        "select [title, views] (the key always comes along)",
+        "SELECT \"id\", \"title\", \"views\" FROM posts WHERE TRUE AND \"tenant_id\" = $1::text ORDER BY \"id\" LIMIT 11 OFFSET 0",
+        "t1", NULL);
     build(&posts, SB_OP_FIND, "{\"select\":{\"title\":true,\"views\":false}}", NULL, 0);
     expect_sql("select {title: true, views: false}",
-               "SELECT \"id\", \"title\" FROM posts WHERE TRUE AND \"tenant_id\" = $1::text ORDER BY \"id\" LIMIT 11 OFFSET 0", "t1",
-               NULL);
+               "SELECT \"id\", \"title\" FROM posts WHERE TRUE AND \"tenant_id\" = $1::text ORDER BY \"id\" LIMIT 11 OFFSET 0",
+               "t1", NULL);
     build(&posts, SB_OP_FIND, "{\"limit\":5,\"offset\":20}", NULL, 0);
     expect_sql("limit 5 offset 20", FIND_PREFIX "TRUE AND \"tenant_id\" = $1::text ORDER BY \"id\" LIMIT 6 OFFSET 20", "t1", NULL);
     is_int(last.q.limit, 5, "limit 5");
     is_int(last.q.offset, 20, "offset 20");
     build(&posts, SB_OP_FIND, "{\"limit\":1000000}", NULL, 0);
-    expect_sql("limit above max_limit is clamped to 50", FIND_PREFIX "TRUE AND \"tenant_id\" = $1::text ORDER BY \"id\" LIMIT 51 OFFSET 0",
-               "t1", NULL);
+    expect_sql("limit above max_limit is clamped to 50",
+               FIND_PREFIX "TRUE AND \"tenant_id\" = $1::text ORDER BY \"id\" LIMIT 51 OFFSET 0", "t1", NULL);
     is_int(last.q.limit, 50, "clamped limit is 50");
     build(&posts, SB_OP_FIND, "{\"limit\":0}", NULL, 0);
     ok(last.st == SB_OK && last.q.limit == 0, "limit 0 is a valid (empty) page");
@@ -516,21 +590,25 @@ static void test_create(void)
           "{\"data\":{\"title\":\"hi\",\"views\":3,\"score\":2.5,\"price\":\"12.340\",\"published\":true,\"meta\":{\"a\":[1,{\"b\":"
           "null}]},\"blob\":\"AAEC/w==\",\"uid\":null}}",
           NULL, 0);
-    expect_sql("create: every type as a typed parameter, scope column set by the clamp",
-               "INSERT INTO posts (\"title\", \"views\", \"score\", \"price\", \"published\", \"meta\", \"blob\", \"uid\", \"tenant_id\") "
-               "VALUES ($1::text, $2::integer, $3::double precision, $4::numeric, $5::boolean, $6::jsonb, $7::bytea, NULL, $8::text) "
-               "RETURNING " POSTS_COLS,
-               "hi", "3", "2.5", "12.340", "true", "{\"a\":[1,{\"b\":null}]}", "\\x000102ff", "t1", NULL);
+    expect_sql(
+        "create: every type as a typed parameter, scope column set by the clamp",
+        "INSERT INTO posts (\"title\", \"views\", \"score\", \"price\", \"published\", \"meta\", \"blob\", \"uid\", \"tenant_id\") "
+        "VALUES ($1::text, $2::integer, $3::double precision, $4::numeric, $5::boolean, $6::jsonb, $7::bytea, NULL, $8::text) "
+        "RETURNING " POSTS_COLS,
+        "hi", "3", "2.5", "12.340", "true", "{\"a\":[1,{\"b\":null}]}", "\\x000102ff", "t1", NULL);
     build(&posts, SB_OP_CREATE, "{\"data\":{\"title\":\"hi\",\"tenant_id\":\"t1\"}}", NULL, 0);
     expect_sql("create restating the bound scope value",
                "INSERT INTO posts (\"title\", \"tenant_id\") VALUES ($1::text, $2::text) RETURNING " POSTS_COLS, "hi", "t1", NULL);
     build(&posts, SB_OP_CREATE, "{\"data\":{}}", NULL, 0);
-    expect_sql("create {} sets only the scope", "INSERT INTO posts (\"tenant_id\") VALUES ($1::text) RETURNING " POSTS_COLS, "t1", NULL);
+    expect_sql("create {} sets only the scope", "INSERT INTO posts (\"tenant_id\") VALUES ($1::text) RETURNING " POSTS_COLS, "t1",
+               NULL);
 
     build(&posts, SB_OP_CREATE, "{\"data\":{\"title\":\"hi\",\"tenant_id\":\"t2\"}}", NULL, 0);
-    expect_err("create with another tenant", SB_E_FORBIDDEN, "field \"tenant_id\" is bound to the run's scope and cannot be set to another value");
+    expect_err("create with another tenant", SB_E_FORBIDDEN,
+               "field \"tenant_id\" is bound to the run's scope and cannot be set to another value");
     build(&posts, SB_OP_CREATE, "{\"data\":{\"tenant_id\":null}}", NULL, 0);
-    expect_err("create with a null tenant", SB_E_FORBIDDEN, "field \"tenant_id\" is bound to the run's scope and cannot be set to another value");
+    expect_err("create with a null tenant", SB_E_FORBIDDEN,
+               "field \"tenant_id\" is bound to the run's scope and cannot be set to another value");
     build(&posts, SB_OP_CREATE, "{\"data\":{\"tenant_id\":\"t1\\u0000\"}}", NULL, 0);
     ok(last.st == SB_E_FORBIDDEN || last.st == SB_E_BAD_ARGS, "create with tenant \"t1\\0\" is refused");
     {
@@ -556,8 +634,8 @@ static void test_create(void)
     build(&posts, SB_OP_CREATE, "{\"data\":{\"title\":{\"a\":1}}}", NULL, 0);
     expect_err("an object into a text column", SB_E_BAD_ARGS, "value for \"title\" has the wrong type");
     build(&posts, SB_OP_CREATE, "{\"data\":{\"blob\":\"\"}}", NULL, 0);
-    expect_sql("bytea from empty base64", "INSERT INTO posts (\"blob\", \"tenant_id\") VALUES ($1::bytea, $2::text) RETURNING " POSTS_COLS,
-               "\\x", "t1", NULL);
+    expect_sql("bytea from empty base64",
+               "INSERT INTO posts (\"blob\", \"tenant_id\") VALUES ($1::bytea, $2::text) RETURNING " POSTS_COLS, "\\x", "t1", NULL);
 }
 
 /* {"data": {"blob"|col: bin}} packed by hand */
@@ -579,8 +657,9 @@ static void test_binary(void)
 {
     msgpack_object o = bin_args("data", "blob", "\x00\x01\xff'", 4);
     build_obj(&posts, SB_OP_CREATE, &o, &tok_t1, NULL, 1);
-    expect_sql("msgpack bin into bytea", "INSERT INTO posts (\"blob\", \"tenant_id\") VALUES ($1::bytea, $2::text) RETURNING " POSTS_COLS,
-               "\\x0001ff27", "t1", NULL);
+    expect_sql("msgpack bin into bytea",
+               "INSERT INTO posts (\"blob\", \"tenant_id\") VALUES ($1::bytea, $2::text) RETURNING " POSTS_COLS, "\\x0001ff27",
+               "t1", NULL);
     o = bin_args("data", "title", "abc", 3);
     build_obj(&posts, SB_OP_CREATE, &o, &tok_t1, NULL, 1);
     expect_err("bin into a text column", SB_E_BAD_ARGS, "binary value for non-bytea column \"title\"");
@@ -590,8 +669,9 @@ static void test_binary(void)
        "bin into jsonb is refused or stored as its base64 text");
     o = bin_args("where", "blob", "\x00\x01", 2);
     build_obj(&posts, SB_OP_FIND, &o, &tok_t1, NULL, 1);
-    expect_sql("where blob = bin", FIND_PREFIX "(\"blob\" = $1::bytea) AND \"tenant_id\" = $2::text ORDER BY \"id\" LIMIT 11 OFFSET 0",
-               "\\x0001", "t1", NULL);
+    expect_sql("where blob = bin",
+               FIND_PREFIX "(\"blob\" = $1::bytea) AND \"tenant_id\" = $2::text ORDER BY \"id\" LIMIT 11 OFFSET 0", "\\x0001", "t1",
+               NULL);
     o = bin_args("where", "views", "\x00\x01", 2);
     build_obj(&posts, SB_OP_FIND, &o, &tok_t1, NULL, 1);
     expect_err("where views = bin", SB_E_BAD_ARGS, "binary value for non-bytea column \"views\"");
@@ -604,26 +684,31 @@ static void test_binary(void)
 static void test_update_delete(void)
 {
     build(&posts, SB_OP_UPDATE, "{\"where\":{\"title\":\"a\"},\"data\":{\"views\":4,\"meta\":null}}", NULL, 0);
-    expect_sql("update: the rows are chosen under the clamp, and the statement is clamped again",
-               "UPDATE posts SET \"views\" = $1::integer, \"meta\" = NULL WHERE \"id\" IN (SELECT \"id\" FROM posts WHERE (\"title\" = "
-               "$2::text) AND \"tenant_id\" = $3::text ORDER BY \"id\" LIMIT 50 FOR UPDATE) AND \"tenant_id\" = $4::text RETURNING " POSTS_COLS,
-               "4", "a", "t1", "t1", NULL);
+    expect_sql(
+        "update: the rows are chosen under the clamp, and the statement is clamped again",
+        "UPDATE posts SET \"views\" = $1::integer, \"meta\" = NULL WHERE \"id\" IN (SELECT \"id\" FROM posts WHERE (\"title\" = "
+        "$2::text) AND \"tenant_id\" = $3::text ORDER BY \"id\" LIMIT 50 FOR UPDATE) AND \"tenant_id\" = $4::text "
+        "RETURNING " POSTS_COLS,
+        "4", "a", "t1", "t1", NULL);
     build(&posts, SB_OP_UPDATE, "{\"data\":{\"title\":\"b\"}}", NULL, 0);
-    expect_sql("update without where: every row of the tenant, max_limit at a time",
-               "UPDATE posts SET \"title\" = $1::text WHERE \"id\" IN (SELECT \"id\" FROM posts WHERE TRUE AND \"tenant_id\" = $2::text "
-               "ORDER BY \"id\" LIMIT 50 FOR UPDATE) AND \"tenant_id\" = $3::text RETURNING " POSTS_COLS,
-               "b", "t1", "t1", NULL);
+    expect_sql(
+        "update without where: every row of the tenant, max_limit at a time",
+        "UPDATE posts SET \"title\" = $1::text WHERE \"id\" IN (SELECT \"id\" FROM posts WHERE TRUE AND \"tenant_id\" = $2::text "
+        "ORDER BY \"id\" LIMIT 50 FOR UPDATE) AND \"tenant_id\" = $3::text RETURNING " POSTS_COLS,
+        "b", "t1", "t1", NULL);
     build(&posts, SB_OP_UPDATE, "{\"where\":{\"or\":[{\"id\":1},{\"tenant_id\":\"t2\"}]},\"data\":{\"title\":\"b\"}}", NULL, 0);
     expect_sql("update: an or in the where stays inside its parentheses",
                "UPDATE posts SET \"title\" = $1::text WHERE \"id\" IN (SELECT \"id\" FROM posts WHERE (((\"id\" = $2::bigint) OR "
-               "(\"tenant_id\" = $3::text))) AND \"tenant_id\" = $4::text ORDER BY \"id\" LIMIT 50 FOR UPDATE) AND \"tenant_id\" = $5::text "
+               "(\"tenant_id\" = $3::text))) AND \"tenant_id\" = $4::text ORDER BY \"id\" LIMIT 50 FOR UPDATE) AND \"tenant_id\" = "
+               "$5::text "
                "RETURNING " POSTS_COLS,
                "b", "1", "t2", "t1", "t1", NULL);
     build(&posts, SB_OP_UPDATE, "{\"where\":{\"id\":1},\"data\":{\"tenant_id\":\"t2\"}}", NULL, 0);
     expect_err("update moving a row to another tenant", SB_E_FORBIDDEN,
                "field \"tenant_id\" is bound to the run's scope and cannot be changed");
     build(&posts, SB_OP_UPDATE, "{\"where\":{\"id\":1},\"data\":{\"tenant_id\":\"t1\"}}", NULL, 0);
-    expect_err("update restating the tenant", SB_E_FORBIDDEN, "field \"tenant_id\" is bound to the run's scope and cannot be changed");
+    expect_err("update restating the tenant", SB_E_FORBIDDEN,
+               "field \"tenant_id\" is bound to the run's scope and cannot be changed");
     build(&posts, SB_OP_UPDATE, "{\"where\":{\"id\":1},\"data\":{}}", NULL, 0);
     expect_err("update with empty data", SB_E_BAD_ARGS, "data must be a non-empty object");
     build(&posts, SB_OP_UPDATE, "{\"where\":{\"id\":1}}", NULL, 0);
@@ -635,14 +720,16 @@ static void test_update_delete(void)
 
     build(&posts, SB_OP_DELETE, "{\"where\":{\"views\":{\"lt\":0}}}", NULL, 0);
     expect_sql("delete",
-               "DELETE FROM posts WHERE \"id\" IN (SELECT \"id\" FROM posts WHERE ((\"views\" < $1::integer)) AND \"tenant_id\" = $2::text "
+               "DELETE FROM posts WHERE \"id\" IN (SELECT \"id\" FROM posts WHERE ((\"views\" < $1::integer)) AND \"tenant_id\" = "
+               "$2::text "
                "ORDER BY \"id\" LIMIT 50 FOR UPDATE) AND \"tenant_id\" = $3::text RETURNING " POSTS_COLS,
                "0", "t1", "t1", NULL);
     build(&posts, SB_OP_DELETE, "{}", NULL, 0);
-    expect_sql("delete without where",
-               "DELETE FROM posts WHERE \"id\" IN (SELECT \"id\" FROM posts WHERE TRUE AND \"tenant_id\" = $1::text ORDER BY \"id\" "
-               "LIMIT 50 FOR UPDATE) AND \"tenant_id\" = $2::text RETURNING " POSTS_COLS,
-               "t1", "t1", NULL);
+    expect_sql(
+        "delete without where",
+        "DELETE FROM posts WHERE \"id\" IN (SELECT \"id\" FROM posts WHERE TRUE AND \"tenant_id\" = $1::text ORDER BY \"id\" "
+        "LIMIT 50 FOR UPDATE) AND \"tenant_id\" = $2::text RETURNING " POSTS_COLS,
+        "t1", "t1", NULL);
     build(&posts, SB_OP_DELETE, "{\"where\":{\"id\":1},\"data\":{}}", NULL, 0);
     expect_err("delete takes no data", SB_E_BAD_ARGS, "delete takes no argument \"data\"");
 }
@@ -651,23 +738,27 @@ static void test_docstore(void)
 {
     build(&docs, SB_OP_FIND, "{\"where\":{\"store\":\"notes\",\"key\":\"k\"}}", "notes", 0);
     expect_sql("document store find: tenant and namespace clamped",
-               "SELECT " DS_COLS " FROM document_store WHERE (\"store\" = $1::text AND \"key\" = $2::text) AND \"tenant_id\" = $3::text "
+               "SELECT " DS_COLS
+               " FROM document_store WHERE (\"store\" = $1::text AND \"key\" = $2::text) AND \"tenant_id\" = $3::text "
                "AND \"store\" = $4::text ORDER BY \"id\" LIMIT 11 OFFSET 0",
                "notes", "k", "t1", "notes", NULL);
     build(&docs, SB_OP_FIND, "{\"where\":{\"or\":[{\"store\":\"other\"},{\"key\":\"k\"}]}}", "notes", 0);
     expect_sql("document store: an or naming another namespace stays clamped",
-               "SELECT " DS_COLS " FROM document_store WHERE (((\"store\" = $1::text) OR (\"key\" = $2::text))) AND \"tenant_id\" = "
+               "SELECT " DS_COLS
+               " FROM document_store WHERE (((\"store\" = $1::text) OR (\"key\" = $2::text))) AND \"tenant_id\" = "
                "$3::text AND \"store\" = $4::text ORDER BY \"id\" LIMIT 11 OFFSET 0",
                "other", "k", "t1", "notes", NULL);
     build(&docs, SB_OP_CREATE, "{\"data\":{\"key\":\"k\",\"data\":{\"x\":1}}}", "notes", 0);
-    expect_sql("document store create sets tenant and namespace",
-               "INSERT INTO document_store (\"key\", \"data\", \"tenant_id\", \"store\") VALUES ($1::text, $2::jsonb, $3::text, $4::text) "
-               "RETURNING " DS_COLS,
-               "k", "{\"x\":1}", "t1", "notes", NULL);
+    expect_sql(
+        "document store create sets tenant and namespace",
+        "INSERT INTO document_store (\"key\", \"data\", \"tenant_id\", \"store\") VALUES ($1::text, $2::jsonb, $3::text, $4::text) "
+        "RETURNING " DS_COLS,
+        "k", "{\"x\":1}", "t1", "notes", NULL);
     build(&docs, SB_OP_CREATE, "{\"data\":{\"store\":\"notes\",\"key\":\"k\"}}", "notes", 0);
-    expect_sql("document store create restating the namespace",
-               "INSERT INTO document_store (\"key\", \"tenant_id\", \"store\") VALUES ($1::text, $2::text, $3::text) RETURNING " DS_COLS,
-               "k", "t1", "notes", NULL);
+    expect_sql(
+        "document store create restating the namespace",
+        "INSERT INTO document_store (\"key\", \"tenant_id\", \"store\") VALUES ($1::text, $2::text, $3::text) RETURNING " DS_COLS,
+        "k", "t1", "notes", NULL);
     build(&docs, SB_OP_CREATE, "{\"data\":{\"store\":\"other\",\"key\":\"k\"}}", "notes", 0);
     expect_err("document store create into another namespace", SB_E_FORBIDDEN,
                "field \"store\" is bound to the run's scope and cannot be set to another value");
@@ -677,20 +768,58 @@ static void test_docstore(void)
     build(&docs, SB_OP_UPDATE, "{\"where\":{\"key\":\"k\"},\"data\":{\"data\":[1,2]}}", "notes", 0);
     expect_sql("document store update",
                "UPDATE document_store SET \"data\" = $1::jsonb WHERE \"id\" IN (SELECT \"id\" FROM document_store WHERE (\"key\" = "
-               "$2::text) AND \"tenant_id\" = $3::text AND \"store\" = $4::text ORDER BY \"id\" LIMIT 100 FOR UPDATE) AND \"tenant_id\" = $5::text "
+               "$2::text) AND \"tenant_id\" = $3::text AND \"store\" = $4::text ORDER BY \"id\" LIMIT 100 FOR UPDATE) AND "
+               "\"tenant_id\" = $5::text "
                "AND \"store\" = $6::text RETURNING " DS_COLS,
                "[1,2]", "k", "t1", "notes", "t1", "notes", NULL);
     build(&docs, SB_OP_DELETE, "{}", "notes", 0);
-    expect_sql("document store delete",
-               "DELETE FROM document_store WHERE \"id\" IN (SELECT \"id\" FROM document_store WHERE TRUE AND \"tenant_id\" = $1::text AND "
-               "\"store\" = $2::text ORDER BY \"id\" LIMIT 100 FOR UPDATE) AND \"tenant_id\" = $3::text AND \"store\" = $4::text RETURNING " DS_COLS,
-               "t1", "notes", "t1", "notes", NULL);
+    expect_sql(
+        "document store delete",
+        "DELETE FROM document_store WHERE \"id\" IN (SELECT \"id\" FROM document_store WHERE TRUE AND \"tenant_id\" = $1::text AND "
+        "\"store\" = $2::text ORDER BY \"id\" LIMIT 100 FOR UPDATE) AND \"tenant_id\" = $3::text AND \"store\" = $4::text "
+        "RETURNING " DS_COLS,
+        "t1", "notes", "t1", "notes", NULL);
     build(&docs, SB_OP_FIND, "{}", NULL, 0);
     expect_err("document store without a namespace", SB_E_FORBIDDEN, "document_store namespace is missing or invalid");
     build(&docs, SB_OP_CREATE, "{\"data\":{}}", NULL, 0);
     expect_err("document store create without a namespace", SB_E_FORBIDDEN, "document_store namespace is missing or invalid");
     build(&docs, SB_OP_FIND, "{}", "no'tes", 0);
     ok(last.st == SB_OK && strstr(last.q.sql, "no'tes") == NULL, "the namespace is a parameter, never SQL text");
+
+    /* upstream's shapes (PROTOCOL.md section 6b): the namespace decoded from the args is the one clamped */
+    {
+        msgpack_object o = J("{\"key\":\"k1\",\"data\":{\"v\":1},\"store\":\"notes\"}");
+        build_method(&docs, "collections.document_store.create", SB_OP_CREATE, &o, &tok_t1, 0, NULL, 0);
+        expect_sql(
+            "upstream create: the document's fields at the top level, store the namespace",
+            "INSERT INTO document_store (\"key\", \"data\", \"tenant_id\", \"store\") VALUES ($1::text, $2::jsonb, $3::text, "
+            "$4::text) RETURNING " DS_COLS,
+            "k1", "{\"v\":1}", "t1", "notes", NULL);
+        o = J("{\"store\":\"notes\"}");
+        build_method(&docs, "collections.document_store.create", SB_OP_CREATE, &o, &tok_t1, 0, NULL, 0);
+        expect_sql("upstream create of an empty document",
+                   "INSERT INTO document_store (\"tenant_id\", \"store\") VALUES ($1::text, $2::text) RETURNING " DS_COLS, "t1",
+                   "notes", NULL);
+        o = J("{\"key\":\"k1\",\"nope\":1,\"store\":\"notes\"}");
+        build_method(&docs, "collections.document_store.create", SB_OP_CREATE, &o, &tok_t1, 0, NULL, 0);
+        expect_err("upstream create with an unknown field", SB_E_BAD_ARGS, "unknown field \"nope\"");
+        o = J("{\"where\":{\"store\":\"notes\",\"key\":\"k1\"},\"data\":{\"data\":{\"v\":2}}}");
+        build_method(&docs, "collections.document_store.update", SB_OP_UPDATE, &o, &tok_t1, 0, NULL, 0);
+        expect_sql(
+            "upstream update: store inside where",
+            "UPDATE document_store SET \"data\" = $1::jsonb WHERE \"id\" IN (SELECT \"id\" FROM document_store WHERE (\"store\" "
+            "= $2::text AND \"key\" = $3::text) AND \"tenant_id\" = $4::text AND \"store\" = $5::text ORDER BY \"id\" LIMIT 100 "
+            "FOR UPDATE) AND \"tenant_id\" = $6::text AND \"store\" = $7::text RETURNING " DS_COLS,
+            "{\"v\":2}", "notes", "k1", "t1", "notes", "t1", "notes", NULL);
+        o = J("{\"where\":{\"store\":{\"equals\":\"notes\"}}}");
+        build_method(&docs, "collections.document_store.delete", SB_OP_DELETE, &o, &tok_t1, 0, NULL, 0);
+        expect_sql(
+            "upstream delete: store as {equals}",
+            "DELETE FROM document_store WHERE \"id\" IN (SELECT \"id\" FROM document_store WHERE ((\"store\" = $1::text)) AND "
+            "\"tenant_id\" = $2::text AND \"store\" = $3::text ORDER BY \"id\" LIMIT 100 FOR UPDATE) AND \"tenant_id\" = $4::text "
+            "AND \"store\" = $5::text RETURNING " DS_COLS,
+            "notes", "t1", "notes", "t1", "notes", NULL);
+    }
 }
 
 /* ---- the property: guest values are parameters, never SQL text -------------------------------------------------- */
@@ -752,7 +881,8 @@ static void gen_where(char *out, size_t outsz, size_t *o, int depth)
             continue;
         }
         /* a distinct field per position, so keys never repeat in one map */
-        *o += (size_t)snprintf(out + *o, outsz - *o, "\"%s\":", gen_fields[(start + i) % (sizeof(gen_fields) / sizeof(gen_fields[0]))]);
+        *o += (size_t)snprintf(out + *o, outsz - *o,
+                               "\"%s\":", gen_fields[(start + i) % (sizeof(gen_fields) / sizeof(gen_fields[0]))]);
         {
             const char *op = gen_ops[rnd(sizeof(gen_ops) / sizeof(gen_ops[0]))];
             *o += (size_t)snprintf(out + *o, outsz - *o, "{\"%s\":", op);
@@ -850,7 +980,6 @@ static void test_property(void)
     ok(refused_ok, "property: refusals are bad_args or forbidden");
 }
 
-
 /* ---- rows: the type mapping of PROTOCOL.md 6b, on results built by hand ------------------------------------------ */
 
 static PGresult *make_result(int nf, const char *const *names, const unsigned *oids)
@@ -882,15 +1011,31 @@ static const msgpack_object *field_of(const msgpack_object *map, const char *nam
 
 static int obj_str_is(const msgpack_object *o, const char *s)
 {
-    return o != NULL && o->type == MSGPACK_OBJECT_STR && o->via.str.size == strlen(s) && memcmp(o->via.str.ptr, s, o->via.str.size) == 0;
+    return o != NULL && o->type == MSGPACK_OBJECT_STR && o->via.str.size == strlen(s) &&
+           memcmp(o->via.str.ptr, s, o->via.str.size) == 0;
 }
 
 static void test_pack(void)
 {
-    static const char *const names[] = {"b", "i2", "i4", "i8", "f4", "f8", "nan", "num", "txt", "uid", "js", "jsb", "by", "tstz", "ts", "nul"};
+    static const char *const names[] = {"b",   "i2",  "i4", "i8",  "f4", "f8",   "nan", "num",
+                                        "txt", "uid", "js", "jsb", "by", "tstz", "ts",  "nul"};
     static const unsigned oids[] = {16, 21, 23, 20, 700, 701, 701, 1700, 25, 2950, 114, 3802, 17, 1184, 1114, 25};
-    static const char *const vals[] = {"t", "-7", "2147483647", "9223372036854775807", "0.5", "1.25", "NaN", "12.340", "it's", "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
-                                       "[1, \"x\"]", "{\"a\": [1, {\"b\": null}], \"c\": 1.5}", "\\x0001ff", "2024-01-02 03:04:05.123+00", "2024-01-02 03:04:05", NULL};
+    static const char *const vals[] = {"t",
+                                       "-7",
+                                       "2147483647",
+                                       "9223372036854775807",
+                                       "0.5",
+                                       "1.25",
+                                       "NaN",
+                                       "12.340",
+                                       "it's",
+                                       "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+                                       "[1, \"x\"]",
+                                       "{\"a\": [1, {\"b\": null}], \"c\": 1.5}",
+                                       "\\x0001ff",
+                                       "2024-01-02 03:04:05.123+00",
+                                       "2024-01-02 03:04:05",
+                                       NULL};
     PGresult *res = make_result(16, names, oids);
     msgpack_sbuffer sb;
     msgpack_packer pk;
@@ -926,7 +1071,8 @@ static void test_pack(void)
     ok(obj_str_is(field_of(&o, "txt"), "it's"), "text -> string");
     ok(obj_str_is(field_of(&o, "uid"), "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"), "uuid -> string");
     v = field_of(&o, "js");
-    ok(v && v->type == MSGPACK_OBJECT_ARRAY && v->via.array.size == 2 && obj_str_is(&v->via.array.ptr[1], "x"), "json -> nested value");
+    ok(v && v->type == MSGPACK_OBJECT_ARRAY && v->via.array.size == 2 && obj_str_is(&v->via.array.ptr[1], "x"),
+       "json -> nested value");
     v = field_of(&o, "jsb");
     {
         const msgpack_object *a = v ? sb_mp_get(v, "a") : NULL, *c = v ? sb_mp_get(v, "c") : NULL;
@@ -937,7 +1083,8 @@ static void test_pack(void)
            "jsonb -> nested value");
     }
     v = field_of(&o, "by");
-    ok(v && v->type == MSGPACK_OBJECT_BIN && v->via.bin.size == 3 && memcmp(v->via.bin.ptr, "\x00\x01\xff", 3) == 0, "bytea -> bin");
+    ok(v && v->type == MSGPACK_OBJECT_BIN && v->via.bin.size == 3 && memcmp(v->via.bin.ptr, "\x00\x01\xff", 3) == 0,
+       "bytea -> bin");
     ok(obj_str_is(field_of(&o, "tstz"), "2024-01-02T03:04:05.123Z"), "timestamptz -> ISO 8601 with Z");
     v = field_of(&o, "ts");
     ok(v && v->type == MSGPACK_OBJECT_STR && v->via.str.size >= 19 && memcmp(v->via.str.ptr, "2024-01-02T03:04:05", 19) == 0,

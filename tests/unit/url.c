@@ -1,5 +1,5 @@
 /*
- * Unit tests for broker/fetch/url.c: the strict http.fetch URL parser and
+ * Unit tests for broker/call/url.c: the strict http.fetch URL parser and
  * redirect resolution (issue 4, "URL parsing").
  */
 #include <arpa/inet.h>
@@ -7,7 +7,7 @@
 #include <string.h>
 #include "tap.h"
 #include "sb/limits.h"
-#include "fetch/url.h"
+#include "call/url.h"
 
 typedef struct st_want_t {
     const char *url;

@@ -1,0 +1,41 @@
+/*
+ * broker/http: request state that may outlive the request (async.h).
+ */
+#include <stdlib.h>
+#include "http/async.h"
+#include "util/util.h"
+
+static void on_guard_dispose(void *p)
+{
+    sb_async_t *a = *(sb_async_t **)p;
+    a->req = NULL;
+    --a->worker->inflight;
+    sb_async_release(a);
+}
+
+sb_async_t *sb_async_attach(h2o_req_t *req, size_t size, void (*dispose)(sb_async_t *))
+{
+    sb_async_t *a = sb_mem_calloc(1, size), **slot;
+    a->_refcnt = 1;
+    a->req = req;
+    a->worker = sb_current_worker;
+    a->_dispose = dispose;
+    slot = h2o_mem_alloc_shared(&req->pool, sizeof(*slot), on_guard_dispose);
+    *slot = a;
+    ++a->worker->inflight;
+    return a;
+}
+
+void sb_async_retain(sb_async_t *a)
+{
+    ++a->_refcnt;
+}
+
+void sb_async_release(sb_async_t *a)
+{
+    if (--a->_refcnt != 0)
+        return;
+    if (a->_dispose != NULL)
+        a->_dispose(a);
+    free(a);
+}

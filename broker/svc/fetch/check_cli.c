@@ -1,0 +1,112 @@
+/*
+ * sandbox-broker egress-check [--config FILE] [--allow HOST[:PORT]]... URL
+ *
+ * The operator's view of an http.fetch decision: the same parser, allowlist,
+ * name policy, resolver (with the configured DNS servers) and address policy
+ * the fetch path runs, stopping before the connect. Exit 0 allowed, 1 denied,
+ * 2 usage or configuration error.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "conf/config.h"
+#include "svc/fetch/egress_check.h"
+
+typedef struct st_check_state_t {
+    int done;
+    int allowed;
+} check_state_t;
+
+static void on_decision(void *arg, const sb_egress_decision_t *d)
+{
+    check_state_t *st = arg;
+    printf("decision: %s\n", d->allowed ? "allow" : "deny");
+    if (d->url.host_len != 0) {
+        printf("url: %s://%s%s%s%s:%u%s\n", d->url.scheme == SB_URL_HTTPS ? "https" : "http",
+               d->url.host_kind == SB_URL_HOST_IPV6 ? "[" : "", d->url.host, d->url.host_kind == SB_URL_HOST_IPV6 ? "]" : "", "",
+               (unsigned)d->url.port, d->url.target);
+    }
+    for (size_t i = 0; i < d->nanswers; ++i) {
+        char ip[64];
+        sb_ip_format(&d->answers[i].ip, ip, sizeof(ip));
+        printf("answer: %-40s %s (%s)\n", ip, d->answers[i].allowed ? "allow" : "deny", d->answers[i].rule);
+    }
+    printf("reason: %s\n", d->reason);
+    st->allowed = d->allowed;
+    st->done = 1;
+}
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: sandbox-broker egress-check [--config FILE] [--allow HOST[:PORT]]... URL\n");
+    return 2;
+}
+
+int sb_egress_check_main(int argc, char **argv)
+{
+    const char *config_path = NULL, *url = NULL, *err = NULL;
+    json_t *allow = json_array();
+    sb_config_t *conf = NULL;
+    sb_fetch_conf_t *fc = NULL;
+    sb_manifest_t *m = NULL;
+    sb_fetch_ctx_t *ctx = NULL;
+    h2o_loop_t *loop = NULL;
+    check_state_t st = {0, 0};
+    char errbuf[4096];
+    int rc = 2;
+
+    for (int i = 0; i < argc; ++i) {
+        if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
+            config_path = argv[++i];
+        else if (strcmp(argv[i], "--allow") == 0 && i + 1 < argc)
+            json_array_append_new(allow, json_string(argv[++i]));
+        else if (argv[i][0] == '-' || url != NULL)
+            goto Exit;
+        else
+            url = argv[i];
+    }
+    if (url == NULL) {
+        rc = usage();
+        goto Exit;
+    }
+    if (sb_config_load(config_path, 0, &conf, errbuf, sizeof(errbuf)) != SB_OK) {
+        fprintf(stderr, "egress-check: invalid configuration:\n%s", errbuf);
+        goto Exit;
+    }
+    if (sb_fetch_conf_create(conf->egress, &fc, errbuf, sizeof(errbuf)) != SB_OK) {
+        fprintf(stderr, "egress-check: invalid configuration:\n%s\n", errbuf);
+        goto Exit;
+    }
+    if (json_array_size(allow) != 0) {
+        json_t *caps = json_pack("{s:O}", "net", allow);
+        sb_status_t s = sb_manifest_parse(caps, &m, errbuf, sizeof(errbuf));
+        json_decref(caps);
+        if (s != SB_OK) {
+            fprintf(stderr, "egress-check: --allow: %s\n", errbuf);
+            goto Exit;
+        }
+    }
+    loop = h2o_evloop_create();
+    if ((ctx = sb_fetch_ctx_create(fc, loop, &err)) == NULL) {
+        fprintf(stderr, "egress-check: %s\n", err);
+        goto Exit;
+    }
+    sb_egress_check(ctx, m, url, strlen(url), on_decision, &st);
+    while (!st.done)
+        h2o_evloop_run(loop, 100);
+    rc = st.allowed ? 0 : 1;
+Exit:
+    if (rc == 2 && url == NULL && argc != 0)
+        usage();
+    sb_fetch_ctx_destroy(ctx);
+    if (loop != NULL) {
+        /* closed sockets are released on the next turn of the loop */
+        h2o_evloop_run(loop, 0);
+        h2o_evloop_destroy(loop);
+    }
+    sb_manifest_free(m);
+    sb_fetch_conf_free(fc);
+    sb_config_free(conf);
+    json_decref(allow);
+    return rc;
+}

@@ -1,0 +1,639 @@
+/*
+ * http.fetch: the hop state machine.
+ *
+ *   hop:  [allowlist] -> name policy -> resolve -> validate every answer
+ *         -> connect to validated addresses in order -> request -> response
+ *   3xx + Location: resolve the reference against the current URL with the
+ *   same parser, then the next hop starts from the top.
+ *
+ * Why every step: a name can change between hops (TTL-0 rebinding), so
+ * nothing learned on one hop is reused on the next; a redirect is a new
+ * request the guest did not make, so it must pass the allowlist again; one
+ * blocked answer rejects the name, because the resolver the upstream host
+ * uses might have picked that one.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "fetch/client.h"
+#include "svc/fetch/egress_check.h"
+#include "obs/log.h"
+#include "obs/metrics.h"
+#include "sb/limits.h"
+#include "sb/value.h"
+#include "util/util.h"
+
+#define MAX_REQ_HEADERS SB_CALL_MAX_FETCH_HEADERS
+#define MAX_METHOD SB_CALL_MAX_FETCH_METHOD
+
+struct st_sb_fetch_ctx_t {
+    const sb_fetch_conf_t *conf;
+    h2o_loop_t *loop;
+    size_t live; /* exchanges not yet freed (a reload retires the context until this is 0) */
+    sb_resolver_t *resolver;
+    h2o_timeout_t deadline, connect_timeout;
+};
+
+sb_fetch_ctx_t *sb_fetch_ctx_create(const sb_fetch_conf_t *conf, h2o_loop_t *loop, const char **err)
+{
+    sb_fetch_ctx_t *ctx = sb_mem_calloc(1, sizeof(*ctx));
+    ctx->conf = conf;
+    ctx->loop = loop;
+    if ((ctx->resolver = sb_resolver_create(loop, conf->dns_servers, conf->dns_timeout_ms, conf->dns_tries, err)) == NULL) {
+        free(ctx);
+        return NULL;
+    }
+    h2o_timeout_init(loop, &ctx->deadline, conf->deadline_ms);
+    h2o_timeout_init(loop, &ctx->connect_timeout, conf->connect_timeout_ms);
+    return ctx;
+}
+
+int sb_fetch_ctx_idle(const sb_fetch_ctx_t *ctx)
+{
+    return ctx->live == 0;
+}
+
+void sb_fetch_ctx_destroy(sb_fetch_ctx_t *ctx)
+{
+    if (ctx == NULL)
+        return;
+    sb_resolver_destroy(ctx->resolver);
+    h2o_timeout_dispose(ctx->loop, &ctx->deadline);
+    h2o_timeout_dispose(ctx->loop, &ctx->connect_timeout);
+    free(ctx);
+}
+
+/* ---- the exchange --------------------------------------------------------------------------------------------------- */
+
+typedef struct st_req_header_t {
+    char *name; /* lowercased */
+    char *value;
+} req_header_t;
+
+typedef struct st_fetch_t {
+    sb_fetch_ctx_t *ctx;
+    sb_store_conn_t *store; /* quotas; NULL in egress-check */
+    sb_token_t *tok;
+    int binary;
+    char cid[37]; /* the call's correlation id, on every egress log line */
+    sb_dispatch_cb cb;
+    void *arg;
+    unsigned hop;
+    sb_url_t url;
+    char method[MAX_METHOD + 1];
+    req_header_t headers[MAX_REQ_HEADERS];
+    size_t nheaders;
+    uint8_t *body;
+    size_t body_len;
+    h2o_timeout_entry_t deadline;
+    sb_resolve_t *dns;
+    sb_http_t *http;
+    sb_ip_t pins[2 * SB_MAX_DNS_ANSWERS];
+    size_t npins;
+    char *request;
+    size_t request_len;
+    /* egress-check mode */
+    sb_egress_check_cb check_cb;
+    sb_egress_decision_t *decision;
+} fetch_t;
+
+static void free_fetch(fetch_t *f)
+{
+    --f->ctx->live;
+    if (h2o_timeout_is_linked(&f->deadline))
+        h2o_timeout_unlink(&f->deadline);
+    sb_resolve_cancel(f->dns);
+    sb_http_cancel(f->http);
+    for (size_t i = 0; i < f->nheaders; ++i) {
+        free(f->headers[i].name);
+        free(f->headers[i].value);
+    }
+    free(f->body);
+    free(f->request);
+    free(f->decision);
+    if (f->tok != NULL)
+        sb_token_release(f->tok);
+    free(f);
+}
+
+/*
+ * Ends the exchange with an error. The reason goes to the egress.failed line
+ * (and, through the RPC route, to the call's rpc and audit lines) under the
+ * call's correlation id; for execution_error the guest sees only the fixed
+ * message and that id (PROTOCOL.md section 6a).
+ */
+static void vfail(fetch_t *f, sb_status_t st, int policy, const char *fmt, va_list ap)
+{
+    sb_result_t res;
+
+    sb_result_init(&res);
+    sb_result_vfail(&res, st, fmt, ap);
+    if (f->check_cb != NULL) {
+        f->decision->allowed = 0;
+        snprintf(f->decision->reason, sizeof(f->decision->reason), "%s", res.message);
+        f->check_cb(f->arg, f->decision);
+    } else {
+        sb_logline_t l;
+        sb_log_begin(&l, policy ? SB_LOG_WARN : SB_LOG_INFO, "egress.failed");
+        sb_log_cstr(&l, "cid", f->cid);
+        sb_log_cstr(&l, "runId", f->tok->run_id);
+        sb_log_int(&l, "hop", f->hop);
+        sb_log_cstr(&l, "host", f->url.host);
+        sb_log_cstr(&l, "reason", res.message);
+        sb_log_end(&l);
+        f->cb(f->arg, &res);
+    }
+    sb_result_dispose(&res);
+    free_fetch(f);
+}
+
+__attribute__((format(printf, 3, 4))) static void fail(fetch_t *f, sb_status_t st, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vfail(f, st, 0, fmt, ap);
+    va_end(ap);
+}
+
+/*
+ * A refusal decided during the fetch, after the capability check: the name
+ * or address policy, a redirect hop leaving the allowlist. It is an
+ * execution_error like every other failure of the exchange (upstream's rule,
+ * PROTOCOL.md section 6a): only the check before any I/O is forbidden, and
+ * the guest never learns from a reason which private address a name
+ * resolved to.
+ */
+__attribute__((format(printf, 2, 3))) static void deny(fetch_t *f, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vfail(f, f->check_cb != NULL ? SB_E_FORBIDDEN : SB_E_EXECUTION, 1, fmt, ap);
+    va_end(ap);
+}
+
+static void on_deadline(h2o_timeout_entry_t *entry)
+{
+    fetch_t *f = H2O_STRUCT_FROM_MEMBER(fetch_t, deadline, entry);
+    sb_metrics_egress("deadline exceeded", 0);
+    fail(f, SB_E_EXECUTION, "http.fetch deadline exceeded (%llu ms)", (unsigned long long)f->ctx->conf->deadline_ms);
+}
+
+static void strip_credentials(fetch_t *f)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < f->nheaders; ++i) {
+        const char *n = f->headers[i].name;
+        if (strcmp(n, "authorization") == 0 || strcmp(n, "cookie") == 0 || strncmp(n, "proxy-", 6) == 0) {
+            free(f->headers[i].name);
+            free(f->headers[i].value);
+            continue;
+        }
+        f->headers[o++] = f->headers[i];
+    }
+    f->nheaders = o;
+}
+
+/*
+ * Takes the typed call's request (call/call.h): the URL parsed once, the one
+ * the check allowlisted, and the method, headers and body as decoded. Copied,
+ * because the hop machine changes them (a 303 drops the body, a hop to
+ * another origin drops credentials).
+ */
+static void take_request(fetch_t *f, const sb_call_fetch_t *c)
+{
+    f->url = c->url;
+    memcpy(f->method, c->method, sizeof(f->method));
+    for (size_t i = 0; i < c->nheaders && f->nheaders < MAX_REQ_HEADERS; ++i) {
+        req_header_t *h = &f->headers[f->nheaders++];
+        h->name = sb_mem_alloc(c->headers[i].name_len + 1);
+        memcpy(h->name, c->headers[i].name, c->headers[i].name_len + 1);
+        h->value = sb_mem_alloc(c->headers[i].value_len + 1);
+        if (c->headers[i].value_len != 0)
+            memcpy(h->value, c->headers[i].value, c->headers[i].value_len);
+        h->value[c->headers[i].value_len] = '\0';
+    }
+    if (c->body_len != 0) {
+        f->body = sb_mem_alloc(c->body_len);
+        memcpy(f->body, c->body, c->body_len);
+    }
+    f->body_len = c->body_len;
+}
+
+static void build_request(fetch_t *f)
+{
+    char host[SB_URL_MAX_HOST + 16];
+    size_t cap = strlen(f->method) + f->url.target_len + sizeof(host) + 128 + f->body_len, len = 0;
+    int with_length =
+        f->body_len != 0 || strcmp(f->method, "POST") == 0 || strcmp(f->method, "PUT") == 0 || strcmp(f->method, "PATCH") == 0;
+
+    for (size_t i = 0; i < f->nheaders; ++i)
+        cap += strlen(f->headers[i].name) + strlen(f->headers[i].value) + 4;
+    sb_url_host_header(&f->url, host, sizeof(host));
+    free(f->request);
+    f->request = sb_mem_alloc(cap);
+    len += (size_t)snprintf(f->request + len, cap - len, "%s %s HTTP/1.1\r\nhost: %s\r\nconnection: close\r\n", f->method,
+                            f->url.target, host);
+    for (size_t i = 0; i < f->nheaders; ++i)
+        len += (size_t)snprintf(f->request + len, cap - len, "%s: %s\r\n", f->headers[i].name, f->headers[i].value);
+    if (with_length)
+        len += (size_t)snprintf(f->request + len, cap - len, "content-length: %zu\r\n", f->body_len);
+    len += (size_t)snprintf(f->request + len, cap - len, "\r\n");
+    if (f->body_len != 0)
+        memcpy(f->request + len, f->body, f->body_len);
+    len += f->body_len;
+    f->request_len = len; /* the body may contain NULs: never strlen the request */
+}
+
+/* ---- hops ------------------------------------------------------------------------------------------------------------ */
+
+static void start_hop(fetch_t *f);
+
+/* header bytes are ISO-8859-1 (RFC 9110 section 5.5): widen them to UTF-8 so any byte survives as text */
+static void pack_latin1(msgpack_packer *pk, const char *s, size_t n)
+{
+    size_t wide = n;
+    char small[512], *buf = small;
+    size_t o = 0;
+    for (size_t i = 0; i < n; ++i)
+        if ((unsigned char)s[i] >= 0x80)
+            ++wide;
+    if (wide > sizeof(small))
+        buf = sb_mem_alloc(wide);
+    for (size_t i = 0; i < n; ++i) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x80) {
+            buf[o++] = (char)c;
+        } else {
+            buf[o++] = (char)(0xc0 | c >> 6);
+            buf[o++] = (char)(0x80 | (c & 0x3f));
+        }
+    }
+    msgpack_pack_str_with_body(pk, buf, o);
+    if (buf != small)
+        free(buf);
+}
+
+static void succeed(fetch_t *f, sb_http_response_t *res)
+{
+    sb_result_t out;
+    msgpack_packer pk;
+    size_t uniq[SB_MAX_RESPONSE_HEADERS], nuniq = 0;
+
+    sb_result_init(&out);
+    msgpack_packer_init(&pk, &out.value, msgpack_sbuffer_write);
+    /* multi-valued headers are joined with ", " (set-cookie included), as upstream does */
+    for (size_t i = 0; i < res->nheaders; ++i) {
+        size_t j = 0;
+        while (j < nuniq && !(res->headers[uniq[j]].name_len == res->headers[i].name_len &&
+                              memcmp(res->headers[uniq[j]].name, res->headers[i].name, res->headers[i].name_len) == 0))
+            ++j;
+        if (j == nuniq)
+            uniq[nuniq++] = i;
+    }
+    msgpack_pack_map(&pk, 5);
+    msgpack_pack_str_with_body(&pk, "status", 6);
+    msgpack_pack_int(&pk, res->status);
+    msgpack_pack_str_with_body(&pk, "statusText", 10);
+    pack_latin1(&pk, res->reason, res->reason_len);
+    msgpack_pack_str_with_body(&pk, "headers", 7);
+    msgpack_pack_map(&pk, nuniq);
+    for (size_t u = 0; u < nuniq; ++u) {
+        const sb_http_header_t *h = &res->headers[uniq[u]];
+        size_t total = 0, o = 0;
+        char *joined;
+        for (size_t i = uniq[u]; i < res->nheaders; ++i)
+            if (res->headers[i].name_len == h->name_len && memcmp(res->headers[i].name, h->name, h->name_len) == 0)
+                total += res->headers[i].value_len + 2;
+        joined = sb_mem_alloc(total + 1);
+        for (size_t i = uniq[u]; i < res->nheaders; ++i) {
+            if (!(res->headers[i].name_len == h->name_len && memcmp(res->headers[i].name, h->name, h->name_len) == 0))
+                continue;
+            if (o != 0) {
+                joined[o++] = ',';
+                joined[o++] = ' ';
+            }
+            memcpy(joined + o, res->headers[i].value, res->headers[i].value_len);
+            o += res->headers[i].value_len;
+        }
+        pack_latin1(&pk, h->name, h->name_len);
+        pack_latin1(&pk, joined, o);
+        free(joined);
+    }
+    /* JSON replies carry bin as base64 text: the field is named for what the guest reads */
+    if (f->binary)
+        msgpack_pack_str_with_body(&pk, "body", 4);
+    else
+        msgpack_pack_str_with_body(&pk, "bodyBase64", 10);
+    msgpack_pack_bin_with_body(&pk, res->body != NULL ? (const char *)res->body : "", res->body_len);
+    msgpack_pack_str_with_body(&pk, "truncated", 9);
+    msgpack_pack_false(&pk);
+    if (f->store != NULL)
+        sb_store_quota_fetch_add(f->store, f->tok, res->body_len);
+    f->cb(f->arg, &out);
+    sb_result_dispose(&out);
+    free_fetch(f);
+}
+
+static int same_origin(const sb_url_t *a, const sb_url_t *b)
+{
+    return a->scheme == b->scheme && a->port == b->port && strcmp(a->host, b->host) == 0;
+}
+
+static const char *find_header(sb_http_response_t *res, const char *name, size_t *len)
+{
+    size_t n = strlen(name);
+    for (size_t i = 0; i < res->nheaders; ++i) {
+        if (res->headers[i].name_len == n && memcmp(res->headers[i].name, name, n) == 0) {
+            *len = res->headers[i].value_len;
+            return res->headers[i].value;
+        }
+    }
+    return NULL;
+}
+
+static void on_response(void *arg, const char *err, sb_http_response_t *res)
+{
+    fetch_t *f = arg;
+    const char *loc;
+    size_t loc_len;
+    sb_url_t next;
+    const char *why = NULL;
+    char ipbuf[64];
+
+    f->http = NULL;
+    if (err != NULL) {
+        sb_metrics_egress("upstream error", 0);
+        fail(f, SB_E_EXECUTION, "http.fetch %s: %s", f->url.host, err);
+        return;
+    }
+    sb_ip_format(&res->peer, ipbuf, sizeof(ipbuf));
+    {
+        sb_logline_t l;
+        sb_log_begin(&l, SB_LOG_INFO, "egress.response");
+        sb_log_cstr(&l, "cid", f->cid);
+        sb_log_cstr(&l, "runId", f->tok->run_id);
+        sb_log_int(&l, "hop", f->hop);
+        sb_log_cstr(&l, "host", f->url.host);
+        sb_log_cstr(&l, "address", ipbuf);
+        sb_log_int(&l, "status", res->status);
+        sb_log_int(&l, "bytes", (long long)res->body_len);
+        sb_log_end(&l);
+    }
+    /* RFC 9110 section 15.4: only a 3xx with Location is a redirect; anything else is the answer */
+    if (res->status < 300 || res->status > 399 || (loc = find_header(res, "location", &loc_len)) == NULL) {
+        succeed(f, res);
+        return;
+    }
+    if (f->hop >= f->ctx->conf->max_redirects) {
+        sb_metrics_egress("too many redirects", 0);
+        fail(f, SB_E_EXECUTION, "too many redirects (> %u)", f->ctx->conf->max_redirects);
+        return;
+    }
+    if (sb_url_resolve(&f->url, loc, loc_len, &next, &why) != SB_OK) {
+        sb_metrics_egress("invalid redirect", 0);
+        fail(f, SB_E_EXECUTION, "invalid redirect Location: %s", why != NULL ? why : "unparseable");
+        return;
+    }
+    /* PROTOCOL.md section 6a: 303 -> GET (any method, HEAD too); 301/302 after anything but GET/HEAD -> GET; 307/308 keep both */
+    if (res->status == 303 ||
+        ((res->status == 301 || res->status == 302) && strcmp(f->method, "GET") != 0 && strcmp(f->method, "HEAD") != 0)) {
+        memcpy(f->method, "GET", 4);
+        free(f->body);
+        f->body = NULL;
+        f->body_len = 0;
+    }
+    /* credentials the guest meant for one origin never travel to another */
+    if (!same_origin(&f->url, &next))
+        strip_credentials(f);
+    f->url = next;
+    ++f->hop;
+    start_hop(f);
+}
+
+static void connect_pins(fetch_t *f)
+{
+    sb_http_opts_t o;
+
+    if (f->check_cb != NULL) {
+        /* egress-check stops here: the decision is made, nothing is connected */
+        f->decision->allowed = 1;
+        snprintf(f->decision->reason, sizeof(f->decision->reason), "allowed");
+        f->check_cb(f->arg, f->decision);
+        free_fetch(f);
+        return;
+    }
+    build_request(f);
+    memset(&o, 0, sizeof(o));
+    o.loop = f->ctx->loop;
+    o.addrs = f->pins;
+    o.naddrs = f->npins;
+    o.port = f->url.port;
+    o.ssl_ctx = f->url.scheme == SB_URL_HTTPS ? f->ctx->conf->ssl_ctx : NULL;
+    o.sni = f->url.host;
+    o.request = f->request;
+    o.request_len = f->request_len;
+    o.head_request = strcmp(f->method, "HEAD") == 0;
+    o.max_body = f->ctx->conf->max_body;
+    o.connect_timeout = &f->ctx->connect_timeout;
+    {
+        /* NULL means the callback already ran (and may have freed f): touch nothing */
+        sb_http_t *h = sb_http_start(&o, on_response, f);
+        if (h != NULL)
+            f->http = h;
+    }
+}
+
+/* validates every address; one denied answer denies the host */
+static int validate(fetch_t *f, const sb_ip_t *addrs, size_t n)
+{
+    int all_ok = 1;
+    char answers[1024];
+    size_t alen = 0;
+    const char *first_rule = NULL;
+    char first_ip[64] = "";
+
+    answers[0] = '\0';
+    for (size_t i = 0; i < n; ++i) {
+        const char *rule = "";
+        int ok = sb_egress_check_ip(f->ctx->conf->policy, &addrs[i], &rule);
+        char ip[64];
+        sb_ip_format(&addrs[i], ip, sizeof(ip));
+        sb_metrics_egress(rule, ok);
+        if (f->decision != NULL && f->decision->nanswers < sizeof(f->decision->answers) / sizeof(f->decision->answers[0])) {
+            sb_egress_answer_t *a = &f->decision->answers[f->decision->nanswers++];
+            a->ip = addrs[i];
+            a->allowed = ok;
+            a->rule = rule;
+        }
+        if (alen < sizeof(answers) - 1)
+            alen += (size_t)snprintf(answers + alen, sizeof(answers) - alen, "%s%s=%s(%s)", i ? "," : "", ip, ok ? "allow" : "deny",
+                                     rule);
+        if (!ok && all_ok) {
+            all_ok = 0;
+            first_rule = rule;
+            memcpy(first_ip, ip, sizeof(first_ip));
+        }
+    }
+    if (alen >= sizeof(answers))
+        alen = sizeof(answers) - 1;
+    if (f->check_cb == NULL) {
+        sb_logline_t l;
+        sb_log_begin(&l, all_ok ? SB_LOG_INFO : SB_LOG_WARN, "egress.decision");
+        sb_log_cstr(&l, "cid", f->cid);
+        sb_log_cstr(&l, "runId", f->tok->run_id);
+        sb_log_int(&l, "hop", f->hop);
+        sb_log_cstr(&l, "host", f->url.host);
+        sb_log_int(&l, "port", f->url.port);
+        sb_log_str(&l, "answers", answers, alen);
+        sb_log_cstr(&l, "decision", all_ok ? "allow" : "deny");
+        if (!all_ok)
+            sb_log_cstr(&l, "reason", first_rule);
+        sb_log_end(&l);
+    }
+    if (!all_ok) {
+        if (f->url.host_kind == SB_URL_HOST_NAME)
+            deny(f, "http.fetch host \"%s\" resolves to a blocked address %s (%s)", f->url.host, first_ip, first_rule);
+        else
+            deny(f, "http.fetch address %s is blocked (%s)", first_ip, first_rule);
+        return 0;
+    }
+    memcpy(f->pins, addrs, n * sizeof(*addrs));
+    f->npins = n;
+    return 1;
+}
+
+static void on_resolved(void *arg, sb_status_t st, const sb_dns_result_t *res)
+{
+    fetch_t *f = arg;
+    f->dns = NULL;
+    if (st != SB_OK) {
+        sb_metrics_egress("dns failure", 0);
+        fail(f, SB_E_EXECUTION, "DNS resolution failed for \"%s\": %s", f->url.host, res->error);
+        return;
+    }
+    if (validate(f, res->addrs, res->naddrs))
+        connect_pins(f);
+}
+
+static void start_hop(fetch_t *f)
+{
+    const char *rule = NULL;
+
+    if (f->decision != NULL)
+        f->decision->url = f->url;
+    /* the first URL passed the capability check; every redirect target must pass it again */
+    if (f->hop != 0 && f->tok != NULL && !sb_authz_fetch_allows(f->tok->manifest, &f->url, f->method)) {
+        char hp[SB_URL_MAX_HOST + 16];
+        sb_url_hostport(&f->url, hp, sizeof(hp));
+        sb_metrics_egress("redirect leaves the net allowlist", 0);
+        deny(f, "http.fetch redirect host \"%s\" is not in the net allowlist", hp);
+        return;
+    }
+    if (f->url.host_kind == SB_URL_HOST_NAME) {
+        if (!sb_egress_check_name(f->ctx->conf->policy, f->url.host, &rule)) {
+            sb_metrics_egress(rule, 0);
+            deny(f, "http.fetch host \"%s\" is blocked (%s)", f->url.host, rule);
+            return;
+        }
+        {
+            /* NULL means the callback already ran (and may have freed f): touch nothing */
+            sb_resolve_t *q = sb_resolve(f->ctx->resolver, f->url.host, on_resolved, f);
+            if (q != NULL)
+                f->dns = q;
+        }
+        return;
+    }
+    {
+        sb_ip_t ip;
+        memset(&ip, 0, sizeof(ip));
+        if (f->url.host_kind == SB_URL_HOST_IPV4) {
+            ip.family = AF_INET;
+            memcpy(ip.addr, &f->url.addr.v4, 4);
+        } else {
+            ip.family = AF_INET6;
+            memcpy(ip.addr, &f->url.addr.v6, 16);
+        }
+        if (f->url.scheme == SB_URL_HTTPS && f->check_cb == NULL) {
+            fail(f, SB_E_EXECUTION, "https to an IP-literal host is not supported (no name to verify)");
+            return;
+        }
+        if (validate(f, &ip, 1))
+            connect_pins(f);
+    }
+}
+
+static void on_fetch_quota(void *arg, sb_status_t st, const char *why)
+{
+    fetch_t *f = arg;
+    if (st != SB_OK) {
+        if (st == SB_E_RATE_LIMITED) {
+            sb_metrics_quota_hit("fetched bytes per run");
+            fail(f, SB_E_RATE_LIMITED, "run quota exceeded: %s", why != NULL ? why : "fetched bytes per run");
+        } else
+            fail(f, SB_E_UNAVAILABLE, "%s", why != NULL ? why : "the token store is unavailable");
+        return;
+    }
+    /* one deadline for the whole exchange: every hop, every connect, every byte */
+    h2o_timeout_link(f->ctx->loop, &f->ctx->deadline, &f->deadline);
+    start_hop(f);
+}
+
+void sb_fetch_start(sb_fetch_ctx_t *ctx, sb_store_conn_t *store, sb_token_t *tok, const sb_call_t *call, sb_dispatch_cb cb,
+                    void *arg)
+{
+    fetch_t *f;
+
+    if (call->fetch == NULL) {
+        sb_answer_error(cb, arg, SB_E_BAD_ARGS, "http.fetch url is invalid: missing or not a string");
+        return;
+    }
+    f = sb_mem_calloc(1, sizeof(*f));
+    ++ctx->live;
+    f->ctx = ctx;
+    f->store = store;
+    f->binary = call->binary;
+    if (call->cid != NULL)
+        snprintf(f->cid, sizeof(f->cid), "%s", call->cid);
+    f->cb = cb;
+    f->arg = arg;
+    sb_token_addref(tok);
+    f->tok = tok;
+    f->deadline.cb = on_deadline;
+    take_request(f, call->fetch);
+    if (store != NULL) {
+        sb_store_quota_fetch_check(store, tok, on_fetch_quota, f);
+        return;
+    }
+    on_fetch_quota(f, SB_OK, NULL);
+}
+
+void sb_egress_check(sb_fetch_ctx_t *ctx, const sb_manifest_t *m, const char *url, size_t len, sb_egress_check_cb cb, void *arg)
+{
+    fetch_t *f = sb_mem_calloc(1, sizeof(*f));
+    const char *why = NULL;
+
+    ++ctx->live;
+    f->ctx = ctx;
+    f->check_cb = cb;
+    f->arg = arg;
+    f->decision = sb_mem_calloc(1, sizeof(*f->decision));
+    f->deadline.cb = on_deadline;
+    if (sb_url_parse(url, len, &f->url, &why) != SB_OK) {
+        f->decision->allowed = 0;
+        snprintf(f->decision->reason, sizeof(f->decision->reason), "url is invalid: %s", why);
+        cb(arg, f->decision);
+        free_fetch(f);
+        return;
+    }
+    f->decision->url = f->url;
+    if (m != NULL && !sb_authz_fetch_allows(m, &f->url, "GET")) {
+        char hp[SB_URL_MAX_HOST + 16];
+        sb_url_hostport(&f->url, hp, sizeof(hp));
+        fail(f, SB_E_FORBIDDEN, "http.fetch host \"%s\" is not in the net allowlist", hp);
+        return;
+    }
+    start_hop(f);
+}

@@ -1,0 +1,126 @@
+/*
+ * broker/svc/pg: what the parts of the PostgreSQL family share (pool.c,
+ * schema.c, pg.c, globals.c). Nothing outside broker/svc/pg includes this.
+ *
+ * A job is one call's statement (or, for a write, its transaction) queued on
+ * the worker's pool; the pool runs it on an idle connection and calls the
+ * job's callback with the result.
+ */
+#ifndef SB_PG_INT_H
+#define SB_PG_INT_H
+
+#include <h2o.h>
+#include <libpq-fe.h>
+#include "svc/handlers.h"
+#include "svc/pg/pg_query.h"
+
+/* jobs queued per pool; one more answers rate_limited */
+#define SB_PG_MAX_QUEUE 256
+
+typedef enum { C_DOWN = 0, C_CONNECTING, C_IDLE, C_BUSY } conn_state_t;
+
+typedef struct st_job_t job_t;
+typedef struct st_pg_global_t pg_global_t;
+/* called when a statement completes (res) or the connection failed (err); returns 1 when the job sent another statement */
+typedef int (*job_cb)(job_t *job, PGresult *res, const char *err);
+
+struct st_job_t {
+    h2o_linklist_t link;
+    sb_sql_t q;
+    job_cb cb;
+    /* the call */
+    sb_token_t *tok;
+    const sb_pg_coll_t *coll;
+    sb_method_op_t op;
+    int binary;
+    sb_dispatch_cb dcb;
+    void *arg;
+    /* writes run in a transaction: BEGIN, the statement, then COMMIT or ROLLBACK */
+    int tx, phase; /* phase 0: BEGIN sent, 1: the statement, 2: COMMIT/ROLLBACK */
+    struct st_pconn_t *conn;
+    const Oid *types; /* the parameters' types (NULL: inferred from the casts in the statement) */
+    const pg_global_t *global;
+    sb_result_t prepared; /* the answer, decided after the statement, delivered after the transaction */
+    int have_prepared;
+};
+
+struct st_pconn_t {
+    struct st_sb_pg_pool_t *pool;
+    PGconn *pg;
+    h2o_socket_t *sock;
+    conn_state_t state;
+    int want_write;
+    job_t *job;
+    PGresult *result; /* the first result of the running statement */
+    int64_t started, next_attempt;
+    unsigned failures;
+};
+typedef struct st_pconn_t pconn_t;
+
+/*
+ * A table global as the database knows it. The statement is fixed once the
+ * schema is known (identifiers from the introspected columns, quoted); a call
+ * only supplies the parameters: the row name, then the token's scope values.
+ * They are typed with the columns' own types (no cast in the text, so no
+ * typmod can truncate a value into a match, as "::varchar(2)" would).
+ */
+struct st_pg_global_t {
+    const sb_global_conf_t *conf;
+    sb_pg_coll_t cols; /* every column of the table */
+    char *sql;
+    Oid types[1 + SB_MAX_SCOPE_ENTRIES];
+    int nparams;
+};
+
+typedef struct st_target_schema_t {
+    const sb_target_t *target;
+    sb_pg_coll_t *colls;
+    size_t ncolls;
+    sb_pg_coll_t *docstore;
+    pg_global_t *globals; /* the target's table globals */
+    size_t nglobals;
+} target_schema_t;
+
+struct st_sb_pg_pool_t {
+    h2o_loop_t *loop;
+    char *url;
+    const sb_targets_t *targets;
+    pconn_t *conns; /* database_pool_size connections */
+    size_t nconns;
+    h2o_linklist_t queue;
+    size_t queued;
+    h2o_timeout_t tick_timeout;
+    h2o_timeout_entry_t tick;
+    int introspected, introspecting;
+    target_schema_t *schemas;
+    size_t nschemas;
+};
+
+/* ---- pool.c ---- */
+
+/** answers the job's call (inside a transaction: decides now, delivers once COMMIT or ROLLBACK ran) */
+void sb_pg__answer(job_t *job, sb_status_t st, const char *msg, msgpack_sbuffer *value);
+/** delivers the answer decided inside a transaction */
+void sb_pg__deliver(job_t *job);
+void sb_pg__free_job(job_t *job);
+/** sends the job's statement (sql == NULL) or a transaction command on the job's connection */
+void sb_pg__send_statement(job_t *job, const char *sql);
+/** queues a job and runs what an idle connection can take */
+void sb_pg__enqueue(sb_pg_pool_t *p, job_t *job);
+
+/* ---- schema.c ---- */
+
+extern const char sb_pg__introspect_sql[];
+/** the text[] literal of every table the targets name (the introspection's parameter; malloc'ed) */
+char *sb_pg__table_list(const sb_targets_t *targets);
+/** 1 when some target reads or writes the database */
+int sb_pg__uses_database(const sb_targets_t *targets);
+/** builds the pool's schemas from the introspection result; err names the first mismatch */
+int sb_pg__build_schemas(sb_pg_pool_t *p, PGresult *res, char *err, size_t errsz);
+void sb_pg__free_schemas(sb_pg_pool_t *p);
+/** the job callback of the introspection statement */
+int sb_pg__on_introspected(job_t *job, PGresult *res, const char *err);
+/** the schema of a target, or NULL before the introspection */
+const target_schema_t *sb_pg__schema_of(const sb_pg_pool_t *p, const sb_target_t *t);
+
+#endif
