@@ -233,12 +233,23 @@ static sb_status_t json_escape(sb_buf_t *b, uint8_t c)
     return sb_buf_append(b, e, n);
 }
 
-static sb_status_t json_str(sb_buf_t *b, const uint8_t *s, size_t n, int lossy)
+/* how text_append writes: as a JSON string (quotes and escapes) or as bare text; lossy or strict about UTF-8 */
+#define TEXT_JSON 1u
+#define TEXT_LOSSY 2u
+
+/*
+ * The one place text is checked and copied: valid UTF-8 goes out as it is
+ * (in runs), a byte that is not part of a valid sequence is refused or, when
+ * lossy, becomes U+FFFD; in JSON mode the text is quoted and the ASCII bytes
+ * RFC 8259 section 7 requires are escaped. Whole or nothing.
+ */
+static sb_status_t text_append(sb_buf_t *b, const uint8_t *s, size_t n, unsigned mode)
 {
+    int json = (mode & TEXT_JSON) != 0;
     size_t mark = b->len, i = 0;
     sb_status_t st;
 
-    if ((st = sb_buf_append_char(b, '"')) != SB_OK)
+    if (json && (st = sb_buf_append_char(b, '"')) != SB_OK)
         return st;
     while (i < n) {
         size_t start = i;
@@ -246,13 +257,13 @@ static sb_status_t json_str(sb_buf_t *b, const uint8_t *s, size_t n, int lossy)
         while (i < n) {
             uint8_t c;
             size_t k;
-            if (n - i >= 8 && sb__json_plain8(sb__load8(s + i))) {
+            if (n - i >= 8 && (json ? sb__json_plain8(sb__load8(s + i)) : sb__ascii8(sb__load8(s + i)))) {
                 i += 8;
                 continue;
             }
             c = s[i];
             if (c < 0x80) {
-                if (c < 0x20 || c == '"' || c == '\\')
+                if (json && (c < 0x20 || c == '"' || c == '\\'))
                     break;
                 ++i;
             } else if ((k = sb__utf8_seq(s + i, n - i)) != 0) {
@@ -266,8 +277,8 @@ static sb_status_t json_str(sb_buf_t *b, const uint8_t *s, size_t n, int lossy)
         if (i == n)
             break;
         if (s[i] < 0x80) {
-            st = json_escape(b, s[i]);
-        } else if (lossy) {
+            st = json_escape(b, s[i]); /* JSON mode only: bare text stops at invalid sequences alone */
+        } else if (mode & TEXT_LOSSY) {
             st = sb_buf_append(b, "\xef\xbf\xbd", 3); /* U+FFFD REPLACEMENT CHARACTER */
         } else {
             st = SB_E_BAD_ARGS;
@@ -276,7 +287,7 @@ static sb_status_t json_str(sb_buf_t *b, const uint8_t *s, size_t n, int lossy)
             goto Fail;
         ++i;
     }
-    if ((st = sb_buf_append_char(b, '"')) == SB_OK)
+    if (!json || (st = sb_buf_append_char(b, '"')) == SB_OK)
         return SB_OK;
 Fail:
     sb_buf_truncate(b, mark);
@@ -285,12 +296,17 @@ Fail:
 
 sb_status_t sb_buf_append_json_str(sb_buf_t *b, const void *s, size_t n)
 {
-    return json_str(b, s, n, 0);
+    return text_append(b, s, n, TEXT_JSON);
 }
 
 sb_status_t sb_buf_append_json_str_lossy(sb_buf_t *b, const void *s, size_t n)
 {
-    return json_str(b, s, n, 1);
+    return text_append(b, s, n, TEXT_JSON | TEXT_LOSSY);
+}
+
+sb_status_t sb_buf_append_utf8_lossy(sb_buf_t *b, const void *s, size_t n)
+{
+    return text_append(b, s, n, TEXT_LOSSY);
 }
 
 sb_status_t sb_buf_take(sb_buf_t *b, char **out, size_t *len)

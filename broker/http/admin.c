@@ -59,9 +59,17 @@ static void send_json(h2o_req_t *req, const char *op, sb_status_t st, json_t *bo
 /* {"ok":false,"error":{"code","message"}}: the code from the status table, the message valid UTF-8 */
 static void send_error(h2o_req_t *req, const char *op, sb_status_t st, const char *message)
 {
-    char body[SB_REPLY_ERROR_MAX];
-    size_t len = sb_reply_error_body(body, st, message, NULL, 0);
-    send_admin(req, op, st, body, len);
+    sb_buf_t body;
+
+    sb_buf_init(&body, SB_REPLY_ERROR_MAX);
+    if (sb_reply_error_body(&body, st, message, NULL, 0) == SB_OK) {
+        send_admin(req, op, st, body.base, body.len);
+    } else {
+        /* no memory for the body: the fixed execution_error one */
+        sb_view_t v = sb_reply_error_fallback(0);
+        send_admin(req, op, SB_E_EXECUTION, (const char *)v.base, v.len);
+    }
+    sb_buf_free(&body);
 }
 
 static void send_store_error(h2o_req_t *req, const char *op, sb_status_t st)

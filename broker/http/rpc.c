@@ -26,9 +26,8 @@
 
 typedef struct st_rpc_call_t {
     sb_async_t super;
-    int binary; /* msgpack in and out */
-    msgpack_zone zone;
-    msgpack_sbuffer packed; /* the JSON body converted to msgpack */
+    int binary;        /* msgpack in and out */
+    msgpack_zone zone; /* the decoded body, the typed call and the reply value */
     msgpack_object root;
     const msgpack_object *args;
     const char *method;
@@ -54,7 +53,6 @@ static void call_dispose(sb_async_t *a)
     if (c->tok != NULL)
         sb_token_release(c->tok);
     msgpack_zone_destroy(&c->zone);
-    msgpack_sbuffer_destroy(&c->packed);
 }
 
 /* the slot goes back as soon as the answer is decided, not when the connection lets go of the request */
@@ -102,10 +100,11 @@ static void log_call(rpc_call_t *c, sb_status_t st, const char *message, size_t 
     }
 }
 
-static void send_body(rpc_call_t *c, sb_status_t st, const char *message, const char *body, size_t len)
+/* logs the call and sends `body`, whose storage goes to the request */
+static void send_body(rpc_call_t *c, sb_status_t st, const char *message, sb_buf_t *body)
 {
-    log_call(c, st, message, len);
-    sb_reply_send(c->super.req, st, c->binary ? "application/msgpack" : "application/json", body, len);
+    log_call(c, st, message, body->len);
+    sb_reply_send_buf(c->super.req, st, c->binary ? "application/msgpack" : "application/json", body);
 }
 
 /*
@@ -115,100 +114,100 @@ static void send_body(rpc_call_t *c, sb_status_t st, const char *message, const 
  */
 static void reply_error(rpc_call_t *c, sb_status_t st, const char *message)
 {
-    char body[SB_REPLY_ERROR_MAX];
-    size_t len;
+    sb_buf_t body;
 
     st = sb_status_on_wire(st);
     release_quota(c);
+    sb_buf_init(&body, SB_REPLY_ERROR_MAX);
+    if (sb_reply_error_body(&body, st, message, c->cid, c->binary) != SB_OK) {
+        /* no memory even for the error body: the fixed execution_error one, never an abort */
+        sb_view_t v = sb_reply_error_fallback(c->binary);
+        sb_buf_free(&body);
+        sb_metrics_call(c->kind, SB_E_EXECUTION, sb_mono_us() - c->started_us);
+        log_call(c, SB_E_EXECUTION, "out of memory writing the error reply", v.len);
+        sb_reply_send(c->super.req, SB_E_EXECUTION, c->binary ? "application/msgpack" : "application/json", (const char *)v.base,
+                      v.len);
+        return;
+    }
     sb_metrics_call(c->kind, st, sb_mono_us() - c->started_us);
     if (st == SB_E_UNAUTHORIZED)
         sb_metrics_deny(c->tokref[0] == '\0' ? SB_DENY_TOKEN_MISSING : SB_DENY_TOKEN_INVALID);
     else if (st == SB_E_FORBIDDEN && c->kind < SB_MK_COUNT_)
         sb_metrics_deny(SB_DENY_AXIS + c->kind);
-    len = sb_reply_error_body(body, st, message, c->cid, c->binary);
-    send_body(c, st, message, body, len);
+    send_body(c, st, message, &body);
+}
+
+/* {"ok":true,"value":V} in msgpack: the handler's packed value after a fixed head, within the buffer's cap */
+static sb_status_t encode_mp_value(sb_buf_t *out, const char *packed, size_t len)
+{
+    static const char head[] = "\x82\xa2ok\xc3\xa5value";
+    char *room;
+    sb_status_t st;
+
+    /* the size is known: one allocation, or the cap refused before any */
+    if ((st = sb_buf_reserve(out, sizeof(head) - 1 + len, &room)) != SB_OK)
+        return st;
+    memcpy(room, head, sizeof(head) - 1);
+    if (len != 0)
+        memcpy(room + sizeof(head) - 1, packed, len);
+    sb_buf_commit(out, sizeof(head) - 1 + len);
+    return SB_OK;
 }
 
 /*
  * The JSON reply {"ok":true,"value":V} for a value a handler packed as
- * msgpack: the one place a reply value becomes JSON (the one-pass codec
- * replaces this function alone). On success *text is malloc'ed.
- * @return SB_OK, or SB_E_EXECUTION with *why set
+ * msgpack, written in one pass by sb_json_write into `out`, whose cap is the
+ * method's response cap: the writer stops at the first byte past it, so an
+ * oversize result is never written whole.
+ * @return SB_OK, SB_E_TOO_LARGE (the cap), SB_E_NOMEM, or SB_E_BAD_ARGS with *why set
  */
-static sb_status_t encode_json_value(const char *packed, size_t len, char **text, size_t *text_len, const char **why)
+static sb_status_t encode_json_value(rpc_call_t *c, sb_buf_t *out, const char *packed, size_t len, const char **why)
 {
-    msgpack_zone zone;
     msgpack_object value;
-    json_t *v, *o;
-    sb_status_t st = SB_OK;
+    sb_status_t st;
+    char *room;
 
-    *text = NULL;
-    msgpack_zone_init(&zone, 4096);
-    /* the handler packed it in this process: no pre-check (sb_json_from_mp still checks every string) */
-    if (sb_mp_decode_packed((const uint8_t *)packed, len, &zone, &value) != SB_OK) {
-        *why = "handler produced an invalid value";
-        st = SB_E_EXECUTION;
-        goto Exit;
+    /* the handler packed it in this process: no pre-check (sb_json_write still checks every string) */
+    if ((st = sb_mp_decode_packed((const uint8_t *)packed, len, &c->zone, &value)) != SB_OK) {
+        if (st == SB_E_BAD_ARGS)
+            *why = "handler produced an invalid value";
+        return st;
     }
-    if (sb_json_from_mp(&value, &v) != SB_OK) {
-        *why = "handler produced a value JSON cannot carry";
-        st = SB_E_EXECUTION;
-        goto Exit;
+    /* JSON is rarely shorter than the msgpack it comes from: start with that much room (within the cap) */
+    if (sb_buf_reserve(out, len + 32 < sb_buf_room(out) ? len + 32 : sb_buf_room(out), &room) == SB_E_NOMEM)
+        return SB_E_NOMEM;
+    if ((st = sb_buf_append(out, "{\"ok\":true,\"value\":", 19)) != SB_OK)
+        return st;
+    if ((st = sb_json_write(out, &value, NULL)) != SB_OK) {
+        if (st == SB_E_BAD_ARGS)
+            *why = "handler produced a value JSON cannot carry";
+        return st;
     }
-    o = json_pack("{s:b, s:o}", "ok", 1, "value", v);
-    *text = json_dumps(o, JSON_COMPACT | JSON_ENCODE_ANY);
-    json_decref(o);
-    if (*text == NULL)
-        sb_fatal(__FILE__, __LINE__, "out of memory");
-    *text_len = strlen(*text);
-Exit:
-    msgpack_zone_destroy(&zone);
-    return st;
+    return sb_buf_append_char(out, '}');
 }
 
 /* answers {ok:true, value} from a packed msgpack value, enforcing the method's response cap */
 static void reply_value(rpc_call_t *c, const char *packed, size_t len)
 {
-    size_t cap = sb_method_response_cap(&c->m);
+    sb_buf_t out;
+    const char *why = NULL;
+    sb_status_t st;
 
     release_quota(c);
-    if (c->binary) {
-        msgpack_sbuffer sb;
-        msgpack_packer pk;
-        msgpack_sbuffer_init(&sb);
-        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-        msgpack_pack_map(&pk, 2);
-        msgpack_pack_str_with_body(&pk, "ok", 2);
-        msgpack_pack_true(&pk);
-        msgpack_pack_str_with_body(&pk, "value", 5);
-        msgpack_sbuffer_write(&sb, packed, len);
-        if (sb.size > cap) {
-            msgpack_sbuffer_destroy(&sb);
+    sb_buf_init(&out, sb_method_response_cap(&c->m));
+    st = c->binary ? encode_mp_value(&out, packed, len) : encode_json_value(c, &out, packed, len, &why);
+    if (st != SB_OK) {
+        sb_buf_free(&out);
+        if (st == SB_E_TOO_LARGE)
             reply_error(c, SB_E_EXECUTION, "result exceeds the method's response cap");
-            return;
-        }
-        sb_metrics_call(c->kind, SB_OK, sb_mono_us() - c->started_us);
-        send_body(c, SB_OK, NULL, sb.data, sb.size);
-        msgpack_sbuffer_destroy(&sb);
+        else if (st == SB_E_NOMEM)
+            reply_error(c, SB_E_EXECUTION, "out of memory writing the result");
+        else
+            reply_error(c, SB_E_EXECUTION, why);
         return;
     }
-    {
-        char *text;
-        size_t text_len = 0;
-        const char *why = NULL;
-        if (encode_json_value(packed, len, &text, &text_len, &why) != SB_OK) {
-            reply_error(c, SB_E_EXECUTION, why);
-            return;
-        }
-        if (text_len > cap) {
-            free(text);
-            reply_error(c, SB_E_EXECUTION, "result exceeds the method's response cap");
-            return;
-        }
-        sb_metrics_call(c->kind, SB_OK, sb_mono_us() - c->started_us);
-        send_body(c, SB_OK, NULL, text, text_len);
-        free(text);
-    }
+    sb_metrics_call(c->kind, SB_OK, sb_mono_us() - c->started_us);
+    send_body(c, SB_OK, NULL, &out);
 }
 
 static void on_dispatched(void *arg, sb_result_t *res)
@@ -289,22 +288,18 @@ static void on_token(void *arg, sb_status_t st, sb_token_t *tok, const char *why
 }
 
 /*
- * The request body as one value in the call's zone: msgpack pre-checked and
- * unpacked, or JSON. The one place a JSON request body is decoded (the
- * one-pass codec replaces this function alone); either way the value obeys
- * PROTOCOL.md section 1 (caps, strict UTF-8, unique string keys).
+ * The request body as one value in the call's zone, decoded once: msgpack
+ * pre-checked and unpacked, or JSON parsed in one pass (sb_json_parse: no
+ * jansson tree, no packed copy). Either way the value obeys PROTOCOL.md
+ * section 1 (caps, strict UTF-8, unique string keys), and its strings may
+ * point into the body, which the request holds until the call is answered.
  * @return SB_OK, SB_E_BAD_ARGS, SB_E_TOO_LARGE (nesting or node caps) or SB_E_NOMEM
  */
 static sb_status_t decode_body(rpc_call_t *c, const char *body, size_t len, const char **why)
 {
-    sb_status_t st;
-
     if (c->binary)
         return sb_mp_decode((const uint8_t *)body, len, &c->zone, &c->root, why);
-    if ((st = sb_json_decode(body, len, &c->packed, why)) != SB_OK)
-        return st;
-    /* packed here from a jansson tree that already met every value rule: no second pre-check */
-    return sb_mp_decode_packed((const uint8_t *)c->packed.data, c->packed.size, &c->zone, &c->root);
+    return sb_json_parse(body, len, &c->zone, &c->root, why);
 }
 
 static int is_msgpack(h2o_req_t *req)
@@ -337,7 +332,6 @@ int sb_rpc_on_req(h2o_handler_t *self, h2o_req_t *req)
     c->kind = SB_MK_COUNT_;
     c->binary = is_msgpack(req);
     msgpack_zone_init(&c->zone, 2048);
-    msgpack_sbuffer_init(&c->packed);
     if (sb_uuid4(c->cid) != SB_OK) {
         /* no randomness: fail closed, without an id */
         memcpy(c->cid, "00000000-0000-0000-0000-000000000000", 37);

@@ -134,6 +134,15 @@ SB_WARN_UNUSED sb_status_t sb_buf_append_json_str(sb_buf_t *b, const void *s, si
  */
 SB_WARN_UNUSED sb_status_t sb_buf_append_json_str_lossy(sb_buf_t *b, const void *s, size_t n);
 /**
+ * Appends `n` bytes as UTF-8 text, without quotes or escapes (a msgpack str
+ * body, a plain-text line): valid sequences as they are, and each byte that
+ * is not part of one as U+FFFD, by the same rule as
+ * sb_buf_append_json_str_lossy, so the output is valid UTF-8 whatever the
+ * input.
+ * @return SB_OK, SB_E_TOO_LARGE or SB_E_NOMEM; nothing is appended on failure
+ */
+SB_WARN_UNUSED sb_status_t sb_buf_append_utf8_lossy(sb_buf_t *b, const void *s, size_t n);
+/**
  * Hands the bytes over: *out receives a NUL-terminated block of *len + 1
  * bytes that the caller releases with sb_mem_free (sb_mem_free_secret for a
  * secret buffer); the buffer is left empty, with no storage. An empty buffer

@@ -350,6 +350,25 @@ class Types(Base):
             r = self.call(tok, "collections.posts.find", {"limit": 14, "select": ["title"]}, enc)
             self.assertExec(r, enc=enc)
 
+    def test_json_reply_over_the_response_cap(self):
+        """A result under the handler's cap can still need more JSON than the method's response cap (each
+        control character is a six-byte escape): the writer stops at the cap and the call is execution_error
+        with that reason in its log line, while the same result in msgpack is answered (PROTOCOL.md section 8)."""
+        tok = mint(new_tenant())
+        ctl = "\x01" * 40000
+        for _ in range(4):
+            self.create(tok, {"title": ctl}, "msgpack")
+        page = self.find(tok, {"limit": 4, "select": ["title"]}, "msgpack")
+        self.assertEqual([d["title"] for d in page["docs"]], [ctl] * 4)
+        r = self.call(tok, "collections.posts.find", {"limit": 4, "select": ["title"]}, "json")
+        self.assertExec(r, enc="json")
+        cid = r.body["error"]["correlationId"]
+        lines = [e for e in self.b().events() if e.get("event") == "rpc" and e.get("cid") == cid]
+        self.assertEqual([e.get("reason") for e in lines], ["result exceeds the method's response cap"])
+        # one row less fits: about 720 KB of JSON
+        page = self.find(tok, {"limit": 3, "select": ["title"]}, "json")
+        self.assertEqual([d["title"] for d in page["docs"]], [ctl] * 3)
+
     def test_write_answered_as_failed_changes_nothing(self):
         """update/delete answer every row they touched; when that answer is over the cap the call is
         execution_error, and a call answered as failed must not have changed the table."""

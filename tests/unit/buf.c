@@ -391,6 +391,24 @@ static void test_json_str(void)
     sb_buf_reset(&b);
     is_int(sb_buf_append_json_str_lossy(&b, S("ok \xc3\xa9\n")), SB_OK, "lossy on valid text");
     ok(holds(&b, S("\"ok \xc3\xa9\\n\"")), "lossy: valid text unchanged");
+    sb_buf_reset(&b);
+    /* bare text: the same replacement, no quotes, no escapes (ASCII controls, quotes, backslashes stay) */
+    is_int(sb_buf_append_utf8_lossy(&b, S("a\xff"
+                                          "b\xed\xa0\x80"
+                                          "c\"\\\n\x01\xc3")),
+           SB_OK, "utf8 lossy");
+    ok(holds(&b, S("a\xef\xbf\xbd"
+                   "b\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"
+                   "c\"\\\n\x01\xef\xbf\xbd")),
+       "utf8 lossy: U+FFFD per bad byte, nothing escaped");
+    sb_buf_reset(&b);
+    is_int(sb_buf_append_utf8_lossy(&b, S("twelve bytes \xc3\xa9\xf0\x9f\x98\x80 and more")), SB_OK, "utf8 lossy on valid text");
+    ok(holds(&b, S("twelve bytes \xc3\xa9\xf0\x9f\x98\x80 and more")), "utf8 lossy: valid text unchanged");
+    sb_buf_free(&b);
+    sb_buf_init(&b, 4);
+    is_int(sb_buf_append(&b, S("ab")), SB_OK, "a prefix");
+    is_int(sb_buf_append_utf8_lossy(&b, S("c\xff")), SB_E_TOO_LARGE, "utf8 lossy: a replacement that passes the cap");
+    ok(holds(&b, S("ab")), "utf8 lossy: nothing appended");
     sb_buf_free(&b);
 
     /* every special byte at every offset around the 8-byte runs, against the reference */
