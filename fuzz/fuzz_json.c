@@ -1,9 +1,9 @@
 /*
  * libFuzzer driver for JSON text in both routes: the one-pass decoder
  * (proto/json_parse.c, sb_json_parse) and writer (proto/json_write.c,
- * sb_json_write), checked against the jansson route (proto/json.c:
- * sb_json_decode, with its depth/node pre-scan, and sb_json_from_mp) and
- * against jansson itself.
+ * sb_json_write), checked against the jansson route (the reference in
+ * tests/json_ref.h: sb_ref_json_decode, with its depth/node pre-scan, and
+ * proto/json.c's sb_json_from_mp) and against jansson itself.
  *
  * Properties:
  *  - the jansson route: on SB_OK, the packed bytes pass sb_mp_decode (the
@@ -40,6 +40,7 @@
 #include "sb/value.h"
 #include "fuzz.h"
 #include "../tests/json_cases.h"
+#include "../tests/json_ref.h"
 
 #define FLAGS (JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL | JSON_DECODE_ANY)
 
@@ -73,17 +74,17 @@ static sb_status_t old_route(const char *text, size_t size, msgpack_sbuffer *sb,
 {
     const char *why = NULL;
     json_t *got = NULL;
-    sb_status_t st = sb_json_decode(text, size, sb, &why);
+    sb_status_t st = sb_ref_json_decode(text, size, sb, &why);
 
     if (st != SB_OK) {
-        SB_FUZZ_ASSERT(st == SB_E_BAD_ARGS || st == SB_E_TOO_LARGE, "sb_json_decode status %d", (int)st);
+        SB_FUZZ_ASSERT(st == SB_E_BAD_ARGS || st == SB_E_TOO_LARGE, "sb_ref_json_decode status %d", (int)st);
         SB_FUZZ_ASSERT(why != NULL && *why != '\0', "refusal without a reason");
-        SB_FUZZ_ASSERT(st != SB_E_BAD_ARGS || want == NULL, "sb_json_decode says bad_args (%s), jansson parses it", why);
+        SB_FUZZ_ASSERT(st != SB_E_BAD_ARGS || want == NULL, "sb_ref_json_decode says bad_args (%s), jansson parses it", why);
         return st;
     }
-    SB_FUZZ_ASSERT(want != NULL, "sb_json_decode accepted what jansson refuses");
+    SB_FUZZ_ASSERT(want != NULL, "sb_ref_json_decode accepted what jansson refuses");
     st = sb_mp_decode((const uint8_t *)sb->data, sb->size, z, o, &why);
-    SB_FUZZ_ASSERT(st == SB_OK, "sb_json_decode output refused by sb_mp_decode: %d %s", (int)st, why);
+    SB_FUZZ_ASSERT(st == SB_OK, "sb_ref_json_decode output refused by sb_mp_decode: %d %s", (int)st, why);
     st = sb_json_from_mp(o, &got);
     SB_FUZZ_ASSERT(st == SB_OK, "sb_json_from_mp status %d", (int)st);
     SB_FUZZ_ASSERT(json_equal(want, got), "JSON -> msgpack -> JSON round trip differs");

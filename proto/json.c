@@ -1,9 +1,11 @@
 /*
- * JSON at the edge (PROTOCOL.md, "Values"), the jansson route: jansson parses
- * and prints, and these functions convert to and from the msgpack
- * representation used inside. sb_json_parse (json_parse.c) and sb_json_write
- * (json_write.c) replace it on the RPC route; this stays as the reference the
- * tests and fuzz/fuzz_json.c compare them with, and for callers not moved yet.
+ * Between jansson trees and the msgpack representation used inside
+ * (PROTOCOL.md section 1, "Values"), for the JSON that jansson still holds:
+ * the capability manifest and the admin bodies (sb_mp_pack_json), the SQL
+ * builder's JSON parameters, a tool's arguments and the shim's guest output
+ * (sb_json_from_mp). JSON text to and from the wire goes through
+ * sb_json_parse (json_parse.c) and sb_json_write (json_write.c) instead.
+ * Also the msgpack helpers everything shares: re-packing, lookups, base64.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -11,59 +13,6 @@
 #include "sb/limits.h"
 #include "sb/mem.h"
 #include "sb/value.h"
-
-/*
- * Counts nesting and values in JSON text without allocating. jansson builds a
- * node per value, so a 7 MiB body of "[0,0,0,..." would cost it hundreds of
- * megabytes; this scan refuses such input first. Inside a container every
- * value but the first follows a ',', so 1 (the root) + commas + containers
- * bounds the number of values from above; map keys are not values, and
- * sb_mp_check counts the same way, so whatever passes here and parses also
- * passes the msgpack pre-check.
- */
-static sb_status_t prescan(const char *s, size_t len, const char **why)
-{
-    size_t depth = 0, nodes = 1;
-    int in_str = 0;
-
-    for (size_t i = 0; i < len; ++i) {
-        char ch = s[i];
-        if (in_str) {
-            if (ch == '\\')
-                ++i;
-            else if (ch == '"')
-                in_str = 0;
-            continue;
-        }
-        switch (ch) {
-        case '"':
-            in_str = 1;
-            break;
-        case '[':
-        case '{':
-            if (++depth >= SB_MAX_DEPTH) {
-                *why = "value nesting is too deep";
-                return SB_E_TOO_LARGE;
-            }
-            /* a container is a value too */
-            __attribute__((fallthrough));
-        case ',':
-            if (++nodes > SB_MAX_NODES) {
-                *why = "value has too many nodes";
-                return SB_E_TOO_LARGE;
-            }
-            break;
-        case ']':
-        case '}':
-            if (depth != 0)
-                --depth;
-            break;
-        default:
-            break;
-        }
-    }
-    return SB_OK;
-}
 
 typedef struct st_packctx_t {
     size_t nodes;
@@ -139,29 +88,6 @@ sb_status_t sb_mp_pack_json(msgpack_packer *pk, const json_t *v, const char **wh
     sb_status_t st = pack_json(pk, v, 0, &ctx);
     if (st != SB_OK && why != NULL)
         *why = ctx.why;
-    return st;
-}
-
-sb_status_t sb_json_decode(const char *text, size_t len, msgpack_sbuffer *packed, const char **why)
-{
-    json_error_t err;
-    json_t *root;
-    msgpack_packer pk;
-    sb_status_t st;
-    const char *dummy;
-
-    if (why == NULL)
-        why = &dummy;
-    if ((st = prescan(text, len, why)) != SB_OK)
-        return st;
-    /* jansson validates UTF-8 strictly (lone surrogate escapes included) */
-    if ((root = json_loadb(text, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL | JSON_DECODE_ANY, &err)) == NULL) {
-        *why = "invalid JSON";
-        return SB_E_BAD_ARGS;
-    }
-    msgpack_packer_init(&pk, packed, msgpack_sbuffer_write);
-    st = sb_mp_pack_json(&pk, root, why);
-    json_decref(root);
     return st;
 }
 

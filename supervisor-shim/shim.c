@@ -349,14 +349,16 @@ static void pack_cstr(msgpack_packer *pk, const char *s)
 static int build_init(const opts_t *o, msgpack_sbuffer *frame)
 {
     sb_shim_buf_t src, in;
-    msgpack_sbuffer input;
+    msgpack_zone zone;
+    msgpack_object input;
+    int has_input = 0;
     msgpack_packer pk;
     const char *why = NULL;
     int rc = EXIT_USAGE;
 
     memset(&src, 0, sizeof(src));
     memset(&in, 0, sizeof(in));
-    msgpack_sbuffer_init(&input);
+    msgpack_zone_init(&zone, 4096);
     msgpack_sbuffer_init(frame);
     if (o->source != NULL && read_file(o->source, SB_SHIM_MAX_SOURCE, &src, "source") != 0)
         goto Exit;
@@ -377,10 +379,12 @@ static int build_init(const opts_t *o, msgpack_sbuffer *frame)
         }
     }
     if (o->input != NULL || o->input_file != NULL) {
-        if (sb_json_decode((const char *)in.p, in.len, &input, &why) != SB_OK) {
+        /* the tree points into `in`, which lives until the frame is packed */
+        if (sb_json_parse((const char *)in.p, in.len, &zone, &input, &why) != SB_OK) {
             fail_usage("input is not valid JSON (%s)", why != NULL ? why : "parse error");
             goto Exit;
         }
+        has_input = 1;
     }
     (void)msgpack_sbuffer_write(frame, "\0\0\0\0", 4);
     msgpack_packer_init(&pk, frame, msgpack_sbuffer_write);
@@ -393,8 +397,8 @@ static int build_init(const opts_t *o, msgpack_sbuffer *frame)
         (void)msgpack_pack_str_body(&pk, src.len != 0 ? (const char *)src.p : "", src.len);
     }
     pack_cstr(&pk, "input");
-    if (input.size != 0)
-        (void)msgpack_sbuffer_write(frame, input.data, input.size);
+    if (has_input)
+        sb_mp_pack_object(&pk, &input);
     else
         (void)msgpack_pack_nil(&pk);
     if (frame->data == NULL || frame->size - 4 > SB_MAX_FRAME) {
@@ -404,7 +408,7 @@ static int build_init(const opts_t *o, msgpack_sbuffer *frame)
     sb_frame_header((uint32_t)(frame->size - 4), (uint8_t *)frame->data);
     rc = 0;
 Exit:
-    msgpack_sbuffer_destroy(&input);
+    msgpack_zone_destroy(&zone);
     sb_shim_buf_dispose(&src);
     sb_shim_buf_dispose(&in);
     return rc;

@@ -4,8 +4,8 @@
  * Inside the project a request or reply value is a msgpack_object tree (it
  * is also our native wire encoding). JSON arrives through sb_json_parse and
  * leaves through sb_json_write, straight between JSON text and that tree;
- * the older jansson route (sb_json_decode, sb_json_from_mp) stays until every
- * caller has moved. Both directions are bounded: nesting at most SB_MAX_DEPTH
+ * jansson trees (the manifest, admin bodies) convert with sb_mp_pack_json and
+ * sb_json_from_mp. Both directions are bounded: nesting at most SB_MAX_DEPTH
  * containers, at most SB_MAX_NODES nodes, strict UTF-8, string map keys, no
  * duplicate keys, no msgpack ext types, no non-finite floats (PROTOCOL.md,
  * "Values").
@@ -52,14 +52,6 @@ SB_WARN_UNUSED sb_status_t sb_mp_decode(const uint8_t *p, size_t len, msgpack_zo
  * @return SB_OK, SB_E_BAD_ARGS or SB_E_NOMEM (msgpack-c's own refusal)
  */
 SB_WARN_UNUSED sb_status_t sb_mp_decode_packed(const uint8_t *p, size_t len, msgpack_zone *zone, msgpack_object *out);
-
-/**
- * Parses JSON text (strict UTF-8, duplicate keys refused, NUL allowed inside
- * strings) and packs it as msgpack into `packed`. The text is scanned for
- * nesting and node count before jansson allocates anything.
- * @return SB_OK, SB_E_BAD_ARGS (not JSON), SB_E_TOO_LARGE (depth or node cap), SB_E_NOMEM
- */
-SB_WARN_UNUSED sb_status_t sb_json_decode(const char *text, size_t len, msgpack_sbuffer *packed, const char **why);
 
 /**
  * Decodes JSON text (RFC 8259) in one pass into a msgpack_object tree, the

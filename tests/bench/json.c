@@ -4,11 +4,12 @@
  *
  * For three representative calls it measures:
  *  - decode: the request body to the msgpack_object tree the broker reads.
- *    old: sb_json_decode (pre-scan, jansson tree, pack) + sb_mp_decode_packed,
- *    as broker/http/rpc.c does today; new: sb_json_parse.
+ *    old: the jansson route (tests/json_ref.h: pre-scan, jansson tree, pack)
+ *    + sb_mp_decode_packed, as broker/http/rpc.c did before; new:
+ *    sb_json_parse, as rpc.c does now.
  *  - encode: the handler's packed reply to the {"ok":true,"value":...} text.
  *    old: sb_mp_decode_packed + sb_json_from_mp + json_pack + json_dumps +
- *    the cap check, as rpc.c's reply_value; new: sb_mp_decode_packed +
+ *    the cap check, as rpc.c's reply_value did; new: sb_mp_decode_packed +
  *    sb_json_write into an sb_buf_t capped at the response cap.
  * The calls: a collections.find (a where tree; 50 rows back), an http.fetch
  * with a 64 KiB body (base64 in the request, bin in the reply), a tools.call
@@ -31,6 +32,7 @@
 #include "sb/mem.h"
 #include "sb/value.h"
 #include "json_cases.h"
+#include "json_ref.h"
 
 typedef struct st_case_t {
     const char *name;
@@ -212,7 +214,7 @@ static void decode_old(const case_t *c, int check, msgpack_object *out, msgpack_
     const char *why;
     msgpack_object o;
     msgpack_sbuffer_clear(sb);
-    if (sb_json_decode(c->request, c->request_len, sb, &why) != SB_OK ||
+    if (sb_ref_json_decode(c->request, c->request_len, sb, &why) != SB_OK ||
         sb_mp_decode_packed((const uint8_t *)sb->data, sb->size, z, &o) != SB_OK)
         die("old decode failed");
     if (check)

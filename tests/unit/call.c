@@ -9,8 +9,8 @@
  * the tools arguments size cap. Guest names echoed in reasons are cut on a
  * code point boundary (tested with multibyte names across the cut).
  *
- * Arguments are written as JSON and go through sb_json_decode and
- * sb_mp_decode, as the RPC route hands them over; msgpack-only shapes (bin,
+ * Arguments are written as JSON and go through sb_json_parse (packed, then
+ * sb_mp_decode), as the RPC route decodes them; msgpack-only shapes (bin,
  * duplicate keys) are packed by hand.
  */
 #include <stdarg.h>
@@ -47,6 +47,23 @@ static const msgpack_object *keep(const char *data, size_t len)
     return &objs[nkept++];
 }
 
+/* JSON text packed as msgpack, through the RPC route's decoder (sb_json_parse) */
+static sb_status_t json_to_packed(const char *json, msgpack_sbuffer *sb, const char **why)
+{
+    msgpack_zone z;
+    msgpack_object o;
+    msgpack_packer pk;
+    sb_status_t st;
+
+    msgpack_zone_init(&z, 1024);
+    if ((st = sb_json_parse(json, strlen(json), &z, &o, why)) == SB_OK) {
+        msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+        sb_mp_pack_object(&pk, &o);
+    }
+    msgpack_zone_destroy(&z);
+    return st;
+}
+
 /* JSON text -> args object, through the project's JSON edge; NULL means absent args */
 static const msgpack_object *J(const char *json)
 {
@@ -57,7 +74,7 @@ static const msgpack_object *J(const char *json)
     if (json == NULL)
         return NULL;
     msgpack_sbuffer_init(&sb);
-    if (sb_json_decode(json, strlen(json), &sb, &why) != SB_OK) {
+    if (json_to_packed(json, &sb, &why) != SB_OK) {
         printf("# bad test JSON: %s: %s\n", why, json);
         abort();
     }

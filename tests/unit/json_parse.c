@@ -2,7 +2,7 @@
  * Unit tests for proto/json_parse.c (sb_json_parse): every rule with the
  * exact refusal it gets, the caps (checked before the zone grows), numbers,
  * strings, out-of-memory through sb_mem_fail_nth, and agreement with the old
- * jansson route (sb_json_decode + unpack) on every document the JSON tests
+ * jansson route (tests/json_ref.h: sb_ref_json_decode + unpack) on every document the JSON tests
  * and the fuzz corpus hold: the same verdict, and the same tree.
  */
 #include <dirent.h>
@@ -16,6 +16,7 @@
 #include <msgpack.h>
 #include "tap.h"
 #include "json_cases.h"
+#include "json_ref.h"
 #include "sb/limits.h"
 #include "sb/mem.h"
 #include "sb/value.h"
@@ -37,7 +38,7 @@ static const char *name_of(const char *t, size_t len)
 static sb_status_t old_route(const char *t, size_t len, msgpack_sbuffer *sb, msgpack_zone *z, msgpack_object *o)
 {
     const char *why;
-    sb_status_t st = sb_json_decode(t, len, sb, &why);
+    sb_status_t st = sb_ref_json_decode(t, len, sb, &why);
     if (st != SB_OK)
         return st;
     return sb_mp_decode_packed((const uint8_t *)sb->data, sb->size, z, o);

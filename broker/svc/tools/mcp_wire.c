@@ -10,7 +10,7 @@
  * comments are.
  *
  * Every upstream message goes through the project's one bounded JSON decoder
- * (sb_json_decode: strict UTF-8, depth and node caps, duplicate keys refused)
+ * (sb_json_parse: strict UTF-8, depth and node caps, duplicate keys refused)
  * before anything looks at it: the upstream is operator configuration, but a
  * compromised or buggy tool server must not be able to do more than fail the
  * call.
@@ -396,7 +396,6 @@ static void pick_message(pick_t *pk, const msgpack_object *msg)
 /* decodes one message's JSON text with the bounded decoder, then picks from it (or from each batch element) */
 static void pick_text(pick_t *pk, const char *text, size_t len, int allow_batch)
 {
-    msgpack_sbuffer packed;
     msgpack_zone zone;
     msgpack_object root;
     const char *why = NULL;
@@ -408,11 +407,9 @@ static void pick_text(pick_t *pk, const char *text, size_t len, int allow_batch)
         pick_fail(pk, SB_E_TOO_LARGE, "upstream message exceeds %.*s bytes", n, strlen(n));
         return;
     }
-    msgpack_sbuffer_init(&packed);
     msgpack_zone_init(&zone, 4096);
-    if ((st = sb_json_decode(text, len, &packed, &why)) == SB_OK)
-        st = sb_mp_decode((const uint8_t *)packed.data, packed.size, &zone, &root, &why);
-    if (st != SB_OK) {
+    /* the tree points into `text`, which outlives it: what is picked is packed into pk->out */
+    if ((st = sb_json_parse(text, len, &zone, &root, &why)) != SB_OK) {
         if (st == SB_E_NOMEM)
             pick_fail(pk, SB_E_NOMEM, "%.*s", "out of memory decoding an upstream message", 42);
         else if (st == SB_E_TOO_LARGE)
@@ -430,7 +427,6 @@ static void pick_text(pick_t *pk, const char *text, size_t len, int allow_batch)
     }
 Exit:
     msgpack_zone_destroy(&zone);
-    msgpack_sbuffer_destroy(&packed);
 }
 
 static int on_event(void *arg, const char *type, size_t type_len, const char *data, size_t data_len)
@@ -486,7 +482,6 @@ sb_status_t sb_mcp_pick_response(sb_mcp_body_t kind, const char *body, size_t le
 
 size_t sb_mcp_error_hint(const char *body, size_t len, char *out, size_t outsz)
 {
-    msgpack_sbuffer packed;
     msgpack_zone zone;
     msgpack_object root;
     const msgpack_object *e;
@@ -498,15 +493,12 @@ size_t sb_mcp_error_hint(const char *body, size_t len, char *out, size_t outsz)
     out[0] = '\0';
     if (len == 0 || len > 65536)
         return 0;
-    msgpack_sbuffer_init(&packed);
     msgpack_zone_init(&zone, 1024);
-    if (sb_json_decode(body, len, &packed, &why) == SB_OK &&
-        sb_mp_decode((const uint8_t *)packed.data, packed.size, &zone, &root, &why) == SB_OK &&
-        (e = sb_mp_get(&root, "error")) != NULL && e->type == MSGPACK_OBJECT_MAP && describe_error(e, out, outsz) == SB_OK)
+    if (sb_json_parse(body, len, &zone, &root, &why) == SB_OK && (e = sb_mp_get(&root, "error")) != NULL &&
+        e->type == MSGPACK_OBJECT_MAP && describe_error(e, out, outsz) == SB_OK)
         n = strlen(out);
     else
         out[0] = '\0';
     msgpack_zone_destroy(&zone);
-    msgpack_sbuffer_destroy(&packed);
     return n;
 }
