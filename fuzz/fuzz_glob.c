@@ -4,7 +4,7 @@
  * Input: glob, a NUL byte, subject (no NUL: the whole input is the glob and
  * the subject is derived from it). Property: for globs and subjects of up to
  * 64 bytes, sb_glob_match agrees with the reference matcher below, written
- * straight from the semantics (questpie-wire.md section 4.2: "**" is ".*",
+ * straight from the semantics (PROTOCOL.md section 6, globs: "**" is ".*",
  * "*" is "[^/]*", "?" is "[^/]", everything else literal, anchored; a run of
  * three or more stars is "**"). The reference is a memoised recursion, so it
  * is polynomial too. Longer inputs only run sb_glob_match, which must stay

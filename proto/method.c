@@ -1,7 +1,7 @@
 /*
  * sandbox-broker: the RPC method grammar (include/sb/method.h).
  *
- * The grammar is the upstream parseBindingMethod (questpie-wire.md section 4.1)
+ * The grammar is the upstream parseBindingMethod (PROTOCOL.md section 4)
  * plus our store.<ns>.<op> and tools.(list|call) methods. A method string is a
  * closed set of shapes; anything that is not exactly one of them is
  * SB_E_BAD_METHOD, so the dispatcher and the capability check never see a

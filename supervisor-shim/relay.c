@@ -326,7 +326,7 @@ static void call_invalid_response(relay_t *r, call_t *c, const char *detail)
 
 /* ---- broker responses ---- */
 
-/* correlation ids are ^[\w-]{1,128}$ (questpie-wire.md section 2) */
+/* correlation ids are ^[\w-]{1,128}$ (PROTOCOL.md section 3) */
 static int valid_corr(const msgpack_object *o)
 {
     if (o->type != MSGPACK_OBJECT_STR || o->via.str.size == 0 || o->via.str.size > SB_MAX_CORRELATION_ID)
@@ -364,7 +364,7 @@ static void on_response(relay_t *r, call_t *c, int status, const uint8_t *body, 
     char d[512];
 
     if (status >= 300 && status <= 399) {
-        /* the token must never follow a redirect to another origin (questpie-wire.md section 9.7) */
+        /* the token must never follow a redirect to another origin (PROTOCOL.md section 2, rule 2) */
         snprintf(d, sizeof(d), "broker answered HTTP %d; redirects are never followed", status);
         call_transport_error(r, c, d);
         return;

@@ -5,8 +5,8 @@
  * once: http(s) scheme, a host (name, IPv4 or bracketed IPv6) and optional
  * port, and a path. Userinfo, queries, fragments, whitespace, control and
  * non-ASCII bytes and backslashes are refused, so no spelling trick can move
- * the token to another origin (questpie-wire.md section 3, "Supervisor-side
- * defence").
+ * the token to another origin (PROTOCOL.md section 2, rule 2; RFC 6454 for
+ * what an origin is).
  */
 #ifndef SB_SHIM_URL_H
 #define SB_SHIM_URL_H

@@ -1,8 +1,8 @@
 /*
  * broker/authz: anchored glob matching (authz.h, sb_glob_match).
  *
- * Semantics are upstream's glob-to-regex translation (questpie-wire.md
- * section 4.2): "**" is ".*", "*" is "[^/]*", "?" is "[^/]", everything else
+ * Semantics are upstream's glob-to-regex translation (PROTOCOL.md
+ * section 6, globs): "**" is ".*", "*" is "[^/]*", "?" is "[^/]", everything else
  * (including '[' and '{') is literal, and the whole string must match. A run of
  * three or more stars behaves as "**" (upstream yields ".*[^/]*", which is the
  * same language).

@@ -10,16 +10,16 @@
  * (RFC 6890, RFC 8190) do not mark "Globally Reachable":
  *   https://www.iana.org/assignments/iana-ipv4-special-registry/
  *   https://www.iana.org/assignments/iana-ipv6-special-registry/
- * The IPv4 list is exactly issue 4's; it denies all of 192.0.0.0/24, including
+ * The IPv4 list denies all of 192.0.0.0/24, including
  * the two registry carve-outs 192.0.0.9/32 and 192.0.0.10/32 (PCP and TURN
  * anycast), which an HTTP client has no business reaching.
  *
  * Why numbers: the verdict is computed on bytes under prefix masks, so
- * "0:0:0:0:0:0:0:1", "::1" and "0::01" are the same address here, which a
- * string comparison (upstream's net-validation.ts, questpie-wire.md 6.4)
- * gets wrong.
+ * "0:0:0:0:0:0:0:1", "::1" and "0::01" are the same address here (RFC 4291
+ * section 2.2: one address has many text forms), which a string comparison
+ * (upstream's address policy) gets wrong.
  *
- * Why the classes: issue 4 makes operator allow_cidrs "audited exceptions",
+ * Why the classes: operator allow_cidrs are "audited exceptions" (docs/config.md),
  * but an exception written as a range must not open what the operator did not
  * name. Each denial therefore carries a class:
  *  - CLS_ORDINARY: any covering allow_cidrs entry lifts it (an internal API
@@ -123,7 +123,7 @@ static const rule_t r_op_deny = RULE4("operator deny_cidrs");
 static const rule_t r_iface = RULE4("broker interface address");
 static const rule_t r_invalid = RULE6("invalid address");
 
-/* IPv4 (issue 4; names, RFCs and "Globally Reachable" from the IANA IPv4 special-purpose registry) */
+/* IPv4 (names, RFCs and "Globally Reachable" from the IANA IPv4 special-purpose registry) */
 static const rule_t r4_this_net = RULE4("this network 0.0.0.0/8");                /* RFC 791 3.2; RFC 1122 3.2.1.3 */
 static const rule_t r4_private10 = RULE4("private 10.0.0.0/8");                   /* RFC 1918 */
 static const rule_t r4_shared = RULE4("shared address space 100.64.0.0/10");      /* RFC 6598 (CGN) */
@@ -377,8 +377,8 @@ static verdict_t check_v6(const sb_egress_policy_t *p, const uint8_t *a)
      * RFC 6052 / RFC 7050: a connection to 64:ff9b::a.b.c.d is a connection to
      * a.b.c.d through whatever NAT64 serves this network, so the IPv4 verdict
      * (operator lists and interface addresses included) is the verdict, and
-     * its class carries over to the IPv6 operator lists. Upstream never
-     * decoded it (questpie-wire.md 6.4).
+     * its class carries over to the IPv6 operator lists. Upstream's address
+     * policy never decoded it.
      */
     if (prefix_match(a, nat64_wkp, 96)) {
         v4 = check_v4(p, a + 12);
@@ -482,7 +482,7 @@ static int is_hex_digit(char c)
 /*
  * WHATWG URL "ends in a number": a host whose last label is all digits, or
  * 0x followed by hex digits, is an IPv4 address to browsers and to
- * inet_aton. Such a string must never reach DNS (issue 4), and neither must
+ * inet_aton. Such a string must never reach DNS (PROTOCOL.md section 6a), and neither must
  * anything with a colon (an IPv6 literal).
  */
 static int looks_numeric(const char *s, size_t len)

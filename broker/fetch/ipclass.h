@@ -1,5 +1,5 @@
 /*
- * broker/fetch: the http.fetch address policy (issue 4, "Address policy").
+ * broker/fetch: the http.fetch address policy (PROTOCOL.md section 6a; docs/config.md, egress).
  *
  * Every address the broker may connect to for a guest, whether a URL literal
  * or a DNS answer, goes through sb_egress_check_ip, and every host name goes

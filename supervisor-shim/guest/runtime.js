@@ -463,7 +463,7 @@ function harden() {
   for (const k of Object.getOwnPropertyNames(globalThis)) {
     try { void globalThis[k]; } catch (_) { /* a getter that throws is left alone */ }
   }
-  // no threads or shared memory for the guest (questpie-wire.md section 1.5)
+  // no threads or shared memory for the guest (PROTOCOL.md section 2, guest side)
   Object.defineProperty(globalThis, "Worker", { value: undefined, writable: false, configurable: false });
   delete globalThis.SharedArrayBuffer;
   delete globalThis.Atomics;

@@ -44,7 +44,7 @@ ADMIN_SECRET = "integration-test-admin-secret-0123456789"
 RPC_PATH = "/api/sandbox/rpc"
 TOKEN_HEADER = "x-questpie-sandbox-token"
 
-# upstream wire budgets (questpie-wire.md section 2.3)
+# upstream wire budgets (PROTOCOL.md section 8)
 NATIVE_REQUEST_CAP = 65536
 HTTP_WIRE_CAP = 7121580
 

@@ -992,7 +992,7 @@ class T6Redirects(FetchCase):
             self.assertEqual(second.method, "GET")
 
     def test_303_after_head_becomes_get(self):
-        # questpie-wire.md 6.7 (which issue 4 adopts): "303 -> GET, body dropped (any method, including HEAD)"
+        # PROTOCOL.md section 6a: 303 turns any method into GET (HEAD included) and drops the body
         v, got, (first, second) = self._post_through(303, "HEAD", None)
         self.assertEqual(first.method, "HEAD")
         self.assertEqual(second.method, "GET")

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The RPC route's refusal table (questpie-wire.md sections 2.1 and 7, issue 2),
+"""The RPC route's refusal table (PROTOCOL.md sections 3 and 7),
 with exact HTTP status, code and message, in JSON and in msgpack."""
 
 import http.client
@@ -235,7 +235,7 @@ class RpcRefusals(sbtest.BrokerTestCase):
             self.assertNotIn("net allowlist", msg, resp)
 
     def test_tools_caps(self):
-        # questpie-wire.md 2.3: tools.call 68,608 bytes, tools.list 4,096
+        # PROTOCOL.md section 8: tools.call 68,608 bytes, tools.list 4,096
         for enc in ENCODINGS:
             for method, cap, args in (("tools.call", 68608, {"name": "calc"}), ("tools.list", 4096, {})):
                 with self.subTest(enc=enc, method=method):

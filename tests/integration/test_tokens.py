@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Token minting, registration, TTL, expiry and revocation through the admin API
-(issue 2 "Tokens and the admin endpoint"; questpie-wire.md section 3)."""
+(PROTOCOL.md section 9)."""
 
 import hashlib
 import os

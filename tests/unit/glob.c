@@ -1,6 +1,6 @@
 /*
  * Unit tests for broker/authz/glob.c: anchored glob matching with upstream's
- * semantics (questpie-wire.md section 4.2), its edge cases, pathological
+ * semantics (PROTOCOL.md section 6, globs), its edge cases, pathological
  * patterns, and a randomised comparison against upstream's own definition
  * (the glob translated to an anchored regex, run by POSIX regexec).
  */
