@@ -12,7 +12,7 @@ sb_status_t sb_shim_http_build_request(sb_shim_buf_t *out, const sb_shim_url_t *
     sb_status_t st;
 
     snprintf(cl, sizeof(cl), "%zu", body_len);
-    if ((st = sb_shim_buf_appends(out, "POST ")) != SB_OK || (st = sb_shim_buf_appends(out, u->path)) != SB_OK ||
+    if ((st = sb_shim_buf_appends(out, "POST ")) != SB_OK || (st = sb_shim_buf_appends(out, u->target)) != SB_OK ||
         (st = sb_shim_buf_appends(out, " HTTP/1.1\r\nHost: ")) != SB_OK ||
         (st = sb_shim_buf_appends(out, u->host_header)) != SB_OK ||
         (st = sb_shim_buf_appends(out, "\r\nContent-Type: application/msgpack\r\nAccept: application/msgpack\r\n"
@@ -93,8 +93,8 @@ sb_status_t sb_shim_http_parse_head(const uint8_t *p, size_t len, size_t body_ca
     }
 
     /* status-line = HTTP-version SP status-code SP [ reason-phrase ] (RFC 9112 section 4) */
-    if (end - p < 12 || memcmp(p, "HTTP/1.", 7) != 0 || (p[7] != '0' && p[7] != '1') || p[8] != ' ' || p[9] < '1' ||
-        p[9] > '9' || p[10] < '0' || p[10] > '9' || p[11] < '0' || p[11] > '9') {
+    if (end - p < 12 || memcmp(p, "HTTP/1.", 7) != 0 || (p[7] != '0' && p[7] != '1') || p[8] != ' ' || p[9] < '1' || p[9] > '9' ||
+        p[10] < '0' || p[10] > '9' || p[11] < '0' || p[11] > '9') {
         *why = "broker response has a malformed status line";
         return SB_E_BAD_ARGS;
     }
