@@ -271,6 +271,39 @@ export default () => { const a: number[][] = []; for (;;) a.push(new Array(1e6).
     check(not o["ok"] and "subprocess exited without result" in o["error"] and not o.get("timedOut"), "OOM ends run", o)
 
 
+def t_host_paths_masked():
+    """The guest sees upstream's virtual process surface, never where Deno or the runtime live on the host."""
+    o, _, _, _ = guest("""
+import * as named from "node:process";
+export default async () => {
+  const p = (await import("node:process")).default;
+  const grab = (f: () => unknown) => { try { return f(); } catch (e) { return "threw " + (e as Error).name; } };
+  const stack = new Error("probe").stack ?? "";
+  // an error thrown inside the runtime (its fetch shim) carries the runtime's frames
+  let caught = "";
+  try { await fetch("not a url"); } catch (e) { caught = (e as Error).stack ?? ""; }
+  return {
+    execPath: Deno.execPath(), mainModule: Deno.mainModule, cwd: Deno.cwd(),
+    argv: p.argv, pExecPath: p.execPath, argv0: p.argv0, pCwd: p.cwd(), global: globalThis.process === p,
+    namedArgv: named.argv, namedExecPath: named.execPath, namedArgv0: named.argv0,
+    stack, caught, title: grab(() => p.title),
+  };
+};""")
+    check(o["ok"], "guest ran", o)
+    out = o["output"]
+    check(out["execPath"] == "/runtime/deno" and out["pExecPath"] == "/runtime/deno" and
+          out["namedExecPath"] == "/runtime/deno", "exec path masked", out)
+    check(out["argv"] == ["deno", "questpie://sandbox/guest-entry.ts"] and out["namedArgv"] == out["argv"], "argv", out)
+    check(out["argv0"] == "/runtime/deno" and out["namedArgv0"] == "/runtime/deno", "argv0", out)
+    check(out["mainModule"] == "questpie://sandbox/guest-entry.ts", "main module", out)
+    check(out["cwd"] == "/work" and out["pCwd"] == "/work" and out["global"] is True, "cwd", out)
+    real = os.path.realpath(DENO)
+    blob = json.dumps(o)
+    for leak in (real, os.path.dirname(real), DENO, os.path.dirname(DENO), tempfile.gettempdir() + "/sb-shim-",
+                 "runtime.js"):
+        check(leak not in blob, "the guest must not see " + leak, out)
+
+
 def shim_private_dirs():
     # exactly the shim's mkdtemp("sb-shim-XXXXXX") names: other tests running in parallel
     # create their own sb-shim-<something> files in the same temp directory
@@ -304,6 +337,7 @@ tap.case("attack: garbage on stdout", t_garbage_stdout)
 tap.case("wall-clock timeout", t_wall_timeout)
 tap.case("memory cap", t_memory_cap)
 tap.case("private temp dir is removed", t_workdir_cleaned)
+tap.case("host paths are masked (Deno.execPath, process.execPath/argv, stacks)", t_host_paths_masked)
 broker.close()
 try:
     os.rmdir(TMP) if not os.listdir(TMP) else [os.unlink(os.path.join(TMP, f)) for f in os.listdir(TMP)] and os.rmdir(TMP)
