@@ -4,9 +4,10 @@
  *
  *   sandbox-shim run   --broker-url URL (--token-env NAME | --token-fd N) --source FILE [options]
  *   sandbox-shim relay --broker-url URL (--token-env NAME | --token-fd N) [options] -- CMD ARGS...
+ *   sandbox-shim serve [options]   (serve.c: the HTTP service, one run per request)
  *
  * This file parses the command line, reads the token, resolves the broker,
- * starts the guest (for `run`: runner.c) and
+ * starts the guest (for `run`: runner.c, the same path serve takes) and
  * prints the one JSON line of the outcome.
  * It links proto/ only; nothing from broker/.
  */
@@ -29,6 +30,7 @@
 #include "child.h"
 #include "relay.h"
 #include "runner.h"
+#include "serve.h"
 #include "url.h"
 
 #define EXIT_USAGE 2
@@ -60,6 +62,7 @@ static void usage(FILE *f)
           "                     [--input JSON | --input-file F] [--memory-mb N] [--deno PATH] [limits]\n"
           "  sandbox-shim relay --broker-url URL (--token-env NAME | --token-fd N)\n"
           "                     [--source FILE] [--input JSON | --input-file F] [limits] -- CMD ARGS...\n"
+          "  sandbox-shim serve [--listen HOST:PORT] ... (sandbox-shim serve --help)\n"
           "limits: [--timeout-ms N] [--max-calls N] [--max-inflight N] [--call-timeout-ms N]\n"
           "        [--on-denial terminate|reply]\n"
           "https brokers: [--ca-file F] (PEM CAs to trust instead of the system store)\n"
@@ -177,7 +180,7 @@ static int parse_args(int argc, char **argv, opts_t *o, sb_shim_config_t *cfg)
     if (strcmp(argv[1], "run") == 0)
         o->run = 1;
     else if (strcmp(argv[1], "relay") != 0)
-        return fail_usage("unknown mode \"%s\" (want run or relay)", argv[1]);
+        return fail_usage("unknown mode \"%s\" (want run, relay or serve)", argv[1]);
 
     for (i = 2; i < argc; ++i) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -404,6 +407,8 @@ int main(int argc, char **argv)
     /* no core dumps of the token, and /proc/<pid>/{environ,mem} closed to same-uid processes */
     (void)prctl(PR_SET_DUMPABLE, 0);
     signal(SIGPIPE, SIG_IGN);
+    if (argc >= 2 && strcmp(argv[1], "serve") == 0)
+        return sb_shim_serve_main(argc - 1, argv + 1);
     memset(&cfg, 0, sizeof(cfg));
     memset(&child, 0, sizeof(child));
     child.pid = -1;
