@@ -68,9 +68,10 @@ typedef struct st_conn_t {
 
 typedef struct st_run_t {
     struct st_run_t *next, *prev;
-    h2o_req_t *req; /* NULL once h2o disposed of the request */
-    pid_t pid;      /* the run's process */
-    pid_t guest;    /* the guest's process group, 0 until it started */
+    h2o_req_t *req;         /* NULL once h2o disposed of the request */
+    struct st_run_t **slot; /* in the request's pool, pointing back here (NULL with req) */
+    pid_t pid;              /* the run's process */
+    pid_t guest;            /* the guest's process group, 0 until it started */
     int guest_alive;
     h2o_socket_t *sock; /* the report socket */
     int have_result;
@@ -318,6 +319,11 @@ static void run_finish(run_t *r, const char *why)
     const char *outcome = "error";
     json_t *fields = json_object();
 
+    /* from here on the request must not reach back: its disposal (after the answer) kills nothing */
+    if (r->slot != NULL) {
+        *r->slot = NULL;
+        r->slot = NULL;
+    }
     if (r->sock != NULL) {
         h2o_socket_close(r->sock);
         r->sock = NULL;
@@ -325,8 +331,11 @@ static void run_finish(run_t *r, const char *why)
     if (why != NULL)
         (void)kill(r->pid, SIGKILL);
     if (r->guest_alive) {
-        /* the run's process is gone without reaping its guest (it never is, unless killed): the group goes too */
-        (void)kill(-r->guest, SIGKILL);
+        /*
+         * The run's process went without reporting its guest's end (it was
+         * killed). The guest dies with it (PR_SET_PDEATHSIG, child.c); it is
+         * not signalled from here, as its group id may already be free.
+         */
         r->guest_alive = 0;
         --S.guests;
     }
@@ -425,11 +434,19 @@ static void on_report(h2o_socket_t *sock, const char *err)
         run_finish(r, NULL);
 }
 
+/*
+ * h2o let go of a request whose run is still going: its connection is gone.
+ * Nobody will read the answer, so the run's process goes at once (its report
+ * socket then ends and run_finish cleans up, guest group included).
+ */
 static void on_req_dispose(void *p)
 {
     run_t *r = *(run_t **)p;
-    if (r != NULL)
-        r->req = NULL;
+    if (r == NULL)
+        return;
+    r->req = NULL;
+    r->slot = NULL;
+    (void)kill(r->pid, SIGKILL);
 }
 
 /* the client's connection, found by its peer address (unique among open loopback connections) */
@@ -482,6 +499,7 @@ static void start_run(h2o_req_t *req, sb_serve_job_t *job)
     r->sock->data = r;
     slot = h2o_mem_alloc_shared(&req->pool, sizeof(*slot), on_req_dispose);
     *slot = r;
+    r->slot = slot;
     r->next = S.runs;
     if (S.runs != NULL)
         S.runs->prev = r;
