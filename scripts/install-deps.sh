@@ -5,7 +5,7 @@ set -euo pipefail
 
 build_pkgs=(build-essential cmake pkg-config libh2o-evloop-dev libh2o-dev-common libmsgpack-dev libc-ares-dev
             libssl-dev libpq-dev libhiredis-dev libjansson-dev libidn2-dev curl python3 postgresql)
-test_pkgs=(redis-server python3-msgpack clang libclang-rt-14-dev dnsmasq openssl nginx)
+test_pkgs=(redis-server python3-msgpack clang libclang-rt-14-dev dnsmasq openssl nginx nodejs)
 
 pkgs=("${build_pkgs[@]}")
 if [ "${1:-}" = "--test" ]; then

@@ -185,20 +185,29 @@ static int outcome_index(const char *name)
     return (int)NOUTCOMES - 1; /* "error" */
 }
 
-/* counts and logs a /run request; fields may carry calls, timedOut, ... */
+/* counts and logs a /run request; `fields` (taken) may carry calls, timedOut and extras */
 static void account(const char *outcome, int status, int64_t ms, json_t *fields)
 {
-    if (fields == NULL)
-        fields = json_object();
+    json_t *line = json_object(), *v;
+    const char *k;
+
     ++S.outcomes[outcome_index(outcome)];
-    json_object_set_new(fields, "outcome", json_string(outcome));
-    json_object_set_new(fields, "status", json_integer(status));
-    json_object_set_new(fields, "ms", json_integer(ms));
-    if (json_object_get(fields, "calls") == NULL)
-        json_object_set_new(fields, "calls", json_integer(0));
-    if (json_object_get(fields, "timedOut") == NULL)
-        json_object_set_new(fields, "timedOut", json_false());
-    log_event("info", "run", fields);
+    json_object_set_new(line, "outcome", json_string(outcome));
+    json_object_set_new(line, "status", json_integer(status));
+    json_object_set_new(line, "ms", json_integer(ms));
+    v = fields != NULL ? json_object_get(fields, "calls") : NULL;
+    json_object_set_new(line, "calls", v != NULL ? json_incref(v) : json_integer(0));
+    v = fields != NULL ? json_object_get(fields, "timedOut") : NULL;
+    json_object_set_new(line, "timedOut", v != NULL ? json_incref(v) : json_false());
+    if (fields != NULL) {
+        json_object_foreach(fields, k, v)
+        {
+            if (json_object_get(line, k) == NULL)
+                json_object_set(line, k, v);
+        }
+        json_decref(fields);
+    }
+    log_event("info", "run", line);
 }
 
 /* a run answered before any process: {ok:false, error, logs:[], ms} */
