@@ -75,6 +75,8 @@ typedef struct st_run_t {
     int guest_alive;
     h2o_socket_t *sock; /* the report socket */
     int have_result;
+    int answered;   /* the answer went out (at the 'R' record, before the process's end) */
+    int holds_slot; /* counts against --max-runs */
     json_t *meta;
     char *body;
     size_t body_len;
@@ -103,6 +105,7 @@ static struct {
     size_t nconns;
     run_t *runs;
     unsigned nruns, guests;
+    unsigned active; /* runs holding a --max-runs slot: from the fork to their answer */
     zombie_t *zombies;
 
     /* metrics */
@@ -307,6 +310,14 @@ static void run_unlink(run_t *r)
     --S.nruns;
 }
 
+static void release_slot(run_t *r)
+{
+    if (r->holds_slot) {
+        r->holds_slot = 0;
+        --S.active;
+    }
+}
+
 static void observe(int64_t ms)
 {
     double s = (double)ms / 1000.0;
@@ -318,37 +329,30 @@ static void observe(int64_t ms)
 }
 
 /*
- * The run is over: its process ended (report socket at EOF), failed, or
- * overran its deadline (`why`). Whatever of it is left is killed, its
- * answer sent, the run counted and logged.
+ * The run's answer, once: the body its process reported, or (when there is
+ * none: the process died, its report was malformed, it overran its deadline)
+ * a "sandbox IO error". The request is detached first, so that its disposal,
+ * after the answer, reaches back to nothing. The run is counted and logged
+ * here, and its --max-runs slot is free: its guest is gone and its token
+ * revoked, what remains of the process is its exit.
  */
-static void run_finish(run_t *r, const char *why)
+static void run_answer(run_t *r, const char *why)
 {
+    h2o_req_t *req = r->req;
     int64_t ms = sb_serve_now_ms() - r->started_ms;
     const char *outcome = "error";
-    json_t *fields = json_object();
+    json_t *fields;
 
-    /* from here on the request must not reach back: its disposal (after the answer) kills nothing */
+    if (r->answered)
+        return;
+    r->answered = 1;
+    fields = json_object();
     if (r->slot != NULL) {
         *r->slot = NULL;
         r->slot = NULL;
     }
-    if (r->sock != NULL) {
-        h2o_socket_close(r->sock);
-        r->sock = NULL;
-    }
-    if (why != NULL)
-        (void)kill(r->pid, SIGKILL);
-    if (r->guest_alive) {
-        /*
-         * The run's process went without reporting its guest's end (it was
-         * killed). The guest dies with it (PR_SET_PDEATHSIG, child.c); it is
-         * not signalled from here, as its group id may already be free.
-         */
-        r->guest_alive = 0;
-        --S.guests;
-    }
-    reap_later(r->pid);
+    r->req = NULL;
+    release_slot(r);
     if (r->have_result) {
         const char *o = json_string_value(json_object_get(r->meta, "outcome"));
         json_int_t jf = json_integer_value(json_object_get(r->meta, "jailFailures"));
@@ -363,25 +367,47 @@ static void run_finish(run_t *r, const char *why)
             S.jail_failures += (unsigned long long)jf;
             json_object_set_new(fields, "jailFailures", json_integer(jf));
         }
-        if (r->req != NULL)
-            send_json(r->req, 200, "OK", r->body, r->body_len);
-    } else if (r->req != NULL) {
+        if (req != NULL)
+            send_json(req, 200, "OK", r->body, r->body_len);
+    } else {
         char e[200];
         json_t *o;
         char *text;
         snprintf(e, sizeof(e), "sandbox IO error: %s", why != NULL ? why : "the run ended without an outcome");
         o = json_pack("{s:b, s:s, s:[], s:I}", "ok", 0, "error", e, "logs", "ms", (json_int_t)ms);
         text = o != NULL ? json_dumps(o, JSON_COMPACT) : NULL;
-        if (text != NULL)
-            send_json(r->req, 200, "OK", text, strlen(text));
+        if (req != NULL && text != NULL)
+            send_json(req, 200, "OK", text, strlen(text));
         free(text);
         json_decref(o);
         json_object_set_new(fields, "reason", json_string(why != NULL ? why : "no outcome"));
     }
-    if (r->req == NULL)
+    if (req == NULL)
         json_object_set_new(fields, "answered", json_false());
     observe(ms);
     account(outcome, 200, ms, fields);
+}
+
+/* the run is over: its process ended, or is killed now (`why`); what is left of it goes */
+static void run_finish(run_t *r, const char *why)
+{
+    if (why != NULL)
+        (void)kill(r->pid, SIGKILL);
+    run_answer(r, why);
+    if (r->sock != NULL) {
+        h2o_socket_close(r->sock);
+        r->sock = NULL;
+    }
+    if (r->guest_alive) {
+        /*
+         * The run's process went without reporting its guest's end (it was
+         * killed). The guest dies with it (PR_SET_PDEATHSIG, child.c); it is
+         * not signalled from here, as its group id may already be free.
+         */
+        r->guest_alive = 0;
+        --S.guests;
+    }
+    reap_later(r->pid);
     run_unlink(r);
     json_decref(r->meta);
     free(r->body);
@@ -439,6 +465,8 @@ static void on_report(h2o_socket_t *sock, const char *err)
         run_finish(r, "the run's report was malformed");
         return;
     }
+    if (r->have_result)
+        run_answer(r, NULL);
     if (err != NULL)
         run_finish(r, NULL);
 }
@@ -502,6 +530,8 @@ static void start_run(h2o_req_t *req, sb_serve_job_t *job)
     (void)fcntl(sv[0], F_SETFL, O_NONBLOCK);
     r->pid = pid;
     r->req = req;
+    r->holds_slot = 1;
+    ++S.active;
     r->started_ms = job->started_ms;
     r->deadline_ms = sb_serve_now_ms() + job->timeout_ms + RUN_GRACE_MS;
     r->sock = h2o_evloop_socket_create(S.loop, sv[0], 0);
@@ -614,7 +644,7 @@ static void handle_run(h2o_req_t *req)
     } else {
         job.kind = SB_SERVE_COMPUTE;
     }
-    if (S.nruns >= S.max_runs) {
+    if (S.active >= S.max_runs) {
         SEND_LIT(req, 503, "Service Unavailable", "{\"ok\":false,\"error\":\"sandbox supervisor is at capacity\",\"logs\":[]}");
         account("busy", 503, sb_serve_now_ms() - started, NULL);
         goto Exit;

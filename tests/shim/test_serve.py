@@ -143,6 +143,7 @@ class Serve:
         self.lines = []
         self.lock = threading.Lock()
         self.port = None
+        self.posted = 0  # POST /run requests sent: each gets exactly one "run" log line
         got = threading.Event()
 
         def read():
@@ -173,17 +174,23 @@ class Serve:
             return "".join(self.lines)
 
     def events(self, name="run"):
-        out = []
-        for line in self.log().splitlines():
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if ev.get("event") == name:
-                out.append(ev)
-        return out
+        """The log's events of that name; for "run", once every POST /run sent so far has its line."""
+        deadline = time.monotonic() + 10
+        while True:
+            out = []
+            for line in self.log().splitlines():
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    continue
+                if ev.get("event") == name:
+                    out.append(ev)
+            if name != "run" or len(out) >= self.posted or time.monotonic() > deadline:
+                return out
 
     def request(self, method, path, body=None, headers=None, timeout=60):
+        if method == "POST" and path == "/run":
+            self.posted += 1
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
             c.request(method, path, body=body, headers=headers or {})
@@ -283,6 +290,7 @@ def t_admission():
     raw = ("POST /run HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%s: %s\r\n%s: %s\r\n"
            "Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (ADMISSION, SECRET, ADMISSION, SECRET, len(good), good))
     s = socket.create_connection(("127.0.0.1", S.port))
+    S.posted += 1
     s.sendall(raw.encode())
     data = b""
     while True:
@@ -564,6 +572,7 @@ def t_client_abort():
 }"""
     body = json.dumps({"mode": "host", "source": src, "capabilities": CAPS, "bindings": bindings()}).encode()
     s = socket.create_connection(("127.0.0.1", S.port))
+    S.posted += 1
     s.sendall(b"POST /run HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + ADMISSION.encode() + b": " +
               SECRET.encode() + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     check(broker.first_call.wait(15), "the first call arrived")
@@ -578,6 +587,7 @@ def t_client_abort():
     # aborting while a call is in flight: the guest dies at once, the call is abandoned
     broker.reset(hold=3.0)
     s = socket.create_connection(("127.0.0.1", S.port))
+    S.posted += 1
     s.sendall(b"POST /run HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + ADMISSION.encode() + b": " +
               SECRET.encode() + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     check(broker.first_call.wait(15), "the call arrived")
