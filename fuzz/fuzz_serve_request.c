@@ -18,7 +18,7 @@
  *     gives the same verdict;
  *  3. the init frame of a validated run always packs: its header states its
  *     size, it fits SB_MAX_FRAME, msgpack-c unpacks it whole, it is
- *     {t:"init", source, input, bindings, fetch, secrets?} with the source
+ *     {t:"init", source, input, bindings, fetch, secrets} with the source
  *     byte for byte and the input equal to the JSON input (integral doubles
  *     within 2^53 as integers, as the guest's JSON.parse would have them);
  *  4. bindings.url: equality is reflexive, and a URL url.c accepts has a
@@ -164,7 +164,7 @@ static void check_init(const sb_serve_run_t *run)
     msgpack_unpacked_init(&u);
     SB_FUZZ_ASSERT(msgpack_unpack_next(&u, frame.data + 4, frame.size - 4, &off) == MSGPACK_UNPACK_SUCCESS && off == frame.size - 4,
                    "the frame unpacks whole");
-    SB_FUZZ_ASSERT(u.data.type == MSGPACK_OBJECT_MAP && u.data.via.map.size == (run->secrets != NULL ? 6u : 5u), "init keys");
+    SB_FUZZ_ASSERT(u.data.type == MSGPACK_OBJECT_MAP && u.data.via.map.size == 6u, "init keys");
     src = key_of(&u.data, "source");
     in = key_of(&u.data, "input");
     sec = key_of(&u.data, "secrets");
@@ -172,7 +172,9 @@ static void check_init(const sb_serve_run_t *run)
                        memcmp(src->via.str.ptr, run->source, run->source_len) == 0,
                    "source byte for byte");
     SB_FUZZ_ASSERT(in != NULL && same(run->input, in), "input packed as JSON.parse has it");
-    SB_FUZZ_ASSERT(run->secrets == NULL || (sec != NULL && same(run->secrets, sec)), "secrets");
+    SB_FUZZ_ASSERT(sec != NULL && sec->type == MSGPACK_OBJECT_MAP &&
+                       (run->secrets != NULL ? same(run->secrets, sec) : sec->via.map.size == 0),
+                   "secrets: the run's, or an empty map");
     SB_FUZZ_ASSERT(key_of(&u.data, "bindings")->via.boolean == bindings && key_of(&u.data, "fetch")->via.boolean == fetch, "flags");
     msgpack_unpacked_destroy(&u);
     msgpack_sbuffer_destroy(&frame);

@@ -1173,6 +1173,7 @@ int sb_shim_serve_main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+    signal(SIGHUP, SIG_IGN); /* nothing to reload: a stray SIGHUP must not end the runs in flight */
 
     h2o_config_init(&S.gc);
     S.gc.max_request_entity_size = H2O_ENTITY_CAP;

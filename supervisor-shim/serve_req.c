@@ -452,7 +452,7 @@ sb_status_t sb_serve_req_pack_init(const sb_serve_run_t *run, int bindings, int 
     msgpack_sbuffer_init(frame);
     (void)msgpack_sbuffer_write(frame, "\0\0\0\0", 4);
     msgpack_packer_init(&pk, frame, msgpack_sbuffer_write);
-    (void)msgpack_pack_map(&pk, run->secrets != NULL ? 6 : 5);
+    (void)msgpack_pack_map(&pk, 6);
     pack_strn(&pk, "t", 1);
     pack_strn(&pk, "init", 4);
     pack_strn(&pk, "source", 6);
@@ -463,10 +463,12 @@ sb_status_t sb_serve_req_pack_init(const sb_serve_run_t *run, int bindings, int 
     (void)(bindings ? msgpack_pack_true(&pk) : msgpack_pack_false(&pk));
     pack_strn(&pk, "fetch", 5);
     (void)(fetch ? msgpack_pack_true(&pk) : msgpack_pack_false(&pk));
-    if (run->secrets != NULL) {
-        pack_strn(&pk, "secrets", 7);
+    /* always a map, as upstream's guests always have a __secrets object, empty or not */
+    pack_strn(&pk, "secrets", 7);
+    if (run->secrets != NULL)
         pack_json(&pk, run->secrets);
-    }
+    else
+        (void)msgpack_pack_map(&pk, 0);
     if (frame->data == NULL || frame->size - 4 > SB_MAX_FRAME) {
         msgpack_sbuffer_destroy(frame);
         msgpack_sbuffer_init(frame);

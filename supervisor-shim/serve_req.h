@@ -79,7 +79,7 @@ SB_WARN_UNUSED sb_status_t sb_serve_req_validate(const json_t *root, sb_serve_ru
 
 /**
  * Packs the guest's init frame (PROTOCOL.md section 2), header included:
- * {t:"init", source, input, bindings, fetch, secrets?}.
+ * {t:"init", source, input, bindings, fetch, secrets} (secrets an empty map when there are none).
  * @param bindings 1: the guest gets `questpie`
  * @param fetch 1: the guest's fetch is relayed as http.fetch
  * @return SB_OK or SB_E_TOO_LARGE (above SB_MAX_FRAME: cannot happen within the schema's caps)

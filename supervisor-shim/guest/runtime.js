@@ -513,7 +513,10 @@ function harden(init) {
   if (init.fetch !== false) Object.defineProperty(globalThis, "fetch", { value: brokeredFetch, writable: true, configurable: true });
   // the host's secrets, for compatibility: whatever is here, the guest's code can read and leak (README.md)
   if (init.secrets !== undefined && init.secrets !== null && typeof init.secrets === "object") {
-    const secrets = Object.freeze(Object.assign(Object.create(null), init.secrets));
+    // a plain object, as upstream's; defineProperty, so that a secret named "__proto__" stays a secret
+    const secrets = {};
+    for (const k of Object.keys(init.secrets)) setKey(secrets, k, init.secrets[k]);
+    Object.freeze(secrets);
     Object.defineProperty(globalThis, "__secrets", { value: secrets, writable: true, configurable: true, enumerable: false });
   }
   // uncaught errors in timers and stray rejections are logged instead of killing the run

@@ -414,8 +414,8 @@ def t_legacy_compute_run():
                 "input": {"n": 21}, "capabilities": dict(CAPS, timeoutMs=8000)})
     check(o["ok"] is True and o["output"] == {"doubled": 42} and "log: hi {\"a\":1}" in o["logs"], "legacy run", o)
     check(set(o) == {"ok", "output", "logs", "ms"} and isinstance(o["ms"], int), "upstream's answer shape", o)
-    o = ok_run({"source": "export default () => ({ q: typeof questpie, s: typeof __secrets })"})
-    check(o["output"] == {"q": "undefined", "s": "undefined"}, "no questpie without bindings", o)
+    o = ok_run({"source": "export default () => ({ q: typeof questpie, s: JSON.stringify(__secrets) })"})
+    check(o["output"] == {"q": "undefined", "s": "{}"}, "no questpie without bindings; __secrets always there", o)
     o = ok_run({"source": "export default async () => { try { await fetch('http://127.0.0.1:9/'); return 'fetched'; }"
                           " catch (e) { return e.name; } }"})
     check(o["ok"] and o["output"] in ("NotCapable", "PermissionDenied", "TypeError"), "no network without net", o)
@@ -608,9 +608,13 @@ def t_secrets():
     val = "s3cr3t-value-" + "q" * 20
     marker_src = "export default () => ({ k: __secrets.API_KEY, names: Object.keys(__secrets), input: 'marker-input-src' })"
     o = ok_run({"source": marker_src, "input": {"in": "marker-input-value"},
-                "secrets": {"API_KEY": val, "other.name-1_x": "v"}, "bindings": bindings(token="marker-token-value")})
-    check(o["ok"] and o["output"]["k"] == val and sorted(o["output"]["names"]) == ["API_KEY", "other.name-1_x"],
+                "secrets": {"API_KEY": val, "other.name-1_x": "v", "__proto__": "p"},
+                "bindings": bindings(token="marker-token-value")})
+    check(o["ok"] and o["output"]["k"] == val and sorted(o["output"]["names"]) == ["API_KEY", "__proto__", "other.name-1_x"],
           "__secrets visible to the guest", o)
+    o = ok_run({"source": "export default () => [Object.isFrozen(__secrets), __secrets.hasOwnProperty('K'), __secrets.K]",
+                "secrets": {"K": "v"}})
+    check(o["output"] == [True, True, "v"], "a frozen plain object", o)
     log = S.log()
     for needle in (val, "marker-input-value", "marker-input-src", "marker-token-value", SECRET):
         check(needle not in log, "%s in no log line" % needle)
