@@ -25,6 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include "sb/limits.h"
 #include "sb/status.h"
 
 #ifdef __cplusplus
@@ -54,9 +55,6 @@ typedef struct st_sb_buf_t {
     size_t _cap;   /* len never exceeds this */
     unsigned _flags;
 } sb_buf_t;
-
-/** the largest cap a buffer can have (room is kept for the NUL and the growth arithmetic) */
-#define SB_BUF_MAX_CAP (SIZE_MAX / 4)
 
 /**
  * Initialises an empty buffer that will hold at most `cap` bytes. Allocates

@@ -30,6 +30,8 @@
 #ifndef SB_LIMITS_H
 #define SB_LIMITS_H
 
+#include <stdint.h>
+
 /* upstream: decoded http.fetch body */
 #define SB_MAX_HTTP_BODY 5242880u
 /* upstream: base64 of the above, 4 * ceil(cap / 3) */
@@ -82,5 +84,9 @@
 #define SB_MAX_NAME 128u
 /* a tool name, as the capability check (authz/check.c) and the tools handler (svc/tools.c) bound it */
 #define SB_MAX_TOOL_NAME 256u
+
+/* the largest cap an sb_buf_t takes (buf.h; proto/buf.c): room for the NUL, and no sum or doubling
+ * of sizes below it overflows */
+#define SB_BUF_MAX_CAP (SIZE_MAX / 4)
 
 #endif
