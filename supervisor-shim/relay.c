@@ -106,7 +106,7 @@ typedef struct st_relay_t {
     int64_t drain_until; /* after reaping, read stdout until EOF or this time */
 
     /* outcome */
-    int cancelled; /* cancel_fd hung up: the run was abandoned */
+    int cancelled; /* cancel_fd or stop_fd hung up: the run was abandoned */
     int failed;
     char error[2048];
     int timed_out;
@@ -1020,17 +1020,31 @@ static void stderr_readable(relay_t *r)
 
 static void reap(relay_t *r)
 {
+    siginfo_t si;
     pid_t p;
+    int w;
 
     if (r->reaped)
         return;
+    memset(&si, 0, sizeof(si));
     do
-        p = waitpid(r->child->pid, &r->wstatus, WNOHANG);
+        w = waitid(P_PID, (id_t)r->child->pid, &si, WEXITED | WNOHANG | WNOWAIT);
+    while (w < 0 && errno == EINTR);
+    if (w == 0 && si.si_pid == 0)
+        return; /* still running */
+    /*
+     * Anything the guest left behind in its group goes too, killed while the guest is a zombie
+     * not reaped yet: until it is reaped its pid, and so its group id, cannot name another
+     * process group. (A jailed guest was pid 1 of its namespace: the kernel has already killed
+     * the rest, and the group is empty.)
+     */
+    if (w == 0)
+        sb_shim_child_signal(r->child, SIGKILL);
+    do
+        p = waitpid(r->child->pid, &r->wstatus, 0);
     while (p < 0 && errno == EINTR);
     if (p == r->child->pid || (p < 0 && errno == ECHILD)) {
         r->reaped = 1;
-        /* anything the guest left behind in its group goes too */
-        sb_shim_child_signal(r->child, SIGKILL);
         r->drain_until = now_ms() + 100;
     }
 }
@@ -1113,7 +1127,7 @@ static void on_exit_without_result(relay_t *r)
 
 /* ---- the loop ---- */
 
-enum { PFD_OUT, PFD_ERR, PFD_IN, PFD_PID, PFD_CANCEL, PFD_FIXED };
+enum { PFD_OUT, PFD_ERR, PFD_IN, PFD_PID, PFD_CANCEL, PFD_STOP, PFD_FIXED };
 
 sb_status_t sb_shim_relay_run(const sb_shim_config_t *cfg, sb_shim_child_t *child, const uint8_t *init, size_t init_len,
                               json_t **out)
@@ -1172,11 +1186,16 @@ sb_status_t sb_shim_relay_run(const sb_shim_config_t *cfg, sb_shim_child_t *chil
 
         /* descriptors */
         memset(pfds, 0, sizeof(*pfds) * (PFD_FIXED + n));
-        pfds[PFD_OUT].fd = pfds[PFD_ERR].fd = pfds[PFD_IN].fd = pfds[PFD_PID].fd = pfds[PFD_CANCEL].fd = -1;
+        pfds[PFD_OUT].fd = pfds[PFD_ERR].fd = pfds[PFD_IN].fd = pfds[PFD_PID].fd = -1;
+        pfds[PFD_CANCEL].fd = pfds[PFD_STOP].fd = -1;
         if (cfg->cancel_fd >= 0 && !r.cancelled) {
             /* only the hang-up matters: bytes the client sends after its request are not ours to read */
             pfds[PFD_CANCEL].fd = cfg->cancel_fd;
             pfds[PFD_CANCEL].events = POLLRDHUP;
+        }
+        if (cfg->stop_fd >= 0 && !r.cancelled) {
+            pfds[PFD_STOP].fd = cfg->stop_fd; /* POLLHUP is always reported */
+            pfds[PFD_STOP].events = 0;
         }
         if (!r.out_eof && !r.stop_reading && r.rlen == 0 && r.active < n) {
             pfds[PFD_OUT].fd = child->out_fd;
@@ -1228,7 +1247,7 @@ sb_status_t sb_shim_relay_run(const sb_shim_config_t *cfg, sb_shim_child_t *chil
             sb_shim_child_signal(child, SIGKILL);
             continue;
         }
-        if (pfds[PFD_CANCEL].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))
+        if ((pfds[PFD_CANCEL].revents | pfds[PFD_STOP].revents) & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))
             run_cancel(&r);
         if (pfds[PFD_PID].revents)
             reap(&r);

@@ -53,6 +53,9 @@ typedef struct st_sb_shim_config_t {
      * ends with "sandbox request cancelled".
      */
     int cancel_fd;
+    /* serve: a second such descriptor (a pipe whose write end the run's process closes when its
+     * service asks it to end the run); -1 for none */
+    int stop_fd;
     /* non-NULL: the run has no broker, and any call ends it with this error */
     const char *calls_refused;
     /* 1: stderr beyond SB_SHIM_MAX_STDERR ends the run ("sandbox output limit exceeded"); 0: it is dropped */
@@ -63,7 +66,7 @@ typedef struct st_sb_shim_config_t {
  * Runs the relay until the guest is gone.
  * @param init the whole init frame (header included) written to the guest first
  * @param out receives the outcome object {ok, output?, error?, logs, timedOut?, ms, calls} (new reference);
- *        a cancelled run (cancel_fd) has error "sandbox request cancelled"
+ *        a cancelled run (cancel_fd, stop_fd) has error "sandbox request cancelled"
  * @return SB_OK, or SB_E_NOMEM when the outcome could not be built
  */
 SB_WARN_UNUSED sb_status_t sb_shim_relay_run(const sb_shim_config_t *cfg, sb_shim_child_t *child, const uint8_t *init,

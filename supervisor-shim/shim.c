@@ -466,7 +466,7 @@ int main(int argc, char **argv)
     memset(&cfg, 0, sizeof(cfg));
     memset(&child, 0, sizeof(child));
     child.pid = -1;
-    cfg.cancel_fd = -1;
+    cfg.cancel_fd = cfg.stop_fd = -1;
     msgpack_sbuffer_init(&init);
 
     if (argc >= 2 && strcmp(argv[1], "jail-check") == 0)
