@@ -66,6 +66,40 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
     return 0;
 }
 
+static _Thread_local int unreadable_seen;
+
+/* a directory of the guest's becomes ours again, 0700, so that it can be emptied without CAP_DAC_OVERRIDE */
+static int take_back(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)ftw;
+    if (flag != FTW_D && flag != FTW_DNR)
+        return 0;
+    if (sb->st_uid != geteuid() || sb->st_gid != getegid())
+        (void)lchown(path, geteuid(), getegid());
+    if ((sb->st_mode & 07777) != 0700)
+        (void)chmod(path, 0700); /* FTW_PHYS: a directory, not a link to one; its guest is gone */
+    if (flag == FTW_DNR)
+        unreadable_seen = 1;
+    return 0;
+}
+
+/*
+ * Removes the work directory. Called once the guest and everything it started are gone and before
+ * the jail gives its uid back (sb_shim_child_close), so no process of that uid can change the tree
+ * under us. The directories the guest made are taken back first, a level deeper on each pass for
+ * those it had made unreadable.
+ */
+static void remove_workdir(const char *workdir, const char *home)
+{
+    for (int pass = 0; pass < 16; ++pass) {
+        unreadable_seen = 0;
+        (void)nftw(home, take_back, 16, FTW_PHYS | FTW_MOUNT);
+        if (!unreadable_seen)
+            break;
+    }
+    (void)nftw(workdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+}
+
 /* 1 when a guest running as another uid can traverse `dir` and every directory above it */
 static int reachable(const char *dir)
 {
@@ -181,8 +215,12 @@ sb_status_t sb_shim_deno_run(const sb_shim_deno_t *d, const sb_shim_config_t *cf
     if (on_spawned != NULL)
         on_spawned(arg, &child);
     st = sb_shim_relay_run(cfg, &child, init, init_len, outcome);
+    /* the relay reaped the guest; a jailed one took its PID namespace with it */
+    remove_workdir(workdir, home);
+    workdir[0] = '\0';
     sb_shim_child_close(&child);
 Exit:
-    (void)nftw(workdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+    if (workdir[0] != '\0')
+        remove_workdir(workdir, home);
     return st;
 }

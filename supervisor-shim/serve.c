@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -71,6 +72,7 @@ typedef struct st_run_t {
     h2o_req_t *req;         /* NULL once h2o disposed of the request */
     struct st_run_t **slot; /* in the request's pool, pointing back here (NULL with req) */
     pid_t pid;              /* the run's process */
+    int pidfd;              /* names exactly that process until it is reaped; -1 without pidfd_open */
     pid_t guest;            /* the guest's process group, 0 until it started */
     int guest_alive;
     h2o_socket_t *sock; /* the report socket */
@@ -270,12 +272,46 @@ static int admitted(h2o_req_t *req, int allow_bearer)
 
 /* ---- runs ---- */
 
+/* signals a run's process through its pidfd where there is one (it cannot name another process) */
+static void signal_run(const run_t *r, int sig)
+{
+#ifdef SYS_pidfd_send_signal
+    if (r->pidfd >= 0 && syscall(SYS_pidfd_send_signal, r->pidfd, sig, NULL, 0) == 0)
+        return;
+#endif
+    (void)kill(r->pid, sig); /* not reaped yet: the pid is still that process's */
+}
+
+/*
+ * Reaps a run's process once it has exited (`wait`: blocks until then); 1 when it was reaped.
+ * A process killed before it cleaned up leaves the cgroups of its runs behind: they are removed
+ * while it is a zombie, so that its pid cannot yet name another process's cgroups.
+ */
+static int reap_run(pid_t pid, int wait)
+{
+    siginfo_t si;
+    int w;
+
+    memset(&si, 0, sizeof(si));
+    do
+        w = waitid(P_PID, (id_t)pid, &si, WEXITED | WNOWAIT | (wait ? 0 : WNOHANG));
+    while (w < 0 && errno == EINTR);
+    if (w < 0)
+        return errno == ECHILD;
+    if (si.si_pid == 0)
+        return 0;
+    if (sb_shim_jail_sweep(S.conf.deno.jail, pid) != 0)
+        log_event("warn", "jail.sweep", json_pack("{s:s}", "what", "removed the cgroups of a run process that was killed"));
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+        ;
+    return 1;
+}
+
 static void reap_zombies(void)
 {
     zombie_t **z = &S.zombies;
     while (*z != NULL) {
-        pid_t p = waitpid((*z)->pid, NULL, WNOHANG);
-        if (p == (*z)->pid || (p < 0 && errno == ECHILD)) {
+        if (reap_run((*z)->pid, 0)) {
             zombie_t *dead = *z;
             *z = dead->next;
             free(dead);
@@ -288,10 +324,10 @@ static void reap_zombies(void)
 static void reap_later(pid_t pid)
 {
     zombie_t *z;
-    if (waitpid(pid, NULL, WNOHANG) == pid)
+    if (reap_run(pid, 0))
         return;
     if ((z = calloc(1, sizeof(*z))) == NULL) {
-        (void)waitpid(pid, NULL, 0); /* out of memory: wait now rather than leak a zombie */
+        (void)reap_run(pid, 1); /* out of memory: wait now rather than leak a zombie */
         return;
     }
     z->pid = pid;
@@ -392,7 +428,7 @@ static void run_answer(run_t *r, const char *why)
 static void run_finish(run_t *r, const char *why)
 {
     if (why != NULL)
-        (void)kill(r->pid, SIGKILL);
+        signal_run(r, SIGKILL);
     run_answer(r, why);
     if (r->sock != NULL) {
         h2o_socket_close(r->sock);
@@ -407,6 +443,9 @@ static void run_finish(run_t *r, const char *why)
         r->guest_alive = 0;
         --S.guests;
     }
+    if (r->pidfd >= 0)
+        close(r->pidfd);
+    r->pidfd = -1;
     reap_later(r->pid);
     run_unlink(r);
     json_decref(r->meta);
@@ -473,8 +512,11 @@ static void on_report(h2o_socket_t *sock, const char *err)
 
 /*
  * h2o let go of a request whose run is still going: its connection is gone.
- * Nobody will read the answer, so the run's process goes at once (its report
- * socket then ends and run_finish cleans up, guest group included).
+ * Nobody will read the answer, so the run is cancelled at once: SIGTERM tells
+ * its process to kill the guest and drop its broker calls (as a hang-up of the
+ * client's connection does), then to clean up after the guest (its work
+ * directory, the jail's uid and cgroup, a minted token) and report; the run's
+ * deadline still bounds it (run_finish then SIGKILLs it).
  */
 static void on_req_dispose(void *p)
 {
@@ -483,7 +525,7 @@ static void on_req_dispose(void *p)
         return;
     r->req = NULL;
     r->slot = NULL;
-    (void)kill(r->pid, SIGKILL);
+    signal_run(r, SIGTERM);
 }
 
 /* the client's connection, found by its peer address (unique among open loopback connections) */
@@ -529,6 +571,12 @@ static void start_run(h2o_req_t *req, sb_serve_job_t *job)
     close(sv[1]);
     (void)fcntl(sv[0], F_SETFL, O_NONBLOCK);
     r->pid = pid;
+    r->pidfd = -1;
+#ifdef SYS_pidfd_open
+    r->pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (r->pidfd >= 0)
+        (void)fcntl(r->pidfd, F_SETFD, FD_CLOEXEC);
+#endif
     r->req = req;
     r->holds_slot = 1;
     ++S.active;
@@ -974,7 +1022,10 @@ static void usage(FILE *f)
           "  --net-mint-secret-file F      the broker's net-mint credential (else SANDBOX_NET_MINT_SECRET)\n"
           "  --deno PATH                   the Deno binary (else DENO_BIN, else deno on PATH)\n"
           "  --max-runs N                  runs at once (default: online CPUs x 2); beyond it 503\n"
-          "  --max-connections N           open client connections (default 256)\n",
+          "  --max-connections N           open client connections (default 256)\n"
+          "  --jail on|off                 the kernel jail around every guest (default on; off is logged)\n"
+          "  --jail-uid-base N, --jail-slots N, --jail-nproc N, --jail-fsize-mb N, --jail-cgroup DIR,\n"
+          "  --jail-lock-file F            as for `sandbox-shim run` (supervisor-shim/README.md, \"The jail\")\n",
           f);
 }
 
@@ -985,16 +1036,23 @@ static int configure(int argc, char **argv, char *admission, size_t admsz)
     unsigned long v;
     long cpus;
     char lbuf[32], err[512];
+    sb_shim_jail_config_t jc;
     int rc;
 
     cpus = sysconf(_SC_NPROCESSORS_ONLN);
     S.max_runs = cpus > 0 && cpus < 4096 ? (unsigned)cpus * 2u : 2u;
     S.max_connections = DEFAULT_MAX_CONNECTIONS;
+    sb_shim_jail_config_init(&jc);
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
             return -1;
+        }
+        if (strncmp(a, "--jail=", 7) == 0) {
+            if (sb_shim_jail_config_option(&jc, a, NULL, &why) < 0)
+                return fail_usage("%s", why);
+            continue;
         }
         if (val == NULL)
             return fail_usage("%s needs a value", a);
@@ -1022,7 +1080,11 @@ static int configure(int argc, char **argv, char *admission, size_t admsz)
                 return fail_usage("--max-connections wants 1..100000, not \"%s\"", val);
             S.max_connections = (unsigned)v;
         } else {
-            return fail_usage("unknown option %s", a);
+            int jr = sb_shim_jail_config_option(&jc, a, val, &why);
+            if (jr < 0)
+                return fail_usage("%s", why);
+            if (jr == 0)
+                return fail_usage("unknown option %s", a);
         }
     }
 
@@ -1094,6 +1156,16 @@ static int configure(int argc, char **argv, char *admission, size_t admsz)
         return fail_usage("%s --version did not answer like Deno", S.conf.deno.exe);
     if ((S.conf.deno.runtime_url = sb_shim_runtime_url()) == NULL)
         return fail_usage("out of memory%s", "");
+
+    /*
+     * The jail, once for every run (runner.c puts it around each guest): the seccomp filter is
+     * compiled and the configuration checked here, and one jailed guest is started, so that a
+     * kernel that refuses namespaces or seccomp stops the service now rather than failing runs.
+     */
+    if ((S.conf.deno.jail = sb_shim_jail_new(&jc, err, sizeof(err))) == NULL)
+        return fail_usage("%s; refusing to start (--jail=off runs the guests without the jail)", err);
+    if (sb_shim_jail_probe(S.conf.deno.jail, err, sizeof(err)) != SB_OK)
+        return fail_usage("%s; refusing to start (--jail=off runs the guests without the jail)", err);
     return 0;
 }
 
@@ -1162,6 +1234,8 @@ int sb_shim_serve_main(int argc, char **argv)
     memset(&S, 0, sizeof(S));
     if ((rc = configure(argc, argv, admission, sizeof(admission))) != 0) {
         explicit_bzero(admission, sizeof(admission));
+        explicit_bzero(S.conf.netmint.secret, sizeof(S.conf.netmint.secret));
+        sb_shim_jail_free(S.conf.deno.jail);
         return rc < 0 ? 0 : rc;
     }
     sha256(admission, strlen(admission), S.admission_hash);
@@ -1191,10 +1265,14 @@ int sb_shim_serve_main(int argc, char **argv)
         return EXIT_USAGE;
     S.listener = h2o_evloop_socket_create(S.loop, fd, H2O_SOCKET_FLAG_DONT_READ);
     h2o_socket_read_start(S.listener, on_accept);
+    /* what the jail applies, or that it is off (a warning), once; after "listening", which stays the first line */
+    log_event(
+        sb_shim_jail_enabled(S.conf.deno.jail) ? "info" : "warn", "jail",
+        json_pack("{s:b, s:s}", "on", sb_shim_jail_enabled(S.conf.deno.jail), "describe", sb_shim_jail_describe(S.conf.deno.jail)));
     log_event("info", "started",
-              json_pack("{s:s, s:b, s:b, s:i, s:s}", "deno", S.deno_version, "broker", S.conf.have_broker, "netMint",
+              json_pack("{s:s, s:b, s:b, s:i, s:s, s:b}", "deno", S.deno_version, "broker", S.conf.have_broker, "netMint",
                         S.conf.have_netmint, "maxRuns", (int)S.max_runs, "brokerOrigin",
-                        S.conf.have_broker ? S.conf.broker.host_header : ""));
+                        S.conf.have_broker ? S.conf.broker.host_header : "", "jail", sb_shim_jail_enabled(S.conf.deno.jail)));
 
     for (;;) {
         h2o_evloop_run(S.loop, 100);
@@ -1219,7 +1297,7 @@ int sb_shim_serve_main(int argc, char **argv)
     while (S.zombies != NULL) {
         zombie_t *z = S.zombies;
         S.zombies = z->next;
-        (void)waitpid(z->pid, NULL, 0);
+        (void)reap_run(z->pid, 1);
         free(z);
     }
     log_event("info", "stopped", NULL);
@@ -1227,5 +1305,6 @@ int sb_shim_serve_main(int argc, char **argv)
     explicit_bzero(S.conf.netmint.secret, sizeof(S.conf.netmint.secret));
     free((char *)S.conf.deno.exe);
     free((char *)S.conf.deno.runtime_url);
+    sb_shim_jail_free(S.conf.deno.jail);
     return 0;
 }

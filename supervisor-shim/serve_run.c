@@ -1,11 +1,13 @@
 /*
  * sandbox-shim serve: the process of one run (see serve_int.h).
  *
- * Forked from the service, it keeps two descriptors of the service's: the
- * report socket and the client's connection, only to notice the client
- * hanging up (relay.c's cancel_fd). Everything else it inherited is closed
- * first, so no other client's connection is held open by it, and the guest
- * (started by runner.c, exactly as `run` starts it) inherits nothing at all.
+ * Forked from the service, it keeps three descriptors of the service's: the
+ * report socket, the client's connection, only to notice the client hanging
+ * up (relay.c's cancel_fd), and the jail's cgroup directory when there is one.
+ * Everything else it inherited is closed first, so no other client's
+ * connection is held open by it, and the guest (started by runner.c, exactly
+ * as `run` starts it, in the jail the service made at start-up) inherits
+ * nothing at all.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -22,6 +24,19 @@
 
 #define REPORT_FD 3
 #define CANCEL_FD 4
+#define JAIL_FD 5 /* the jail's cgroup directory, when it has one (sb_shim_jail_move_fd) */
+
+/* the write end of the stop pipe (relay.c's stop_fd): SIGTERM from the service closes it */
+static volatile sig_atomic_t stop_w = -1;
+
+static void on_stop(int sig)
+{
+    int fd = stop_w;
+    (void)sig;
+    stop_w = -1;
+    if (fd >= 0)
+        (void)close(fd);
+}
 
 int64_t sb_serve_now_ms(void)
 {
@@ -75,22 +90,28 @@ static void on_spawned(void *arg, const sb_shim_child_t *child)
     record(SB_SERVE_REC_GUEST, pid, sizeof(pid), NULL, 0);
 }
 
-/* keeps the report socket and the client's connection as REPORT_FD and CANCEL_FD, closes the rest */
-static int keep_only(int report_fd, int cancel_fd)
+/*
+ * Keeps the report socket and the client's connection as REPORT_FD and CANCEL_FD, and the jail's
+ * descriptor as JAIL_FD (both of ours first move above every fixed number, so that no move
+ * overwrites another); closes the rest.
+ */
+static int keep_only(int report_fd, int cancel_fd, sb_shim_jail_t *jail)
 {
-    int r = fcntl(report_fd, F_DUPFD, 16), c = cancel_fd >= 0 ? fcntl(cancel_fd, F_DUPFD, 16) : -1;
+    int r = fcntl(report_fd, F_DUPFD, 16), c = cancel_fd >= 0 ? fcntl(cancel_fd, F_DUPFD, 16) : -1, j;
 
-    if (r < 0 || (cancel_fd >= 0 && c < 0) || dup2(r, REPORT_FD) != REPORT_FD)
+    if (r < 0 || (cancel_fd >= 0 && c < 0) || (j = sb_shim_jail_move_fd(jail, JAIL_FD)) < 0 || dup2(r, REPORT_FD) != REPORT_FD)
         return -1;
     if (c >= 0 && dup2(c, CANCEL_FD) != CANCEL_FD)
         return -1;
     if (c < 0)
         (void)close(CANCEL_FD);
+    if (j == 0)
+        (void)close(JAIL_FD);
 #ifdef SYS_close_range
-    if (syscall(SYS_close_range, (unsigned)CANCEL_FD + 1, ~0u, 0u) != 0)
+    if (syscall(SYS_close_range, (unsigned)JAIL_FD + 1, ~0u, 0u) != 0)
 #endif
     {
-        for (int fd = CANCEL_FD + 1; fd < 65536; ++fd)
+        for (int fd = JAIL_FD + 1; fd < 65536; ++fd)
             (void)close(fd);
     }
     (void)fcntl(REPORT_FD, F_SETFD, FD_CLOEXEC);
@@ -128,13 +149,29 @@ __attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, int 
     long long calls = 0;
     int spawned = 0;
     pid_t parent = getppid();
+    struct sigaction sa;
+    int stop[2];
 
     /* the service's handlers are not ours; a lost service means nobody waits for this run */
     signal(SIGTERM, SIG_DFL);
     signal(SIGINT, SIG_DFL);
     signal(SIGHUP, SIG_DFL);
     signal(SIGCHLD, SIG_DFL);
-    if (keep_only(report_fd, cancel_fd) != 0 || prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+    if (keep_only(report_fd, cancel_fd, conf->deno.jail) != 0 || prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+        _exit(1);
+    /*
+     * SIGTERM from the service (its client went away) cancels the run like a hang-up of the
+     * client's connection: the guest is killed at once, and this process still cleans up after it
+     * (work directory, the jail's uid and cgroup, a minted token) and reports.
+     */
+    if (pipe2(stop, O_CLOEXEC) != 0)
+        _exit(1);
+    stop_w = stop[1];
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_stop;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGTERM, &sa, NULL) != 0)
         _exit(1);
 
     memset(&cfg, 0, sizeof(cfg));
@@ -143,6 +180,7 @@ __attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, int 
     cfg.max_calls = SB_SHIM_DEFAULT_MAX_CALLS;
     cfg.max_inflight = SB_SHIM_DEFAULT_MAX_INFLIGHT;
     cfg.cancel_fd = cancel_fd >= 0 ? CANCEL_FD : -1;
+    cfg.stop_fd = stop[0];
     cfg.stderr_cap_fails = 1;
     switch (job->kind) {
     case SB_SERVE_COMPUTE:
