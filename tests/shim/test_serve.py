@@ -10,6 +10,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -34,6 +35,10 @@ DENIED = {"ok": False, "error": "The workload is not authorized for this sandbox
 INVALID = {"ok": False, "error": "invalid sandbox request", "logs": []}
 CAPS = {"net": [], "import": [], "timeoutMs": 5000, "memoryMb": 128}
 TOKEN = "opaque-test-token"
+PROBE = os.environ.get("SB_JAIL_PROBE") or os.path.join(os.path.dirname(SHIM), "..", "tests", "jail_probe")
+UID_BASE = 1879048192  # the jail's default --jail-uid-base (jail.h)
+TMP = tempfile.mkdtemp(prefix="sb-serve-test-")
+os.chmod(TMP, 0o711)  # jailed guests run as other uids and must reach their homes below it
 
 tap = Tap()
 
@@ -133,13 +138,13 @@ class Sink:
 # ---- serve itself ----
 
 class Serve:
-    def __init__(self, env=None, args=(), secret=SECRET, wait=True):
+    def __init__(self, env=None, args=(), secret=SECRET, wait=True, wrap=()):
         e = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_") and k not in ("PORT", "DENO_BIN")}
         if secret is not None:
             e["SANDBOX_HOST_ADMISSION_SECRET"] = secret
         e.update(env or {})
-        self.proc = subprocess.Popen([SHIM, "serve", "--listen", "127.0.0.1:0", "--deno", DENO] + list(args), env=e,
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(list(wrap) + [SHIM, "serve", "--listen", "127.0.0.1:0", "--deno", DENO] + list(args),
+                                     env=e, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.lines = []
         self.lock = threading.Lock()
         self.port = None
@@ -453,6 +458,13 @@ def t_memory_bomb():
     st, raw, _ = S.request("GET", "/health")
     check(st == 200 and json.loads(raw)["ok"] is True, "the service is healthy", raw)
     check(ok_run({"source": "export default () => 'after'"})["output"] == "after", "and runs again")
+    # ArrayBuffer backing stores are outside the V8 heap cap: the jail's RLIMIT_DATA stops them
+    o = ok_run({"source": "export default async () => { const a = []; while (true) { a.push(new Uint8Array(64 << 20).fill(1)); } }",
+                "capabilities": dict(CAPS, timeoutMs=20000, memoryMb=32)})
+    check(o["ok"] is False and not o.get("timedOut"), "the ArrayBuffer bomb fails its run, before its deadline", o)
+    st, raw, _ = S.request("GET", "/health")
+    check(st == 200 and json.loads(raw)["ok"] is True, "the service is healthy", raw)
+    check(ok_run({"source": "export default () => 'after'"})["output"] == "after", "and runs again")
 
 
 def t_floods():
@@ -733,6 +745,207 @@ def t_drain_on_sigterm():
     check(res.get("r", (0, {}))[1].get("output") == "drained", "the run in flight was answered", res)
 
 
+# ---- the jail ----
+
+def descendants(pid):
+    """Every process below `pid`, as {pid: (ppid, argv)}."""
+    procs = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open("/proc/%s/cmdline" % d, "rb") as f:
+                argv = f.read().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        procs[int(d)] = (ppid, argv)
+    out, todo = {}, [pid]
+    while todo:
+        p = todo.pop()
+        for c, (pp, argv) in procs.items():
+            if pp == p and c not in out:
+                out[c] = (pp, argv)
+                todo.append(c)
+    return out
+
+
+def status_fields(pid):
+    with open("/proc/%d/status" % pid) as f:
+        return dict(line.split(":\t", 1) for line in f.read().splitlines() if ":\t" in line)
+
+
+def observe_guest(serve, src="export default async () => { await new Promise(r => setTimeout(r, 1500)); "
+                             "return [Deno.pid, Deno.ppid]; }"):
+    """Runs a guest through `serve` and looks at it from outside while it runs: its /proc status
+    and namespaces, and its own view of its pid."""
+    res, seen = {}, {}
+    th = threading.Thread(target=lambda: res.update(r=serve.run({"source": src})))
+    th.start()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not seen:
+        for pid, (_, argv) in descendants(serve.proc.pid).items():
+            if argv and argv[0] == b"/runtime/deno":
+                try:
+                    st = status_fields(pid)
+                    seen = {"pid": pid, "status": st, "ns": {n: os.readlink("/proc/%d/ns/%s" % (pid, n))
+                                                             for n in ("user", "pid", "net", "ipc", "uts")}}
+                except OSError:
+                    seen = {}
+                break
+        time.sleep(0.02)
+    th.join(30)
+    check(seen, "the guest was seen running", res)
+    return res["r"], seen
+
+
+def t_jailed():
+    (st, o), g = observe_guest(S)
+    check(st == 200 and o["ok"] and o["output"] == [1, 0], "the guest is pid 1 of its own PID namespace", o)
+    status, mine = g["status"], {n: os.readlink("/proc/self/ns/" + n) for n in g["ns"]}
+    check(status["NoNewPrivs"] == "1" and status["Seccomp"] == "2", "no_new_privs and a seccomp filter", status)
+    check(status["CapEff"] == "0000000000000000" and status["CapBnd"] == "0000000000000000", "no capabilities", status)
+    check(all(g["ns"][n] != mine[n] for n in g["ns"]), "user, pid, net, ipc and uts namespaces of its own", g["ns"], mine)
+    uid = int(status["Uid"].split()[0])
+    if os.geteuid() == 0:
+        check(UID_BASE <= uid < UID_BASE + 1024, "a uid of its own from the jail's range", status["Uid"])
+    else:
+        check(uid == os.geteuid(), "unprivileged: the service's own uid", status["Uid"])
+    ev = S.events("jail")
+    check(len(ev) == 1 and ev[0]["on"] is True and ev[0]["level"] == "info" and ev[0]["describe"].startswith("jail: on:"),
+          "the start-up line says what the jail applies", ev)
+    check(S.events("started")[0]["jail"] is True, "and so does the started line", S.events("started"))
+    # the contrast: --jail=off is an explicit opt-out, logged as a warning, and these checks then fail
+    s2 = Serve(args=["--jail=off"])
+    try:
+        (st, o), g = observe_guest(s2)
+        check(st == 200 and o["ok"] and o["output"][0] != 1, "unjailed, the guest has a host pid", o)
+        check(g["status"]["Seccomp"] == "0" and g["ns"]["net"] == os.readlink("/proc/self/ns/net"),
+              "unjailed: no filter, the host's network", g)
+        ev = s2.events("jail")
+        check(len(ev) == 1 and ev[0]["on"] is False and ev[0]["level"] == "warn" and
+              ev[0]["describe"].startswith("jail: OFF (--jail=off)"), "--jail=off is said, as a warning", ev)
+    finally:
+        s2.stop()
+
+
+MSG_USERNS = ("jail: the kernel refused new user, pid, network, ipc and uts namespaces (clone: Operation not permitted); "
+              "refusing to start the guest (--jail=off runs it without the jail); refusing to start")
+
+
+def t_jail_fail_closed():
+    e = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_")}
+    e["SANDBOX_HOST_ADMISSION_SECRET"] = SECRET
+    cases = (("deny-userns", MSG_USERNS),
+             ("deny-seccomp", "jail: the kernel refuses seccomp filters (seccomp: Invalid argument); refusing to start"),
+             ("deny-seccomp-load", "jail: the kernel refused loading the seccomp filter (Invalid argument); refusing to start"))
+    for mode, needle in cases:
+        p = subprocess.run([PROBE, mode, SHIM, "serve", "--listen", "127.0.0.1:0", "--deno", DENO], env=e,
+                           capture_output=True, text=True, timeout=60)
+        check(p.returncode == 2 and needle in p.stderr and '"listening"' not in p.stderr, "refused to start: " + mode,
+              p.returncode, p.stderr)
+    # the explicit opt-out runs on such a kernel, and says so
+    s2 = Serve(args=["--jail=off"], wrap=[PROBE, "deny-userns"])
+    try:
+        st, o = s2.run({"source": "export default () => 'unjailed'"})
+        check(st == 200 and o["output"] == "unjailed", "--jail=off serves", o)
+        check(s2.events("jail")[0]["on"] is False, "and logged it", s2.events("jail"))
+    finally:
+        s2.stop()
+    for flags, needle in ((["--jail", "maybe"], "--jail wants on or off"), (["--jail-slots", "0"], "--jail-slots wants"),
+                          (["--jail-cgroup", "rel"], "--jail-cgroup wants an absolute directory"),
+                          (["--jail-cgroup", TMP], "is not a cgroup v2 directory")):
+        p = subprocess.run([SHIM, "serve", "--deno", DENO] + flags, env=e, capture_output=True, text=True, timeout=60)
+        check(p.returncode == 2 and needle in p.stderr, "usage: " + needle, p.returncode, p.stderr)
+
+
+def t_jail_failure_counted():
+    """A guest the jail cannot be set up for: the run says why, nothing runs, and /metrics counts it."""
+    if os.geteuid() != 0:
+        # unprivileged, every guest shares the service's uid: no slots to run out of
+        s2 = Serve(args=["--jail-slots", "1"])
+        try:
+            check("shared by every guest" in s2.events("jail")[0]["describe"], "the start-up line says so")
+        finally:
+            s2.stop()
+        return
+    lock = os.path.join(TMP, "uids.lock")
+    s2 = Serve(args=["--jail-slots", "1", "--jail-uid-base", str(UID_BASE + 61000), "--jail-lock-file", lock,
+                     "--max-runs", "4"], env={"TMPDIR": TMP})
+    try:
+        res = {}
+        slow = {"source": "export default async () => { await new Promise(r => setTimeout(r, 2000)); return 'held'; }"}
+        th = threading.Thread(target=lambda: res.update(first=s2.run(slow)))
+        th.start()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and s2.metrics()["sb_serve_guests_alive"] < 1:
+            time.sleep(0.02)
+        st, o = s2.run({"source": "export default () => 'never'"})
+        check(st == 200 and o == {"ok": False, "error": "failed to spawn sandbox subprocess: jail: all 1 guest uids are in "
+                                  "use (--jail-slots)", "logs": [], "ms": o.get("ms")}, "the run says why", o)
+        m = s2.metrics()
+        check(m["sb_serve_jail_setup_failures_total"] == 1, "counted once", m)
+        check(m['sb_serve_runs_total{outcome="spawn_failed"}'] == 1, "a spawn failure", m)
+        th.join(30)
+        ev = [e for e in s2.events() if e["outcome"] == "spawn_failed"]
+        check(len(ev) == 1 and ev[0]["jailFailures"] == 1, "the log line says so", s2.events())
+        check(res["first"][1]["output"] == "held", "the first run was not disturbed", res)
+        st, o = s2.run({"source": "export default () => 'again'"})
+        check(st == 200 and o["output"] == "again", "the uid came back with the first run's end", o)
+        check(s2.metrics()["sb_serve_jail_setup_failures_total"] == 1, "no more failures", s2.metrics())
+    finally:
+        s2.stop()
+    check(os.listdir(TMP) == ["uids.lock"], "every work directory removed", os.listdir(TMP))
+
+
+def t_cancel_cleans_up():
+    """A client that goes away: the run's process is told to cancel, and cleans up after its guest."""
+    tmp = tempfile.mkdtemp(prefix="tmpdir-", dir=TMP)
+    os.chmod(tmp, 0o711)
+    s2 = Serve(env={"TMPDIR": tmp})
+    try:
+        body = json.dumps({"mode": "host", "capabilities": CAPS, "source":
+                           "export default async () => { await new Promise(r => setTimeout(r, 5000)); return 1; }"}).encode()
+        c = socket.create_connection(("127.0.0.1", s2.port))
+        s2.posted += 1
+        c.sendall(b"POST /run HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + ADMISSION.encode() + b": " +
+                  SECRET.encode() + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and s2.metrics()["sb_serve_guests_alive"] < 1:
+            time.sleep(0.02)
+        check(len(os.listdir(tmp)) == 1, "the run's work directory", os.listdir(tmp))
+        c.close()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and (s2.metrics()["sb_serve_runs_in_flight"] != 0 or os.listdir(tmp)):
+            time.sleep(0.05)
+        ev = s2.events()[-1]
+        check(ev["outcome"] == "cancelled", "cancelled by its own process, which reported", ev)
+        check(os.listdir(tmp) == [], "its work directory removed", os.listdir(tmp))
+        check(not [p for p, (_, a) in descendants(s2.proc.pid).items() if a and a[0] == b"/runtime/deno"], "no guest left")
+        # what the service sends a run's process when h2o lets go of its request: SIGTERM cancels the
+        # run the same way (a process killed outright would leave its guest's directory behind)
+        res = {}
+        th = threading.Thread(target=lambda: res.update(r=s2.run({"source": "export default async () => "
+                                                                  "{ await new Promise(r => setTimeout(r, 5000)); return 1; }"})))
+        th.start()
+        guest = []
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not guest:
+            guest = [(p, pp) for p, (pp, a) in descendants(s2.proc.pid).items() if a and a[0] == b"/runtime/deno"]
+            time.sleep(0.02)
+        check(len(guest) == 1 and len(os.listdir(tmp)) == 1, "one guest, one work directory", guest, os.listdir(tmp))
+        os.kill(guest[0][1], signal.SIGTERM)
+        th.join(10)
+        st, o = res["r"]
+        check(st == 200 and o == {"ok": False, "error": "sandbox request cancelled", "logs": [], "ms": o.get("ms")},
+              "the run's process cancelled the run and answered", o)
+        check(os.listdir(tmp) == [], "and removed its guest's work directory", os.listdir(tmp))
+    finally:
+        s2.stop()
+        os.rmdir(tmp)
+
+
 tap.case("GET /health: the real Deno version", t_health)
 tap.case("404 for other paths and methods; never a run", t_not_found_and_methods)
 tap.case("invalid JSON body", t_bad_json)
@@ -759,6 +972,11 @@ tap.case("one JSON log line per run, nothing private", t_log_lines)
 tap.case("start-up refusals", t_startup_refusals)
 tap.case("PORT and --admission-secret-file", t_port_env_and_file_secret)
 tap.case("SIGTERM drains the runs in flight", t_drain_on_sigterm)
+tap.case("jail: serve's guests are jailed, seen from outside; --jail=off is logged and runs them unjailed", t_jailed)
+tap.case("jail: serve refuses to start on a kernel refusing it; --jail=off serves there", t_jail_fail_closed)
+tap.case("jail: a guest the jail refuses fails its run and is counted in /metrics", t_jail_failure_counted)
+tap.case("a cancelled run's process removes its guest's work directory", t_cancel_cleans_up)
 rc = S.stop()
 check(rc == 0, "serve exits 0")
+shutil.rmtree(TMP, ignore_errors=True)
 tap.done()
