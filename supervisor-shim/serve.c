@@ -1162,10 +1162,12 @@ static int configure(int argc, char **argv, char *admission, size_t admsz)
      * compiled and the configuration checked here, and one jailed guest is started, so that a
      * kernel that refuses namespaces or seccomp stops the service now rather than failing runs.
      */
-    if ((S.conf.deno.jail = sb_shim_jail_new(&jc, err, sizeof(err))) == NULL)
-        return fail_usage("%s; refusing to start (--jail=off runs the guests without the jail)", err);
-    if (sb_shim_jail_probe(S.conf.deno.jail, err, sizeof(err)) != SB_OK)
-        return fail_usage("%s; refusing to start (--jail=off runs the guests without the jail)", err);
+    if ((S.conf.deno.jail = sb_shim_jail_new(&jc, err, sizeof(err))) == NULL ||
+        sb_shim_jail_probe(S.conf.deno.jail, err, sizeof(err)) != SB_OK)
+        return fail_usage(strstr(err, "--jail=off") != NULL
+                              ? "%s; serve does not start"
+                              : "%s; serve does not start (--jail=off runs the guests without the jail)",
+                          err);
     return 0;
 }
 
