@@ -10,6 +10,7 @@ import http.client
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -21,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import msgpack
 
-from common import SHIM, RealBroker, Tap, check, closed_port, find_deno
+from common import SHIM, SOURCE_DIR, RealBroker, Tap, check, closed_port, find_deno
 
 DENO = find_deno()
 if DENO is None:
@@ -138,13 +139,14 @@ class Sink:
 # ---- serve itself ----
 
 class Serve:
-    def __init__(self, env=None, args=(), secret=SECRET, wait=True, wrap=()):
+    def __init__(self, env=None, args=(), secret=SECRET, wait=True, wrap=(), argv=None):
         e = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_") and k not in ("PORT", "DENO_BIN")}
         if secret is not None:
             e["SANDBOX_HOST_ADMISSION_SECRET"] = secret
         e.update(env or {})
-        self.proc = subprocess.Popen(list(wrap) + [SHIM, "serve", "--listen", "127.0.0.1:0", "--deno", DENO] + list(args),
-                                     env=e, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        argv = argv or [SHIM, "serve", "--listen", "127.0.0.1:0", "--deno", DENO] + list(args)
+        self.proc = subprocess.Popen(list(wrap) + argv, env=e, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE)
         self.lines = []
         self.lock = threading.Lock()
         self.port = None
@@ -831,15 +833,17 @@ def t_jailed():
 
 
 MSG_USERNS = ("jail: the kernel refused new user, pid, network, ipc and uts namespaces (clone: Operation not permitted); "
-              "refusing to start the guest (--jail=off runs it without the jail); refusing to start")
+              "refusing to start the guest (--jail=off runs it without the jail); serve does not start")
 
 
 def t_jail_fail_closed():
     e = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_")}
     e["SANDBOX_HOST_ADMISSION_SECRET"] = SECRET
     cases = (("deny-userns", MSG_USERNS),
-             ("deny-seccomp", "jail: the kernel refuses seccomp filters (seccomp: Invalid argument); refusing to start"),
-             ("deny-seccomp-load", "jail: the kernel refused loading the seccomp filter (Invalid argument); refusing to start"))
+             ("deny-seccomp", "jail: the kernel refuses seccomp filters (seccomp: Invalid argument); serve does not start "
+              "(--jail=off runs the guests without the jail)"),
+             ("deny-seccomp-load", "jail: the kernel refused loading the seccomp filter (Invalid argument); refusing to start "
+              "the guest (--jail=off runs it without the jail); serve does not start"))
     for mode, needle in cases:
         p = subprocess.run([PROBE, mode, SHIM, "serve", "--listen", "127.0.0.1:0", "--deno", DENO], env=e,
                            capture_output=True, text=True, timeout=60)
@@ -946,6 +950,68 @@ def t_cancel_cleans_up():
         os.rmdir(tmp)
 
 
+UNIT = os.path.join(SOURCE_DIR, "deploy", "systemd", "sandbox-shim-serve.service")
+UNITJAIL = os.path.join(SOURCE_DIR, "tests", "integration", "unitjail.py")
+
+
+def unit_exec_start(subst):
+    """The unit's ExecStart= as argv, continuation lines joined and ${NAME}s replaced from `subst`."""
+    with open(UNIT) as f:
+        text = f.read().replace("\\\n", " ")
+    line = next(ln for ln in text.splitlines() if ln.startswith("ExecStart="))
+    argv = shlex.split(line.split("=", 1)[1])
+    out = []
+    for a in argv:
+        for k, v in subst.items():
+            a = a.replace("${%s}" % k, v)
+        check("${" not in a, "every variable of ExecStart= is provided", a)
+        out.append(a)
+    check(out[0] == "/usr/local/bin/sandbox-shim", "the installed binary", out)
+    return [SHIM] + out[1:]
+
+
+def t_systemd_unit():
+    """serve as deploy/systemd/sandbox-shim-serve.service starts it, under the unit's own sandbox
+    (tests/integration/unitjail.py: its capability bounding set, no_new_privs, system call filter,
+    namespace and address-family restrictions, read-only file system): the start-up probe passes,
+    guests are jailed, a bindings run reaches the broker, a bomb leaves it healthy, and the work
+    directories of guests running under other uids are removed without CAP_DAC_OVERRIDE."""
+    creds = tempfile.mkdtemp(prefix="creds-", dir=TMP)
+    for name, value in (("admission-secret", SECRET), ("net-mint-secret", "n" * 40)):
+        with open(os.path.join(creds, name), "w") as f:
+            f.write(value + "\n")
+    tmp = tempfile.mkdtemp(prefix="tmpdir-", dir=TMP)
+    os.chmod(tmp, 0o711)
+    argv = unit_exec_start({"SANDBOX_SHIM_LISTEN": "127.0.0.1:0", "CREDENTIALS_DIRECTORY": creds})
+    env = {"SANDBOX_BROKER_URL": broker.url, "SANDBOX_BROKER_ADMIN_URL": "http://127.0.0.1:%d" % closed_port(),
+           "DENO_BIN": DENO, "TMPDIR": tmp}
+    s2 = Serve(env=env, secret=None, wrap=["/usr/bin/python3", UNITJAIL, UNIT, "--"], argv=argv)
+    try:
+        st = status_fields(s2.proc.pid)
+        want = sum(1 << n for n in (0, 5, 6, 7))  # CAP_CHOWN, CAP_KILL, CAP_SETGID, CAP_SETUID
+        if os.geteuid() == 0:
+            check(int(st["CapEff"], 16) == want and int(st["CapBnd"], 16) == want, "the unit's capabilities only", st)
+        check(st["NoNewPrivs"] == "1" and st["Seccomp"] == "2", "the unit's filters", st)
+        check(s2.events("jail")[0]["on"] is True, "the jail is on", s2.events("jail"))
+        (code, o), g = observe_guest(s2)
+        check(code == 200 and o["ok"] and o["output"] == [1, 0], "a jailed guest", o)
+        check(g["status"]["CapEff"] == "0000000000000000" and g["status"]["Seccomp"] == "2", "no capabilities", g)
+        broker.reset()
+        code, o = s2.run({"source": "export default async () => await questpie.collections.posts.find({ a: 1 })",
+                          "bindings": bindings()})
+        check(code == 200 and o["ok"] and o["output"] == {"a": 1} and broker.count() == 1, "relayed to the broker", o)
+        code, o = s2.run({"source": "export default async () => { const a = []; while (true) a.push(new Array(1e6).fill(1)); }",
+                          "capabilities": dict(CAPS, timeoutMs=20000, memoryMb=32)})
+        check(code == 200 and o["ok"] is False and not o.get("timedOut"), "the bomb fails its run", o)
+        code, raw, _ = s2.request("GET", "/health")
+        check(code == 200 and json.loads(raw)["ok"], "healthy", raw)
+        check(os.listdir(tmp) == [], "every work directory removed", os.listdir(tmp))
+    finally:
+        rc = s2.stop()
+    check(rc == 0, "a clean stop", rc, s2.log())
+    check("does not start" not in s2.log(), "no refusal", s2.log())
+
+
 tap.case("GET /health: the real Deno version", t_health)
 tap.case("404 for other paths and methods; never a run", t_not_found_and_methods)
 tap.case("invalid JSON body", t_bad_json)
@@ -976,6 +1042,7 @@ tap.case("jail: serve's guests are jailed, seen from outside; --jail=off is logg
 tap.case("jail: serve refuses to start on a kernel refusing it; --jail=off serves there", t_jail_fail_closed)
 tap.case("jail: a guest the jail refuses fails its run and is counted in /metrics", t_jail_failure_counted)
 tap.case("a cancelled run's process removes its guest's work directory", t_cancel_cleans_up)
+tap.case("the systemd unit: serve under the unit's sandbox jails its guests", t_systemd_unit)
 rc = S.stop()
 check(rc == 0, "serve exits 0")
 shutil.rmtree(TMP, ignore_errors=True)
