@@ -4,8 +4,9 @@
  * One h2o evloop on one thread serves HTTP/1.1: GET /health, POST /run,
  * GET /metrics. A /run request is decoded and checked here (serve_req.c);
  * a run that passes gets a process of its own (serve_run.c), forked from this
- * one, which starts the guest the way `run` does (runner.c) and reports back
- * over a socketpair watched by the loop. The loop never blocks on a run: the
+ * one, which starts the guest the way `run` does (runner.c, in the kernel jail
+ * made and probed once at start-up: jail.h) and reports back over a
+ * socketpair watched by the loop. The loop never blocks on a run: the
  * number of runs is capped (--max-runs, 503 beyond it, no queue), each run
  * has a hard deadline, and a run whose client hangs up is cancelled by its own
  * process, which watches the client's connection.
