@@ -209,6 +209,7 @@ class NoLiveUpstream(sbtest.BrokerTestCase):
         with tempfile.NamedTemporaryFile("w", suffix=".json") as scen:
             json.dump({"calls": [[1, "services.echo.x"]]}, scen)
             scen.flush()
+            os.chmod(scen.name, 0o644)  # the jailed guest runs as a uid of its own
             env = dict(os.environ, SB_TEST_TOKEN="ab" * 32)
             p = subprocess.run([SHIM, "relay", "--broker-url", "http://127.0.0.1:%d%s" % (self.nginx.port, sbtest.RPC_PATH),
                                 "--token-env", "SB_TEST_TOKEN", "--on-denial", "reply", "--", "/usr/bin/python3",
