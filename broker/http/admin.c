@@ -9,6 +9,7 @@
  */
 #include <stdio.h>
 #include <string.h>
+#include "http/admin_netmint.h"
 #include "http/framing.h"
 #include "http/server.h"
 #include "obs/log.h"
@@ -224,6 +225,10 @@ static void mint(h2o_req_t *req)
         snprintf(err, sizeof(err), "runId: must not contain NUL");
         goto BadArgs;
     }
+    if (sb_admin_netmint_reserved(json_string_value(run))) {
+        snprintf(err, sizeof(err), "runId: the prefix %s is reserved for the net-mint credential", SB_NETMINT_RUN_PREFIX);
+        goto BadArgs;
+    }
     if (caps != NULL && !json_is_object(caps)) {
         snprintf(err, sizeof(err), "capabilities: expected an object");
         goto BadArgs;
@@ -380,6 +385,8 @@ int sb_admin_on_req(h2o_handler_t *self, h2o_req_t *req)
     path.len = q;
     if (path.len >= 7 && memcmp(path.base, "/admin/", 7) == 0) {
         if (!authorized(req)) {
+            if (sb_admin_netmint_on_req(req, path))
+                return 0;
             send_error(req, "other", 401, "Unauthorized", "unauthorized", "missing or wrong admin secret");
             return 0;
         }
