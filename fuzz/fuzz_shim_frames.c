@@ -24,7 +24,8 @@
  *      3. an accepted call is relayed faithfully: sb_shim_call_body yields
  *         {method, args?} with the frame's method and args (re-packed bytes equal);
  *      4. an accepted result is consistent (logs an array of at most 1000
- *         strings, error exactly when not ok, no output when not ok);
+ *         strings of at most 1 MiB in all, error exactly when not ok, no
+ *         output when not ok);
  *      5. AGAIN consumes all input; nothing is used past the bytes given.
  *  - odd: the rest describes one call: a flags byte (see F_* below), an
  *    8-byte id, a method length byte and the method, then the args (a msgpack
@@ -204,8 +205,14 @@ static void check_against_reference(const sb_shim_msg_t *m, sb_status_t st, cons
             SB_FUZZ_ASSERT(ok != NULL && ok->type == MSGPACK_OBJECT_BOOLEAN && m->ok == ok->via.boolean, "ok flag differs");
             SB_FUZZ_ASSERT(m->logs != NULL && json_is_array(m->logs) && json_array_size(m->logs) <= SB_SHIM_MAX_LOGS,
                            "accepted logs are not an array of at most 1000 entries");
-            for (size_t i = 0; i < json_array_size(m->logs); ++i)
-                SB_FUZZ_ASSERT(json_is_string(json_array_get(m->logs, i)), "log entry %zu is not a string", i);
+            {
+                size_t total = 0;
+                for (size_t i = 0; i < json_array_size(m->logs); ++i) {
+                    SB_FUZZ_ASSERT(json_is_string(json_array_get(m->logs, i)), "log entry %zu is not a string", i);
+                    total += json_string_length(json_array_get(m->logs, i));
+                }
+                SB_FUZZ_ASSERT(total <= SB_SHIM_MAX_LOG_TOTAL, "accepted logs total %zu bytes", total);
+            }
             SB_FUZZ_ASSERT((m->error != NULL) == !m->ok, "error must be present exactly when not ok");
             SB_FUZZ_ASSERT(m->ok || m->output == NULL, "not ok must carry no output");
         } else {

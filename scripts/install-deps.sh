@@ -5,10 +5,11 @@ set -euo pipefail
 
 build_pkgs=(build-essential cmake pkg-config libh2o-evloop-dev libh2o-dev-common libmsgpack-dev libc-ares-dev
             libssl-dev libpq-dev libhiredis-dev libjansson-dev libidn2-dev libseccomp-dev curl python3 postgresql)
-# systemd: systemd-analyze (verify the unit, expand its syscall groups; nothing is started);
-# python3-seccomp: tests/integration/unitjail.py; logrotate: the shipped logrotate file is run
+# systemd: systemd-analyze (verify the units, expand their syscall groups; nothing is started);
+# python3-seccomp: tests/integration/unitjail.py; logrotate: the shipped logrotate file is run;
+# nodejs: the serve adapter test's client (tests/shim/serve_adapter_client.mjs)
 test_pkgs=(redis-server redis-sentinel python3-msgpack clang libclang-rt-14-dev clang-format-14 dnsmasq openssl nginx
-           systemd python3-seccomp logrotate)
+           systemd python3-seccomp logrotate nodejs)
 
 pkgs=("${build_pkgs[@]}")
 if [ "${1:-}" = "--test" ]; then

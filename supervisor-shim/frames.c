@@ -90,10 +90,12 @@ static sb_status_t decode_result(const msgpack_object *o, sb_shim_msg_t *msg, co
         bad = "ok:false must carry a string error and no output";
     else if (err != NULL && err->via.str.size > SB_SHIM_MAX_ERROR_BYTES)
         bad = "error is too long";
-    for (uint32_t i = 0; bad == NULL && i < logs->via.array.size; ++i) {
+    for (uint32_t i = 0, total = 0; bad == NULL && i < logs->via.array.size; ++i) {
         const msgpack_object *e = &logs->via.array.ptr[i];
         if (e->type != MSGPACK_OBJECT_STR || e->via.str.size > SB_SHIM_MAX_LOG_BYTES)
             bad = "each log entry must be a string of at most 4000 bytes";
+        else if ((total += e->via.str.size) > SB_SHIM_MAX_LOG_TOTAL)
+            bad = "logs must total at most 1 MiB";
     }
     if (bad == NULL && output != NULL) {
         msgpack_sbuffer sb;

@@ -22,6 +22,7 @@
 /* result frame budgets (PROTOCOL.md section 2, rule 6) */
 #define SB_SHIM_MAX_LOGS 1000u
 #define SB_SHIM_MAX_LOG_BYTES 4000u
+#define SB_SHIM_MAX_LOG_TOTAL (1024u * 1024u)
 #define SB_SHIM_MAX_OUTPUT (1024u * 1024u)
 #define SB_SHIM_MAX_ERROR_BYTES 65536u
 /* a call frame may exceed its method's request cap by this much (the frame's own keys) */

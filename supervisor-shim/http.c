@@ -12,7 +12,7 @@ sb_status_t sb_shim_http_build_request(sb_shim_buf_t *out, const sb_shim_url_t *
     sb_status_t st;
 
     snprintf(cl, sizeof(cl), "%zu", body_len);
-    if ((st = sb_shim_buf_appends(out, "POST ")) != SB_OK || (st = sb_shim_buf_appends(out, u->path)) != SB_OK ||
+    if ((st = sb_shim_buf_appends(out, "POST ")) != SB_OK || (st = sb_shim_buf_appends(out, u->target)) != SB_OK ||
         (st = sb_shim_buf_appends(out, " HTTP/1.1\r\nHost: ")) != SB_OK ||
         (st = sb_shim_buf_appends(out, u->host_header)) != SB_OK ||
         (st = sb_shim_buf_appends(out, "\r\nContent-Type: application/msgpack\r\nAccept: application/msgpack\r\n"

@@ -18,6 +18,7 @@
  *    with EPERM so Deno reports a clean error; foreign system call ABIs (i386 int 0x80, x32) kill
  *    the process, since a 64-bit runtime never uses them and they would bypass every rule.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -844,6 +845,53 @@ void sb_shim_jail_end(sb_shim_jail_t *j, sb_shim_jail_run_t *run)
         close(run->lock_fd);
     run->lock_fd = -1;
     run->active = 0;
+}
+
+int sb_shim_jail_move_fd(sb_shim_jail_t *j, int fd)
+{
+    if (j == NULL || j->cgroup_dir < 0)
+        return 0;
+    if (j->cgroup_dir == fd)
+        return 1;
+    if (dup3(j->cgroup_dir, fd, O_CLOEXEC) != fd)
+        return -1;
+    close(j->cgroup_dir);
+    j->cgroup_dir = fd;
+    return 1;
+}
+
+unsigned sb_shim_jail_sweep(sb_shim_jail_t *j, pid_t owner)
+{
+    char prefix[32];
+    size_t pl;
+    unsigned removed = 0;
+    int fd;
+    DIR *d;
+    struct dirent *de;
+
+    if (j == NULL || j->cgroup_dir < 0)
+        return 0;
+    /* make_cgroup names a run's cgroup sb-<pid of the process that made it>-<sequence> */
+    pl = (size_t)snprintf(prefix, sizeof(prefix), "sb-%ld-", (long)owner);
+    if ((fd = openat(j->cgroup_dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0 || (d = fdopendir(fd)) == NULL) {
+        if (fd >= 0)
+            close(fd);
+        return 0;
+    }
+    while ((de = readdir(d)) != NULL) {
+        sb_shim_jail_run_t run;
+        if (strncmp(de->d_name, prefix, pl) != 0 || strlen(de->d_name) >= sizeof(run.cgroup_name))
+            continue;
+        memset(&run, 0, sizeof(run));
+        run.active = 1;
+        run.lock_fd = run.cgroup_fd = -1;
+        memcpy(run.cgroup_name, de->d_name, strlen(de->d_name) + 1);
+        sb_shim_jail_end(j, &run);
+        if (unlinkat(j->cgroup_dir, de->d_name, AT_REMOVEDIR) != 0 && errno == ENOENT)
+            ++removed;
+    }
+    closedir(d);
+    return removed;
 }
 
 const char *sb_shim_jail_stage_name(int stage)

@@ -127,6 +127,23 @@ const char *sb_shim_jail_describe(const sb_shim_jail_t *j);
 SB_WARN_UNUSED sb_status_t sb_shim_jail_probe(sb_shim_jail_t *j, char *err, size_t errsz);
 
 /**
+ * For a process that closes every descriptor it inherited (serve's run processes): moves the one
+ * descriptor the jail keeps open (its cgroup directory) to `fd`, close-on-exec, closing the old one.
+ * `fd` is overwritten if open. Nothing to do when the jail holds none.
+ * @return 1 when the jail holds a descriptor (now `fd`), 0 when it holds none, -1 on error (errno set)
+ */
+int sb_shim_jail_move_fd(sb_shim_jail_t *j, int fd);
+
+/**
+ * Removes the cgroups of the runs of process `owner` (created by its sb_shim_jail_begin) that it
+ * left behind because it was killed, killing anything still in them (cgroup.kill). Call it while
+ * `owner` is a zombie not reaped yet, so that its pid cannot name another process's cgroups.
+ * Nothing to do without a configured cgroup.
+ * @return how many were removed
+ */
+unsigned sb_shim_jail_sweep(sb_shim_jail_t *j, pid_t owner);
+
+/**
  * @return how many jailed spawns failed because the jail could not be set up (not exec failures of the
  * guest program), since the process started; safe from any thread (an exported metric)
  */

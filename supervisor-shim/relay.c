@@ -106,6 +106,7 @@ typedef struct st_relay_t {
     int64_t drain_until; /* after reaping, read stdout until EOF or this time */
 
     /* outcome */
+    int cancelled; /* cancel_fd or stop_fd hung up: the run was abandoned */
     int failed;
     char error[2048];
     int timed_out;
@@ -210,6 +211,23 @@ static void run_fail(relay_t *r, int timed_out, const char *fmt, ...)
 static void violation(relay_t *r, const char *why)
 {
     run_fail(r, 0, "guest protocol violation: %s", why);
+}
+
+/*
+ * The client that asked for the run went away. Nobody will read the outcome,
+ * so nothing is worth waiting for: every broker exchange in flight is dropped
+ * (run_fail closes their connections, so the broker sees exactly the calls
+ * made so far) and the guest's group is killed at once, without the grace a
+ * SIGTERM gets.
+ */
+static void run_cancel(relay_t *r)
+{
+    r->cancelled = 1;
+    run_fail(r, 0, "sandbox request cancelled");
+    if (!r->reaped) {
+        sb_shim_child_signal(r->child, SIGKILL);
+        r->kill_at = 0;
+    }
 }
 
 /* ---- frames to the guest ---- */
@@ -769,6 +787,10 @@ static void on_call(relay_t *r, const sb_shim_msg_t *m)
             return;
         }
     }
+    if (r->cfg->calls_refused != NULL) {
+        run_fail(r, 0, "%s", r->cfg->calls_refused);
+        return;
+    }
     if (r->ncalls >= r->cfg->max_calls) {
         run_fail(r, 0, "binding call limit exceeded (--max-calls %u)", r->cfg->max_calls);
         return;
@@ -987,6 +1009,10 @@ static void stderr_readable(relay_t *r)
         }
         /* past the cap the bytes are read and dropped, so the guest never blocks on stderr */
         size_t room = r->err.cap - r->err.len;
+        if ((size_t)n > room && r->cfg->stderr_cap_fails) {
+            run_fail(r, 0, "sandbox output limit exceeded");
+            room = 0;
+        }
         if (room != 0 && sb_shim_buf_append(&r->err, tmp, (size_t)n < room ? (size_t)n : room) != SB_OK)
             r->err.cap = r->err.len; /* out of memory: keep what we have */
     }
@@ -994,17 +1020,31 @@ static void stderr_readable(relay_t *r)
 
 static void reap(relay_t *r)
 {
+    siginfo_t si;
     pid_t p;
+    int w;
 
     if (r->reaped)
         return;
+    memset(&si, 0, sizeof(si));
     do
-        p = waitpid(r->child->pid, &r->wstatus, WNOHANG);
+        w = waitid(P_PID, (id_t)r->child->pid, &si, WEXITED | WNOHANG | WNOWAIT);
+    while (w < 0 && errno == EINTR);
+    if (w == 0 && si.si_pid == 0)
+        return; /* still running */
+    /*
+     * Anything the guest left behind in its group goes too, killed while the guest is a zombie
+     * not reaped yet: until it is reaped its pid, and so its group id, cannot name another
+     * process group. (A jailed guest was pid 1 of its namespace: the kernel has already killed
+     * the rest, and the group is empty.)
+     */
+    if (w == 0)
+        sb_shim_child_signal(r->child, SIGKILL);
+    do
+        p = waitpid(r->child->pid, &r->wstatus, 0);
     while (p < 0 && errno == EINTR);
     if (p == r->child->pid || (p < 0 && errno == ECHILD)) {
         r->reaped = 1;
-        /* anything the guest left behind in its group goes too */
-        sb_shim_child_signal(r->child, SIGKILL);
         r->drain_until = now_ms() + 100;
     }
 }
@@ -1087,7 +1127,7 @@ static void on_exit_without_result(relay_t *r)
 
 /* ---- the loop ---- */
 
-enum { PFD_OUT, PFD_ERR, PFD_IN, PFD_PID, PFD_FIXED };
+enum { PFD_OUT, PFD_ERR, PFD_IN, PFD_PID, PFD_CANCEL, PFD_STOP, PFD_FIXED };
 
 sb_status_t sb_shim_relay_run(const sb_shim_config_t *cfg, sb_shim_child_t *child, const uint8_t *init, size_t init_len,
                               json_t **out)
@@ -1147,6 +1187,16 @@ sb_status_t sb_shim_relay_run(const sb_shim_config_t *cfg, sb_shim_child_t *chil
         /* descriptors */
         memset(pfds, 0, sizeof(*pfds) * (PFD_FIXED + n));
         pfds[PFD_OUT].fd = pfds[PFD_ERR].fd = pfds[PFD_IN].fd = pfds[PFD_PID].fd = -1;
+        pfds[PFD_CANCEL].fd = pfds[PFD_STOP].fd = -1;
+        if (cfg->cancel_fd >= 0 && !r.cancelled) {
+            /* only the hang-up matters: bytes the client sends after its request are not ours to read */
+            pfds[PFD_CANCEL].fd = cfg->cancel_fd;
+            pfds[PFD_CANCEL].events = POLLRDHUP;
+        }
+        if (cfg->stop_fd >= 0 && !r.cancelled) {
+            pfds[PFD_STOP].fd = cfg->stop_fd; /* POLLHUP is always reported */
+            pfds[PFD_STOP].events = 0;
+        }
         if (!r.out_eof && !r.stop_reading && r.rlen == 0 && r.active < n) {
             pfds[PFD_OUT].fd = child->out_fd;
             pfds[PFD_OUT].events = POLLIN;
@@ -1197,6 +1247,8 @@ sb_status_t sb_shim_relay_run(const sb_shim_config_t *cfg, sb_shim_child_t *chil
             sb_shim_child_signal(child, SIGKILL);
             continue;
         }
+        if ((pfds[PFD_CANCEL].revents | pfds[PFD_STOP].revents) & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))
+            run_cancel(&r);
         if (pfds[PFD_PID].revents)
             reap(&r);
         if (pfds[PFD_ERR].revents)

@@ -4,17 +4,16 @@
  *
  *   sandbox-shim run   --broker-url URL (--token-env NAME | --token-fd N) --source FILE [options]
  *   sandbox-shim relay --broker-url URL (--token-env NAME | --token-fd N) [options] -- CMD ARGS...
+ *   sandbox-shim serve [options]   (serve.c: the HTTP service, one run per request)
  *
  * This file parses the command line, reads the token, resolves the broker,
- * prepares the guest (for `run`: a private temporary directory holding the
- * embedded Deno runtime) and prints the one JSON line of the outcome.
+ * starts the guest (for `run`: runner.c, the same path serve takes) and
+ * prints the one JSON line of the outcome.
  * It links proto/ only; nothing from broker/.
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <limits.h>
-#include <netdb.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,15 +30,14 @@
 #include "child.h"
 #include "jail.h"
 #include "relay.h"
-#include "runtime_js.h"
+#include "runner.h"
+#include "serve.h"
 #include "url.h"
 
 #define EXIT_USAGE 2
 /* guest source and input travel in the init frame; both fit in SB_MAX_FRAME with room to spare */
 #define SB_SHIM_MAX_SOURCE (4u * 1024u * 1024u)
 #define SB_SHIM_MAX_INPUT (1024u * 1024u)
-/* descriptors the guest may hold (Deno needs a few dozen for its runtime threads) */
-#define SB_SHIM_GUEST_NOFILE 64u
 #define SB_SHIM_DEFAULT_MEMORY_MB 256u
 
 extern char **environ;
@@ -68,6 +66,7 @@ static void usage(FILE *f)
           "  sandbox-shim relay --broker-url URL (--token-env NAME | --token-fd N)\n"
           "                     [--source FILE] [--input JSON | --input-file F] [limits] -- CMD ARGS...\n"
           "  sandbox-shim jail-check [jail options]   (starts one jailed probe guest; exit 0 when it worked)\n"
+          "  sandbox-shim serve [--listen HOST:PORT] ... (sandbox-shim serve --help)\n"
           "limits: [--timeout-ms N] [--max-calls N] [--max-inflight N] [--call-timeout-ms N]\n"
           "        [--on-denial terminate|reply] [--memory-mb N]\n"
           "jail (on by default): [--jail on|off] [--jail-uid-base N] [--jail-slots N] [--jail-nproc N]\n"
@@ -120,7 +119,7 @@ static int valid_token(const char *t, size_t n)
  * leave the bytes in the initial environment block that /proc/<pid>/environ
  * shows. From a descriptor, the descriptor is closed after reading.
  */
-static int read_token(const opts_t *o, char token[65])
+static int read_token(const opts_t *o, char *token)
 {
     char buf[80];
     size_t n = 0;
@@ -188,7 +187,7 @@ static int parse_args(int argc, char **argv, opts_t *o, sb_shim_config_t *cfg)
     if (strcmp(argv[1], "run") == 0)
         o->run = 1;
     else if (strcmp(argv[1], "relay") != 0)
-        return fail_usage("unknown mode \"%s\" (want run or relay)", argv[1]);
+        return fail_usage("unknown mode \"%s\" (want run, relay or serve)", argv[1]);
 
     for (i = 2; i < argc; ++i) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -313,28 +312,13 @@ static int read_file(const char *path, size_t cap, sb_shim_buf_t *out, const cha
     return rc;
 }
 
-/*
- * Resolves the broker once, before the guest starts. This is the shim's one
- * blocking name lookup (the house rule prefers c-ares, which the shim does
- * not link): the name is operator configuration, not guest input, and
- * nothing else runs yet.
- */
+/* the broker is resolved once, before the guest starts (url.h) */
 static int resolve_broker(sb_shim_config_t *cfg)
 {
-    struct addrinfo hints, *res = NULL;
-    char port[8];
-    int e;
+    const char *why = NULL;
 
-    memset(&hints, 0, sizeof(hints));
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV;
-    snprintf(port, sizeof(port), "%u", (unsigned)cfg->url.port);
-    if ((e = getaddrinfo(cfg->url.host, port, &hints, &res)) != 0 || res == NULL) /* checksrc:allow (see above) */
-        return fail_usage("cannot resolve the broker host: %s", gai_strerror(e));
-    memcpy(&cfg->addr, res->ai_addr, res->ai_addrlen);
-    cfg->addr_len = res->ai_addrlen;
-    freeaddrinfo(res);
+    if (sb_shim_url_resolve(&cfg->url, &cfg->addr, &cfg->addr_len, &why) != SB_OK)
+        return fail_usage("cannot resolve the broker host: %s", why);
     return 0;
 }
 
@@ -414,95 +398,6 @@ Exit:
     return rc;
 }
 
-/* finds an executable the way execvp would, but before fork */
-static char *find_exe(const char *name)
-{
-    const char *path = getenv("PATH");
-    char *buf;
-
-    if (strchr(name, '/') != NULL)
-        return strdup(name);
-    if (path == NULL)
-        path = "/usr/local/bin:/usr/bin:/bin";
-    if ((buf = malloc(PATH_MAX)) == NULL)
-        return NULL;
-    while (*path != '\0') {
-        const char *end = strchr(path, ':');
-        size_t n = end != NULL ? (size_t)(end - path) : strlen(path);
-        if (n != 0 && n + 1 + strlen(name) < PATH_MAX) {
-            memcpy(buf, path, n);
-            buf[n] = '/';
-            memcpy(buf + n + 1, name, strlen(name) + 1);
-            if (access(buf, X_OK) == 0)
-                return buf;
-        }
-        path += n;
-        if (*path == ':')
-            ++path;
-    }
-    free(buf);
-    return NULL;
-}
-
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    (void)remove(path);
-    return 0;
-}
-
-/*
- * The private directory that holds the runtime, and `home`, the guest's HOME, DENO_DIR and TMPDIR.
- * Jailed, the guest runs as another uid: the directory itself stays ours and only searchable
- * (0711), the runtime readable but not writable (0444), and `home` is handed to the guest's uid
- * when it is spawned (sb_shim_spawn_t.home).
- */
-static int make_workdir(int jailed, char *dir, size_t dirsz, char *runtime, size_t rtsz, char *home, size_t homesz)
-{
-    const char *base = getenv("TMPDIR");
-    int fd;
-    size_t off = 0;
-
-    if (base == NULL || base[0] != '/' || strlen(base) > 200)
-        base = "/tmp";
-    snprintf(dir, dirsz, "%s/sb-shim-XXXXXX", base);
-    if (jailed) {
-        /* the guest runs as another uid: it must be able to reach the runtime through every parent */
-        char walk[256];
-        struct stat st;
-        snprintf(walk, sizeof(walk), "%s", base);
-        for (char *slash = walk + strlen(walk); slash > walk; slash = strrchr(walk, '/')) {
-            *slash = '\0';
-            if (stat(walk[0] != '\0' ? walk : "/", &st) != 0 || (st.st_mode & S_IXOTH) == 0)
-                return fail_usage("the guest cannot reach the temporary directory %s (every parent needs o+x; set TMPDIR)", base);
-        }
-    }
-    if (mkdtemp(dir) == NULL)
-        return fail_usage("cannot create a private temporary directory: %s", strerror(errno));
-    snprintf(home, homesz, "%s/home", dir);
-    if (mkdir(home, 0700) != 0)
-        return fail_usage("cannot create a private temporary directory: %s", strerror(errno));
-    if (jailed && chmod(dir, 0711) != 0)
-        return fail_usage("cannot open the private temporary directory to the guest: %s", strerror(errno));
-    snprintf(runtime, rtsz, "%s/runtime.js", dir);
-    if ((fd = open(runtime, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, jailed ? 0444 : 0400)) < 0)
-        return fail_usage("cannot write the guest runtime: %s", strerror(errno));
-    while (off < sizeof(sb_shim_runtime_js)) {
-        ssize_t n = write(fd, sb_shim_runtime_js + off, sizeof(sb_shim_runtime_js) - off);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            close(fd);
-            return fail_usage("cannot write the guest runtime: %s", strerror(errno));
-        }
-        off += (size_t)n;
-    }
-    close(fd);
-    return 0;
-}
-
 /*
  * `sandbox-shim jail-check [jail options]`: says what the jail applies on this machine and starts
  * one jailed probe guest (sb_shim_jail_probe), so an operator or a service unit's start-up check
@@ -562,18 +457,20 @@ int main(int argc, char **argv)
     sb_shim_spawn_t sp;
     json_t *outcome = NULL;
     sb_shim_jail_t *jail = NULL;
-    char *exe = NULL, **env = NULL, *dump = NULL;
-    char workdir[256] = "", runtime[300], home[300], v8flags[64], e_home[320], e_denodir[340], e_tmp[320], err[512];
-    char *deno_argv[32], *deno_env[16];
+    char *exe = NULL, **env = NULL, *dump = NULL, *runtime_url = NULL;
+    char err[512];
     const char *why = NULL;
     int rc;
 
     /* no core dumps of the token, and /proc/<pid>/{environ,mem} closed to same-uid processes */
     (void)prctl(PR_SET_DUMPABLE, 0);
     signal(SIGPIPE, SIG_IGN);
+    if (argc >= 2 && strcmp(argv[1], "serve") == 0)
+        return sb_shim_serve_main(argc - 1, argv + 1);
     memset(&cfg, 0, sizeof(cfg));
     memset(&child, 0, sizeof(child));
     child.pid = -1;
+    cfg.cancel_fd = cfg.stop_fd = -1;
     msgpack_sbuffer_init(&init);
 
     if (argc >= 2 && strcmp(argv[1], "jail-check") == 0)
@@ -606,63 +503,32 @@ int main(int argc, char **argv)
     }
     fprintf(stderr, "sandbox-shim: %s\n", sb_shim_jail_describe(jail));
 
-    memset(&sp, 0, sizeof(sp));
-    sp.nofile = SB_SHIM_GUEST_NOFILE;
-    sp.jail = jail;
-    sp.scrub = cfg.token;
-    sp.scrub_len = sizeof(cfg.token);
-    sp.memory_mb = o.run || o.memory_set ? (unsigned)o.memory_mb : 0;
     if (o.run) {
-        size_t a = 0, e = 0;
-        if ((exe = find_exe(o.deno != NULL ? o.deno : "deno")) == NULL) {
+        sb_shim_deno_t d;
+        if ((exe = sb_shim_find_exe(o.deno != NULL ? o.deno : "deno")) == NULL) {
             rc = fail_usage("cannot find deno (use --deno PATH)%s", "");
             goto Exit;
         }
-        if ((rc = make_workdir(sb_shim_jail_enabled(jail), workdir, sizeof(workdir), runtime, sizeof(runtime), home,
-                               sizeof(home))) != 0)
+        if ((runtime_url = sb_shim_runtime_url()) == NULL) {
+            rc = fail_usage("out of memory%s", "");
             goto Exit;
-        snprintf(v8flags, sizeof(v8flags), "--v8-flags=--max-old-space-size=%lu", o.memory_mb);
-        /*
-         * No --allow-* at all: with --no-prompt every permission check fails.
-         * The explicit --deny-* flags keep it that way should a config file or
-         * a future default grant something; --no-remote/--no-npm stop module
-         * fetches, --no-config/--no-lock stop Deno from reading project files.
-         */
-        deno_argv[a++] = exe;
-        deno_argv[a++] = "run";
-        deno_argv[a++] = "--no-prompt";
-        deno_argv[a++] = "--no-config";
-        deno_argv[a++] = "--no-lock";
-        deno_argv[a++] = "--no-npm";
-        deno_argv[a++] = "--no-remote";
-        deno_argv[a++] = "--no-code-cache";
-        deno_argv[a++] = "--deny-read";
-        deno_argv[a++] = "--deny-write";
-        deno_argv[a++] = "--deny-net";
-        deno_argv[a++] = "--deny-env";
-        deno_argv[a++] = "--deny-run";
-        deno_argv[a++] = "--deny-ffi";
-        deno_argv[a++] = "--deny-sys";
-        deno_argv[a++] = v8flags;
-        deno_argv[a++] = runtime;
-        deno_argv[a] = NULL;
-        snprintf(e_home, sizeof(e_home), "HOME=%s", home);
-        snprintf(e_denodir, sizeof(e_denodir), "DENO_DIR=%s/deno", home);
-        snprintf(e_tmp, sizeof(e_tmp), "TMPDIR=%s", home);
-        deno_env[e++] = e_home;
-        deno_env[e++] = e_denodir;
-        deno_env[e++] = e_tmp;
-        deno_env[e++] = "NO_COLOR=1";
-        deno_env[e++] = "DENO_NO_UPDATE_CHECK=1";
-        deno_env[e++] = "DENO_NO_PROMPT=1";
-        deno_env[e] = NULL;
-        sp.path = exe;
-        sp.argv = deno_argv;
-        sp.envp = deno_env;
-        sp.cwd = "/";
-        sp.home = home;
+        }
+        d.exe = exe;
+        d.runtime_url = runtime_url;
+        d.memory_mb = o.memory_mb;
+        d.jail = jail;
+        switch (sb_shim_deno_run(&d, &cfg, (const uint8_t *)init.data, init.size, NULL, NULL, &outcome, err, sizeof(err))) {
+        case SB_OK:
+            break;
+        case SB_E_EXECUTION:
+            rc = fail_usage("%s", err);
+            goto Exit;
+        default:
+            rc = fail_usage("out of memory building the outcome%s", "");
+            goto Exit;
+        }
     } else {
-        if ((exe = find_exe(o.cmd[0])) == NULL) {
+        if ((exe = sb_shim_find_exe(o.cmd[0])) == NULL) {
             rc = fail_usage("cannot find %s", o.cmd[0]);
             goto Exit;
         }
@@ -670,17 +536,23 @@ int main(int argc, char **argv)
             rc = fail_usage("out of memory%s", "");
             goto Exit;
         }
+        memset(&sp, 0, sizeof(sp));
+        sp.nofile = SB_SHIM_GUEST_NOFILE;
+        sp.jail = jail;
+        sp.scrub = cfg.token;
+        sp.scrub_len = sizeof(cfg.token);
+        sp.memory_mb = o.memory_set ? (unsigned)o.memory_mb : 0;
         sp.path = exe;
         sp.argv = o.cmd;
         sp.envp = env;
-    }
-    if (sb_shim_child_spawn(&sp, &child, err, sizeof(err)) != SB_OK) {
-        rc = fail_usage("%s", err);
-        goto Exit;
-    }
-    if (sb_shim_relay_run(&cfg, &child, (const uint8_t *)init.data, init.size, &outcome) != SB_OK) {
-        rc = fail_usage("out of memory building the outcome%s", "");
-        goto Exit;
+        if (sb_shim_child_spawn(&sp, &child, err, sizeof(err)) != SB_OK) {
+            rc = fail_usage("%s", err);
+            goto Exit;
+        }
+        if (sb_shim_relay_run(&cfg, &child, (const uint8_t *)init.data, init.size, &outcome) != SB_OK) {
+            rc = fail_usage("out of memory building the outcome%s", "");
+            goto Exit;
+        }
     }
     if ((dump = json_dumps(outcome, JSON_COMPACT)) == NULL) {
         rc = fail_usage("out of memory building the outcome%s", "");
@@ -694,12 +566,11 @@ Exit:
     sb_shim_jail_free(jail);
     explicit_bzero(cfg.token, sizeof(cfg.token));
     SSL_CTX_free(cfg.tls);
-    if (workdir[0] != '\0')
-        (void)nftw(workdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
     free(dump);
     json_decref(outcome);
     free(env);
     free(exe);
+    free(runtime_url);
     msgpack_sbuffer_destroy(&init);
     return rc;
 }

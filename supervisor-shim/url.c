@@ -1,7 +1,8 @@
 /*
- * Broker URL validation (see url.h). RFC 3986 section 3 gives the grammar;
- * we accept a strict subset of it.
+ * Broker URL validation and normalisation (see url.h). RFC 3986 section 3
+ * gives the grammar; we accept a strict subset of it.
  */
+#include <netdb.h>
 #include <stdio.h>
 #include <string.h>
 #include "url.h"
@@ -33,6 +34,12 @@ static int is_path_char(int c)
            (c != '\0' && strchr("-._~!$&'()*+,;=:@/%", c) != NULL);
 }
 
+/* RFC 3986 section 3.4: query = *( pchar / "/" / "?" ) */
+static int is_query_char(int c)
+{
+    return is_path_char(c) || c == '?';
+}
+
 static int prefix_ci(const char *s, const char *pre)
 {
     for (; *pre != '\0'; ++s, ++pre)
@@ -43,8 +50,8 @@ static int prefix_ci(const char *s, const char *pre)
 
 sb_status_t sb_shim_url_parse(const char *s, sb_shim_url_t *out, const char **why)
 {
-    const char *p, *auth, *auth_end, *host, *host_end, *port_at = NULL;
-    size_t hlen, plen;
+    const char *p, *auth, *auth_end, *host, *host_end, *port_at = NULL, *query = NULL;
+    size_t hlen, plen, qlen = 0;
     unsigned long port = 0;
     int bracketed = 0;
 
@@ -55,10 +62,12 @@ sb_status_t sb_shim_url_parse(const char *s, sb_shim_url_t *out, const char **wh
             *why = "broker URL contains whitespace, control, non-ASCII or backslash characters";
             return SB_E_BAD_ARGS;
         }
-        if (c == '?' || c == '#') {
-            *why = "broker URL must not have a query or a fragment";
+        if (c == '#') {
+            *why = "broker URL must not have a fragment";
             return SB_E_BAD_ARGS;
         }
+        if (c == '?' && query == NULL)
+            query = p;
     }
     if (prefix_ci(s, "http://")) {
         auth = s + 7;
@@ -69,9 +78,9 @@ sb_status_t sb_shim_url_parse(const char *s, sb_shim_url_t *out, const char **wh
         *why = "broker URL must start with http:// or https://";
         return SB_E_BAD_ARGS;
     }
-    auth_end = strchr(auth, '/');
-    if (auth_end == NULL)
-        auth_end = auth + strlen(auth);
+    /* the authority ends at the path or at the query */
+    for (auth_end = auth; *auth_end != '\0' && *auth_end != '/' && auth_end != query; ++auth_end)
+        ;
     if (memchr(auth, '@', (size_t)(auth_end - auth)) != NULL) {
         *why = "broker URL must not carry userinfo";
         return SB_E_BAD_ARGS;
@@ -150,11 +159,11 @@ sb_status_t sb_shim_url_parse(const char *s, sb_shim_url_t *out, const char **wh
     else
         snprintf(out->host_header, sizeof(out->host_header), bracketed ? "[%s]:%lu" : "%s:%lu", out->host, port);
 
-    /* path: "/" when absent; only RFC 3986 path characters */
-    if (*auth_end == '\0') {
+    /* path: "/" when absent; only RFC 3986 path characters; one trailing '/' dropped */
+    plen = (size_t)((query != NULL ? query : auth_end + strlen(auth_end)) - auth_end);
+    if (plen == 0) {
         out->path[0] = '/';
     } else {
-        plen = strlen(auth_end);
         if (plen > SB_SHIM_MAX_URL_PATH) {
             *why = "broker URL path is too long";
             return SB_E_BAD_ARGS;
@@ -165,7 +174,54 @@ sb_status_t sb_shim_url_parse(const char *s, sb_shim_url_t *out, const char **wh
                 return SB_E_BAD_ARGS;
             }
         }
-        memcpy(out->path, auth_end, plen + 1);
+        memcpy(out->path, auth_end, plen);
+        out->path[plen] = '\0';
+        if (plen > 1 && out->path[plen - 1] == '/')
+            out->path[plen - 1] = '\0';
     }
+
+    /* query: compared and sent byte for byte; an empty one ("?" alone) is no query */
+    if (query != NULL) {
+        qlen = strlen(query + 1);
+        if (qlen > SB_SHIM_MAX_URL_QUERY) {
+            *why = "broker URL query is too long";
+            return SB_E_BAD_ARGS;
+        }
+        for (size_t i = 0; i < qlen; ++i) {
+            if (!is_query_char((unsigned char)query[1 + i])) {
+                *why = "broker URL query has invalid characters";
+                return SB_E_BAD_ARGS;
+            }
+        }
+        memcpy(out->query, query + 1, qlen + 1);
+    }
+    snprintf(out->target, sizeof(out->target), qlen != 0 ? "%s?%s" : "%s", out->path, out->query);
+    return SB_OK;
+}
+
+int sb_shim_url_equal(const sb_shim_url_t *a, const sb_shim_url_t *b)
+{
+    return a->https == b->https && a->port == b->port && strcmp(a->host, b->host) == 0 && strcmp(a->path, b->path) == 0 &&
+           strcmp(a->query, b->query) == 0;
+}
+
+sb_status_t sb_shim_url_resolve(const sb_shim_url_t *u, struct sockaddr_storage *addr, socklen_t *len, const char **why)
+{
+    struct addrinfo hints, *res = NULL;
+    char port[8];
+    int e;
+
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    snprintf(port, sizeof(port), "%u", (unsigned)u->port);
+    if ((e = getaddrinfo(u->host, port, &hints, &res)) != 0 || res == NULL) { /* checksrc:allow (see url.h) */
+        *why = e != 0 ? gai_strerror(e) : "no address";
+        return SB_E_UNAVAILABLE;
+    }
+    memcpy(addr, res->ai_addr, res->ai_addrlen);
+    *len = res->ai_addrlen;
+    freeaddrinfo(res);
     return SB_OK;
 }

@@ -22,6 +22,7 @@ static const struct key {
     {"listen", K_STR, offsetof(sb_config_t, listen), 0, 0},
     {"admin_listen", K_STR, offsetof(sb_config_t, admin_listen), 0, 0},
     {"admin_secret_file", K_STR, offsetof(sb_config_t, admin_secret_file), 0, 0},
+    {"admin_net_mint_secret_file", K_STR, offsetof(sb_config_t, admin_net_mint_secret_file), 0, 0},
     {"rpc_path", K_STR, offsetof(sb_config_t, rpc_path), 0, 0},
     {"token_store", K_STR, offsetof(sb_config_t, token_store), 0, 0},
     {"redis_prefix", K_STR, offsetof(sb_config_t, redis_prefix), 0, 0},
@@ -53,8 +54,9 @@ _Static_assert(NKEYS <= 64, "sb_config_t records each key's source in a 64-bit m
 
 #define ENV_PREFIX "SANDBOX_BROKER_"
 #define ENV_PREFIX_LEN (sizeof(ENV_PREFIX) - 1)
-/* the one variable that is not a key: the secret itself never goes into the file */
+/* the variables that are not keys: the secrets themselves never go into the file */
 #define ENV_SECRET ENV_PREFIX "ADMIN_SECRET"
+#define ENV_NET_MINT_SECRET ENV_PREFIX "ADMIN_NET_MINT_SECRET"
 
 typedef struct st_errs_t {
     char *buf;
@@ -214,7 +216,8 @@ static void check_unknown_env(errs_t *e)
         size_t nlen = eq != NULL ? (size_t)(eq - var) : strlen(var), bestd, i;
         if (nlen < ENV_PREFIX_LEN || memcmp(var, ENV_PREFIX, ENV_PREFIX_LEN) != 0)
             continue;
-        if (nlen == sizeof(ENV_SECRET) - 1 && memcmp(var, ENV_SECRET, nlen) == 0)
+        if ((nlen == sizeof(ENV_SECRET) - 1 && memcmp(var, ENV_SECRET, nlen) == 0) ||
+            (nlen == sizeof(ENV_NET_MINT_SECRET) - 1 && memcmp(var, ENV_NET_MINT_SECRET, nlen) == 0))
             continue;
         for (i = 0; i < NKEYS; ++i) {
             sb_config_env_name(keys[i].name, cand, sizeof(cand));
@@ -290,19 +293,19 @@ int sb_config_parse_addr(const char *s, struct sockaddr_storage *ss, socklen_t *
     return -1;
 }
 
-static char *read_secret_file(const char *path, errs_t *e)
+static char *read_secret_file(const char *key, const char *path, errs_t *e)
 {
     FILE *fp = fopen(path, "r");
     char buf[1024];
     size_t n;
 
     if (fp == NULL) {
-        fail(e, "admin_secret_file: cannot open %s: %s", path, strerror(errno));
+        fail(e, "%s: cannot open %s: %s", key, path, strerror(errno));
         return NULL;
     }
     n = fread(buf, 1, sizeof(buf) - 1, fp);
     if (!feof(fp)) {
-        fail(e, "admin_secret_file: %s is larger than %zu bytes", path, sizeof(buf) - 1);
+        fail(e, "%s: %s is larger than %zu bytes", key, path, sizeof(buf) - 1);
         fclose(fp);
         return NULL;
     }
@@ -310,7 +313,11 @@ static char *read_secret_file(const char *path, errs_t *e)
     while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
         --n;
     buf[n] = '\0';
-    return sb_mem_strdup(buf);
+    {
+        char *out = sb_mem_strdup(buf);
+        explicit_bzero(buf, sizeof(buf));
+        return out;
+    }
 }
 
 static void validate_targets(const json_t *targets, errs_t *e)
@@ -416,11 +423,21 @@ sb_status_t sb_config_load(const char *path, int require_secret, sb_config_t **o
         c->admin_secret = sb_mem_strdup(env_secret);
         c->_secret_from_env = 1;
     } else if (c->admin_secret_file != NULL)
-        c->admin_secret = read_secret_file(c->admin_secret_file, &e);
+        c->admin_secret = read_secret_file("admin_secret_file", c->admin_secret_file, &e);
     if (c->admin_secret != NULL && strlen(c->admin_secret) < 16)
         fail(&e, "admin secret: shorter than 16 bytes");
     if (require_secret && c->admin_secret == NULL)
         fail(&e, "admin secret: none given; set SANDBOX_BROKER_ADMIN_SECRET or admin_secret_file");
+    /* the net-mint credential (http/admin_netmint.h): optional, long, and never the admin secret */
+    if ((env_secret = getenv(ENV_NET_MINT_SECRET)) != NULL && env_secret[0] != '\0') {
+        c->admin_net_mint_secret = sb_mem_strdup(env_secret);
+        c->_net_mint_secret_from_env = 1;
+    } else if (c->admin_net_mint_secret_file != NULL)
+        c->admin_net_mint_secret = read_secret_file("admin_net_mint_secret_file", c->admin_net_mint_secret_file, &e);
+    if (c->admin_net_mint_secret != NULL && strlen(c->admin_net_mint_secret) < 32)
+        fail(&e, "net-mint secret: shorter than 32 bytes");
+    if (c->admin_net_mint_secret != NULL && c->admin_secret != NULL && strcmp(c->admin_net_mint_secret, c->admin_secret) == 0)
+        fail(&e, "net-mint secret: must differ from the admin secret");
 
     if (e.count != 0) {
         sb_config_free(c);
@@ -440,6 +457,11 @@ void sb_config_free(sb_config_t *c)
     if (c->admin_secret != NULL) {
         explicit_bzero(c->admin_secret, strlen(c->admin_secret));
         free(c->admin_secret);
+    }
+    free(c->admin_net_mint_secret_file);
+    if (c->admin_net_mint_secret != NULL) {
+        explicit_bzero(c->admin_net_mint_secret, strlen(c->admin_net_mint_secret));
+        free(c->admin_net_mint_secret);
     }
     free(c->rpc_path);
     free(c->token_store);
@@ -469,6 +491,7 @@ void sb_config_print_keys(FILE *fp)
         fprintf(fp, "%s %s\n", keys[i].name, env);
     }
     fprintf(fp, "- %s\n", ENV_SECRET);
+    fprintf(fp, "- %s\n", ENV_NET_MINT_SECRET);
 }
 
 static void append_word(char *buf, size_t sz, size_t *len, const char *w)
@@ -493,4 +516,6 @@ void sb_config_sources(const sb_config_t *c, char *env, size_t envsz, char *over
     }
     if (c->_secret_from_env)
         append_word(env, envsz, &elen, ENV_SECRET);
+    if (c->_net_mint_secret_from_env)
+        append_word(env, envsz, &elen, ENV_NET_MINT_SECRET);
 }

@@ -49,12 +49,17 @@ typedef struct st_sb_config_t {
     char *database_url;          /* PostgreSQL, for targets that use it */
     unsigned database_pool_size; /* connections per worker */
     json_t *egress;              /* egress policy (owned) */
+    /* the net-mint credential (http/admin_netmint.h): its file, and the secret resolved from
+     * SANDBOX_BROKER_ADMIN_NET_MINT_SECRET or the file (NULL when none is configured) */
+    char *admin_net_mint_secret_file;
+    char *admin_net_mint_secret;
     /* resolved listener addresses */
     struct sockaddr_storage listen_addr, admin_addr;
     socklen_t listen_addrlen, admin_addrlen;
     /* where each key came from: bit i is the i-th key of sb_config_print_keys */
     uint64_t _from_env, _from_file;
     int _secret_from_env;
+    int _net_mint_secret_from_env;
 } sb_config_t;
 
 /**

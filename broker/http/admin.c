@@ -9,6 +9,8 @@
  */
 #include <stdio.h>
 #include <string.h>
+#include "http/admin_int.h"
+#include "http/admin_netmint.h"
 #include "http/framing.h"
 #include "http/async.h"
 #include "http/reply.h"
@@ -38,46 +40,44 @@ static void op_dispose(sb_async_t *a)
     sb_token_release(op->tok);
 }
 
-/* every admin answer: the log first (admin events reach it before the host sees the answer), the metric, the reply */
-static void send_admin(h2o_req_t *req, const char *op, sb_status_t st, const char *body, size_t len)
+void sb_admin_send(h2o_req_t *req, const char *op, sb_status_t st, const char *body, size_t len)
 {
     sb_log_flush();
     sb_metrics_admin(op, sb_status_http(st));
     sb_reply_send(req, st, len != 0 ? "application/json" : NULL, body, len);
 }
 
-static void send_json(h2o_req_t *req, const char *op, sb_status_t st, json_t *body)
+void sb_admin_send_json(h2o_req_t *req, const char *op, sb_status_t st, json_t *body)
 {
     char *text = json_dumps(body, JSON_COMPACT);
     json_decref(body);
     if (text == NULL)
         sb_fatal(__FILE__, __LINE__, "out of memory");
-    send_admin(req, op, st, text, strlen(text));
+    sb_admin_send(req, op, st, text, strlen(text));
     free(text);
 }
 
-/* {"ok":false,"error":{"code","message"}}: the code from the status table, the message valid UTF-8 */
-static void send_error(h2o_req_t *req, const char *op, sb_status_t st, const char *message)
+void sb_admin_send_error(h2o_req_t *req, const char *op, sb_status_t st, const char *message)
 {
     sb_buf_t body;
 
     sb_buf_init(&body, SB_REPLY_ERROR_MAX);
     if (sb_reply_error_body(&body, st, message, NULL, 0) == SB_OK) {
-        send_admin(req, op, st, body.base, body.len);
+        sb_admin_send(req, op, st, body.base, body.len);
     } else {
         /* no memory for the body: the fixed execution_error one */
         sb_view_t v = sb_reply_error_fallback(0);
-        send_admin(req, op, SB_E_EXECUTION, (const char *)v.base, v.len);
+        sb_admin_send(req, op, SB_E_EXECUTION, (const char *)v.base, v.len);
     }
     sb_buf_free(&body);
 }
 
-static void send_store_error(h2o_req_t *req, const char *op, sb_status_t st)
+void sb_admin_send_store_error(h2o_req_t *req, const char *op, sb_status_t st)
 {
     if (st == SB_E_RATE_LIMITED)
-        send_error(req, op, SB_E_RATE_LIMITED, "the token store is full");
+        sb_admin_send_error(req, op, SB_E_RATE_LIMITED, "the token store is full");
     else
-        send_error(req, op, SB_E_UNAVAILABLE, "the token store is unavailable");
+        sb_admin_send_error(req, op, SB_E_UNAVAILABLE, "the token store is unavailable");
 }
 
 static int authorized(h2o_req_t *req)
@@ -150,12 +150,12 @@ static void on_stored(void *arg, sb_status_t st)
             sb_log_cstr(&l, "token", op->tokref);
             sb_log_int(&l, "expiresAt", op->expires_at);
             sb_log_end(&l);
-            send_json(req, "mint", SB_OK_CREATED,
-                      json_pack("{s:s, s:I}", "token", op->token_hex, "expiresAt", (json_int_t)op->expires_at));
+            sb_admin_send_json(req, "mint", SB_OK_CREATED,
+                               json_pack("{s:s, s:I}", "token", op->token_hex, "expiresAt", (json_int_t)op->expires_at));
         } else if (st == SB_E_BAD_ARGS) {
-            send_error(req, "mint", SB_E_CONFLICT, "that token is already registered");
+            sb_admin_send_error(req, "mint", SB_E_CONFLICT, "that token is already registered");
         } else {
-            send_store_error(req, "mint", st);
+            sb_admin_send_store_error(req, "mint", st);
         }
     }
     sb_async_release(&op->super);
@@ -177,9 +177,9 @@ static void on_revoked(void *arg, sb_status_t st)
     }
     if (req != NULL) {
         if (st == SB_OK) {
-            send_admin(req, op->op, SB_OK_NO_CONTENT, NULL, 0);
+            sb_admin_send(req, op->op, SB_OK_NO_CONTENT, NULL, 0);
         } else {
-            send_store_error(req, op->op, st);
+            sb_admin_send_store_error(req, op->op, st);
         }
     }
     sb_async_release(&op->super);
@@ -204,16 +204,16 @@ static void mint(h2o_req_t *req)
     sb_token_t *tok;
 
     if (req->entity.base == NULL || req->entity.len == 0) {
-        send_error(req, "mint", SB_E_BAD_ARGS, "invalid JSON body");
+        sb_admin_send_error(req, "mint", SB_E_BAD_ARGS, "invalid JSON body");
         return;
     }
     if (req->entity.len > SB_MAX_ADMIN_BODY) {
-        send_error(req, "mint", SB_E_TOO_LARGE, "request body is too large");
+        sb_admin_send_error(req, "mint", SB_E_TOO_LARGE, "request body is too large");
         return;
     }
     if ((body = json_loadb(req->entity.base, req->entity.len, JSON_REJECT_DUPLICATES, &jerr)) == NULL || !json_is_object(body)) {
         json_decref(body);
-        send_error(req, "mint", SB_E_BAD_ARGS, "invalid JSON body");
+        sb_admin_send_error(req, "mint", SB_E_BAD_ARGS, "invalid JSON body");
         return;
     }
     json_object_foreach(body, k, v)
@@ -236,6 +236,10 @@ static void mint(h2o_req_t *req)
     }
     if (strlen(json_string_value(run)) != json_string_length(run)) {
         snprintf(err, sizeof(err), "runId: must not contain NUL");
+        goto BadArgs;
+    }
+    if (sb_admin_netmint_reserved(json_string_value(run))) {
+        snprintf(err, sizeof(err), "runId: the prefix %s is reserved for the net-mint credential", SB_NETMINT_RUN_PREFIX);
         goto BadArgs;
     }
     if (caps != NULL && !json_is_object(caps)) {
@@ -267,7 +271,7 @@ static void mint(h2o_req_t *req)
     if (given == NULL) {
         if (sb_random(raw, sizeof(raw)) != SB_OK) {
             json_decref(body);
-            send_error(req, "mint", SB_E_UNAVAILABLE, "no randomness available");
+            sb_admin_send_error(req, "mint", SB_E_UNAVAILABLE, "no randomness available");
             return;
         }
     }
@@ -289,7 +293,7 @@ static void mint(h2o_req_t *req)
     if (sb_token_build(hash, json_string_value(run), caps, target != NULL ? json_string_value(target) : NULL, scope, 0, &tok, err,
                        sizeof(err)) != SB_OK) {
         json_decref(body);
-        send_error(req, "mint", SB_E_BAD_ARGS, err);
+        sb_admin_send_error(req, "mint", SB_E_BAD_ARGS, err);
         return;
     }
     /* quotas: the configured defaults, unless the host sets them for this run */
@@ -350,7 +354,7 @@ static void mint(h2o_req_t *req)
 
 BadArgs:
     json_decref(body);
-    send_error(req, "mint", SB_E_BAD_ARGS, err);
+    sb_admin_send_error(req, "mint", SB_E_BAD_ARGS, err);
 }
 
 static void revoke_id(h2o_req_t *req, int by_run, const char *seg, size_t seglen)
@@ -360,11 +364,11 @@ static void revoke_id(h2o_req_t *req, int by_run, const char *seg, size_t seglen
     const char *opname = by_run ? "revoke_run" : "revoke_token";
 
     if (decode_segment(seg, seglen, id, sizeof(id)) != 0) {
-        send_error(req, opname, SB_E_BAD_ARGS, by_run ? "runId: malformed" : "token: malformed");
+        sb_admin_send_error(req, opname, SB_E_BAD_ARGS, by_run ? "runId: malformed" : "token: malformed");
         return;
     }
     if (!by_run && !sb_is_token_format(id, strlen(id))) {
-        send_error(req, opname, SB_E_BAD_ARGS, "token: expected 64 lowercase hex characters");
+        sb_admin_send_error(req, opname, SB_E_BAD_ARGS, "token: expected 64 lowercase hex characters");
         return;
     }
     op = (admin_op_t *)sb_async_attach(req, sizeof(*op), op_dispose);
@@ -396,12 +400,14 @@ int sb_admin_on_req(h2o_handler_t *self, h2o_req_t *req)
     path.len = q;
     if (path.len >= 7 && memcmp(path.base, "/admin/", 7) == 0) {
         if (!authorized(req)) {
-            send_error(req, "other", SB_E_UNAUTHORIZED, "missing or wrong admin secret");
+            if (sb_admin_netmint_on_req(req, path))
+                return 0;
+            sb_admin_send_error(req, "other", SB_E_UNAUTHORIZED, "missing or wrong admin secret");
             return 0;
         }
         if (h2o_memis(path.base, path.len, H2O_STRLIT("/admin/v1/tokens"))) {
             if (!h2o_memis(req->method.base, req->method.len, H2O_STRLIT("POST"))) {
-                send_error(req, "other", SB_E_METHOD_NOT_ALLOWED, "use POST");
+                sb_admin_send_error(req, "other", SB_E_METHOD_NOT_ALLOWED, "use POST");
                 return 0;
             }
             mint(req);
@@ -409,7 +415,7 @@ int sb_admin_on_req(h2o_handler_t *self, h2o_req_t *req)
         }
         if (path.len > 17 && memcmp(path.base, "/admin/v1/tokens/", 17) == 0) {
             if (!h2o_memis(req->method.base, req->method.len, H2O_STRLIT("DELETE"))) {
-                send_error(req, "other", SB_E_METHOD_NOT_ALLOWED, "use DELETE");
+                sb_admin_send_error(req, "other", SB_E_METHOD_NOT_ALLOWED, "use DELETE");
                 return 0;
             }
             revoke_id(req, 0, path.base + 17, path.len - 17);
@@ -417,13 +423,13 @@ int sb_admin_on_req(h2o_handler_t *self, h2o_req_t *req)
         }
         if (path.len > 15 && memcmp(path.base, "/admin/v1/runs/", 15) == 0) {
             if (!h2o_memis(req->method.base, req->method.len, H2O_STRLIT("DELETE"))) {
-                send_error(req, "other", SB_E_METHOD_NOT_ALLOWED, "use DELETE");
+                sb_admin_send_error(req, "other", SB_E_METHOD_NOT_ALLOWED, "use DELETE");
                 return 0;
             }
             revoke_id(req, 1, path.base + 15, path.len - 15);
             return 0;
         }
-        send_error(req, "other", SB_E_NOT_FOUND, "no such admin endpoint");
+        sb_admin_send_error(req, "other", SB_E_NOT_FOUND, "no such admin endpoint");
         return 0;
     }
     if (h2o_memis(path.base, path.len, H2O_STRLIT("/metrics")) && h2o_memis(req->method.base, req->method.len, H2O_STRLIT("GET"))) {

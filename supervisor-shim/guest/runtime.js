@@ -1,17 +1,25 @@
 // sandbox-shim guest runtime for Deno (proto/PROTOCOL.md section 2).
 //
-// Embedded in the shim at build time and started by `sandbox-shim run` with no
-// permissions at all. It speaks length-prefixed msgpack frames on stdin/stdout:
-// reads `init`, loads the guest module from a data: URL, relays the guest's
-// binding calls as `call` frames, and ends with one `result` frame. Console
-// output is captured into `logs`; nothing is ever printed to stdout, so a
-// guest's prints cannot forge a frame.
+// Embedded in the shim at build time and started by `sandbox-shim run` and
+// `sandbox-shim serve` from a data: URL, with no permissions at all. It speaks
+// length-prefixed msgpack frames on stdin/stdout: reads `init`, loads the guest
+// module from a data: URL, relays the guest's binding calls as `call` frames,
+// and ends with one `result` frame. Console output is captured into `logs`;
+// nothing is ever printed to stdout, so a guest's prints cannot forge a frame.
 
 const MAX_FRAME = 7122604;
 const MAX_LOGS = 1000;
 const MAX_LOG_BYTES = 4000;
+const MAX_LOG_TOTAL = 1024 * 1024;
 const MAX_OUTPUT = 1024 * 1024;
 const MAX_DEPTH = 31;
+// what the shim sends may nest deeper than what the guest sends back: the init
+// frame's input may itself hold 32 levels below its root (PROTOCOL.md section 2)
+const MAX_DECODE_DEPTH = 34;
+// what the guest sees of the process, instead of host paths (PROTOCOL.md section 2)
+const VIRTUAL_EXEC_PATH = "/runtime/deno";
+const VIRTUAL_MAIN_MODULE = "questpie://sandbox/guest-entry.ts";
+const VIRTUAL_CWD = "/work";
 
 // Private references, taken before any guest code runs.
 const stdin = Deno.stdin;
@@ -24,6 +32,7 @@ const dec = new TextDecoder("utf-8", { fatal: true });
 const RealRequest = globalThis.Request;
 const RealResponse = globalThis.Response;
 const RealHeaders = globalThis.Headers;
+const nodeProcess = globalThis.process;
 
 // ---- msgpack (https://github.com/msgpack/msgpack/blob/master/spec.md) ----
 
@@ -160,7 +169,7 @@ function setKey(o, k, v) {
 }
 
 function decodeValue(r, depth) {
-  if (depth > MAX_DEPTH + 1) throw new TypeError("msgpack nesting is too deep");
+  if (depth > MAX_DECODE_DEPTH) throw new TypeError("msgpack nesting is too deep");
   const t = r.u8();
   if (t < 0x80) return t;
   if (t >= 0xe0) return t - 256;
@@ -329,6 +338,7 @@ async function replyLoop() {
 
 const logs = [];
 let logsDropped = 0;
+let logBytes = 0;
 
 function truncateUtf8(s, max) {
   const b = enc.encode(s);
@@ -352,11 +362,20 @@ function show(a) {
 }
 
 function capture(level, args) {
-  if (logs.length >= MAX_LOGS) {
+  if (logs.length >= MAX_LOGS || logBytes >= MAX_LOG_TOTAL) {
     logsDropped++;
     return;
   }
-  logs.push(truncateUtf8(level + ": " + args.map(show).join(" "), MAX_LOG_BYTES));
+  const line = truncateUtf8(level + ": " + args.map(show).join(" "), MAX_LOG_BYTES);
+  const n = enc.encode(line).length;
+  if (logBytes + n > MAX_LOG_TOTAL - 128) {
+    // the rest of the byte budget is kept for the "dropped" entry finish() writes
+    logBytes = MAX_LOG_TOTAL;
+    logsDropped++;
+    return;
+  }
+  logBytes += n;
+  logs.push(line);
 }
 
 const counts = new Map();
@@ -457,7 +476,27 @@ function errorText(e) {
   return show(e);
 }
 
-function harden() {
+// Host paths stay out of the guest's sight: where Deno is installed, the
+// runtime's own URL, the working directory. The argv array is rewritten in
+// place, so that the named export of node:process (the same array) shows the
+// same; execPath and argv0 are accessors whose setters Deno provides.
+function maskProcess() {
+  const define = (o, k, v) => Object.defineProperty(o, k, { value: v, writable: false, configurable: false, enumerable: true });
+  define(Deno, "execPath", () => VIRTUAL_EXEC_PATH);
+  define(Deno, "cwd", () => VIRTUAL_CWD);
+  Object.defineProperty(Deno, "mainModule", { get: () => VIRTUAL_MAIN_MODULE, configurable: false, enumerable: true });
+  if (nodeProcess !== undefined) {
+    const argv = nodeProcess.argv;
+    argv.length = 0;
+    argv.push("deno", VIRTUAL_MAIN_MODULE);
+    Object.freeze(argv);
+    nodeProcess.execPath = VIRTUAL_EXEC_PATH;
+    nodeProcess.argv0 = VIRTUAL_EXEC_PATH;
+    define(nodeProcess, "cwd", () => VIRTUAL_CWD);
+  }
+}
+
+function harden(init) {
   // Some globals (timers, for one) load lazily from Deno's own code, which uses
   // Atomics; touch every global once so that the loads happen before it goes.
   for (const k of Object.getOwnPropertyNames(globalThis)) {
@@ -467,8 +506,19 @@ function harden() {
   Object.defineProperty(globalThis, "Worker", { value: undefined, writable: false, configurable: false });
   delete globalThis.SharedArrayBuffer;
   delete globalThis.Atomics;
-  Object.defineProperty(globalThis, "questpie", { value: questpie, writable: false, configurable: false, enumerable: true });
-  Object.defineProperty(globalThis, "fetch", { value: brokeredFetch, writable: true, configurable: true });
+  maskProcess();
+  // a run without bindings has no questpie; one without a broker keeps Deno's fetch, which --deny-net refuses
+  if (init.bindings !== false)
+    Object.defineProperty(globalThis, "questpie", { value: questpie, writable: false, configurable: false, enumerable: true });
+  if (init.fetch !== false) Object.defineProperty(globalThis, "fetch", { value: brokeredFetch, writable: true, configurable: true });
+  // the host's secrets, for compatibility: whatever is here, the guest's code can read and leak (README.md)
+  if (init.secrets !== undefined && init.secrets !== null && typeof init.secrets === "object") {
+    // a plain object, as upstream's; defineProperty, so that a secret named "__proto__" stays a secret
+    const secrets = {};
+    for (const k of Object.keys(init.secrets)) setKey(secrets, k, init.secrets[k]);
+    Object.freeze(secrets);
+    Object.defineProperty(globalThis, "__secrets", { value: secrets, writable: true, configurable: true, enumerable: false });
+  }
   // uncaught errors in timers and stray rejections are logged instead of killing the run
   globalThis.addEventListener("error", (ev) => {
     ev.preventDefault();
@@ -498,7 +548,11 @@ async function finish(ok, value) {
     p.resolve = (v) => { resolve(v); res(); };
     p.reject = (e) => { reject(e); res(); };
   })));
-  if (logsDropped > 0) logs[logs.length - 1] = `warn: ${logsDropped + 1} log entries dropped (max ${MAX_LOGS})`;
+  if (logsDropped > 0) {
+    const note = (n) => `warn: ${n} log entries dropped (max ${MAX_LOGS} entries, ${MAX_LOG_TOTAL} bytes)`;
+    if (logs.length >= MAX_LOGS) logs[logs.length - 1] = note(logsDropped + 1);
+    else logs.push(note(logsDropped));
+  }
   let frame;
   if (ok) {
     frame = { t: "result", ok: true, logs };
@@ -532,7 +586,7 @@ async function main() {
   }
   if (init === null || init.t !== "init") return finish(false, "the shim sent no init frame");
   replyLoop();
-  harden();
+  harden(init);
   if (typeof init.source !== "string") return finish(false, "init frame carries no guest source");
   let mod;
   try {

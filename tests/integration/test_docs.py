@@ -10,6 +10,7 @@ broker sends, counts and accepts.
 import json
 import os
 import re
+import subprocess
 import tempfile
 
 import sbtest
@@ -20,6 +21,8 @@ DOCS = {name: os.path.join(ROOT, name) for name in (
     "deploy/docker/compose.yaml", "deploy/docker/Dockerfile", "proto/PROTOCOL.md")}
 # the documents quote this misspelling as the example of what is refused
 MISSPELT_EXAMPLES = {"SANDBOX_BROKER_TOKENSTORE"}
+# upstream's names that `sandbox-shim serve` reads (the broker would refuse them: never in its environment)
+SHIM_VARIABLES = {"SANDBOX_BROKER_URL", "SANDBOX_BROKER_ADMIN_URL"}
 
 
 def read(name):
@@ -49,7 +52,7 @@ class Docs(sbtest.BrokerTestCase):
     def test_the_binary_lists_its_keys(self):
         self.assertEqual(self.pairs["token_store"], "SANDBOX_BROKER_TOKEN_STORE")
         self.assertEqual(self.pairs["max_connections"], "SANDBOX_BROKER_MAX_CONNECTIONS")
-        self.assertEqual(self.env_only, {"SANDBOX_BROKER_ADMIN_SECRET"})
+        self.assertEqual(self.env_only, {"SANDBOX_BROKER_ADMIN_SECRET", "SANDBOX_BROKER_ADMIN_NET_MINT_SECRET"})
         # the same table the loader uses: every listed key is accepted in a file
         with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
             json.dump({"log_level": "info", "bogus": 1}, f)
@@ -68,6 +71,9 @@ class Docs(sbtest.BrokerTestCase):
                         self.assertNotIn(var, self.names)
                         quoted = re.search(r"(?s)misspelt[^.]*%s|%s: not a\s+configuration variable" % (var, var), text)
                         self.assertTrue(quoted, "%s names %s, but not as the refused misspelling" % (name, var))
+                        continue
+                    if var in SHIM_VARIABLES:
+                        self.assertNotIn(var, self.names)
                         continue
                     self.assertIn(var, self.names)
 
@@ -159,6 +165,13 @@ class Docs(sbtest.BrokerTestCase):
         sentence = sentence[:sentence.index("`GET /metrics`")]
         self.assertIn("database", sentence)
         self.assertIn("token store", sentence)
+
+    def test_the_shim_variables_are_the_ones_serve_reads(self):
+        p = subprocess.run([os.path.join(sbtest.BIN_DIR, "sandbox-shim"), "serve", "--help"], capture_output=True,
+                           text=True, timeout=30)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        named = set(re.findall(r"SANDBOX_BROKER_[A-Z_]*[A-Z]", p.stdout))
+        self.assertEqual(named, SHIM_VARIABLES)
 
     def test_the_shim_is_built_and_installed_by_the_deployment_steps(self):
         text = read("deploy/README.md")

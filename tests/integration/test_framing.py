@@ -74,14 +74,19 @@ def exchange(port, data, want, timeout=10.0):
         got, rest = parse_responses(buf)
         if not closed and len(got) >= want:
             # still open: one more request on it must be answered too
-            s.sendall(PIPELINED)
             more = b""
-            while not parse_responses(more)[0]:
-                chunk = s.recv(65536)
-                if not chunk:
-                    closed = True
-                    break
-                more += chunk
+            try:
+                s.sendall(PIPELINED)
+                while not parse_responses(more)[0]:
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        closed = True
+                        break
+                    more += chunk
+            except ConnectionResetError:
+                # the server had closed it: its FIN came after the answer we counted, and the
+                # request sent into a closed connection is answered with a reset
+                closed = True
             got += parse_responses(more)[0]
         return got, closed, rest
     finally:

@@ -19,6 +19,14 @@ then execs the command:
                            for a filter with no extra architecture)
   RestrictAddressFamilies= socket() with another family fails EAFNOSUPPORT
   MemoryDenyWriteExecute=  writable+executable mappings fail EPERM
+  RestrictNamespaces=      clone/unshare with a namespace flag the list does not
+                           name, and setns, fail EPERM; clone3 fails ENOSYS (as
+                           systemd does: its flags are out of a filter's reach)
+  CapabilityBoundingSet=   every capability not named leaves the bounding set,
+                           so a root command keeps only the named ones
+  NoNewPrivileges=         no_new_privs
+  ProtectHostname=         its seccomp half: sethostname and setdomainname fail
+                           EPERM (the UTS namespace systemd also makes is not)
   ProtectSystem=strict     in a mount namespace of its own, every mount but
                            /dev, /proc and /sys read-only, except
   ReadWritePaths=          these paths ("-" prefix: skipped when missing),
@@ -31,8 +39,8 @@ then execs the command:
 
 /tmp stays the host's /tmp, writable (PrivateTmp= would give a private one;
 the tests keep their files there). The other directives systemd implements
-with namespaces (ProtectHome=, PrivateDevices=, ...) and the remaining
-seccomp-based ones (RestrictNamespaces=, LockPersonality=, RestrictRealtime=,
+with namespaces (ProtectHome=, PrivateDevices=, ProtectProc=, ...) and the
+remaining seccomp-based ones (LockPersonality=, RestrictRealtime=,
 RestrictSUIDSGID=) are not emulated; they are listed on stderr so nobody
 mistakes this for the whole sandbox. The service's User= is not taken
 either: the command runs as the caller.
@@ -49,10 +57,13 @@ import sys
 
 import seccomp
 
-NOT_EMULATED = {"RestrictNamespaces", "LockPersonality", "RestrictRealtime", "RestrictSUIDSGID", "ProtectHome",
-                "PrivateTmp", "PrivateDevices", "ProtectKernelTunables", "ProtectKernelModules", "ProtectKernelLogs",
-                "ProtectControlGroups", "ProtectClock", "ProtectHostname", "CapabilityBoundingSet",
-                "AmbientCapabilities", "NoNewPrivileges", "UMask", "User", "Group"}
+NOT_EMULATED = {"LockPersonality", "RestrictRealtime", "RestrictSUIDSGID", "ProtectHome", "PrivateTmp", "PrivateDevices",
+                "ProtectKernelTunables", "ProtectKernelModules", "ProtectKernelLogs", "ProtectControlGroups",
+                "ProtectClock", "ProtectProc", "AmbientCapabilities", "UMask", "User", "Group"}
+# RestrictNamespaces= names and their clone(2) flags (systemd.exec(5))
+NAMESPACES = {"cgroup": 0x02000000, "ipc": 0x08000000, "net": 0x40000000, "mnt": 0x00020000, "pid": 0x20000000,
+              "user": 0x10000000, "uts": 0x04000000}
+PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
 MANAGED_DIRS = {"LogsDirectory": "/var/log", "StateDirectory": "/var/lib", "CacheDirectory": "/var/cache",
                 "RuntimeDirectory": "/run"}
 API_FS = ("/dev", "/proc", "/sys")
@@ -209,6 +220,83 @@ def protect_system(directives):
         _mount(None, point, None, flags)
 
 
+def yes(value):
+    return value.lower() in ("yes", "true", "1", "on")
+
+
+def restrict_namespaces(directives):
+    """The filter of RestrictNamespaces=: a list of the allowed types ("~" inverts it), yes (none) or no."""
+    values = [v for k, v in directives if k == "RestrictNamespaces"]
+    if not values or values[-1].lower() in ("no", "false", "0", "off", ""):
+        return None
+    value = values[-1]
+    if yes(value):
+        allowed = set()
+    else:
+        names = set(value.lstrip("~").split())
+        unknown = names - set(NAMESPACES)
+        if unknown:
+            raise SystemExit("unitjail: RestrictNamespaces=%s: unknown %s" % (value, " ".join(sorted(unknown))))
+        allowed = set(NAMESPACES) - names if value.startswith("~") else names
+    f = seccomp.SyscallFilter(seccomp.ALLOW)
+    for name, flag in NAMESPACES.items():
+        if name in allowed:
+            continue
+        add(f, seccomp.ERRNO(errno.EPERM), "unshare", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
+        add(f, seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
+        add(f, seccomp.ERRNO(errno.EPERM), "setns", seccomp.Arg(1, seccomp.MASKED_EQ, flag, flag))
+    if allowed != set(NAMESPACES):
+        add(f, seccomp.ERRNO(errno.EPERM), "setns", seccomp.Arg(1, seccomp.EQ, 0))  # "any type": refused
+        add(f, seccomp.ERRNO(errno.ENOSYS), "clone3")
+    return f
+
+
+def bound_capabilities(directives):
+    """CapabilityBoundingSet=: drops every capability the unit does not name (an empty value: all of them)."""
+    values = [v for k, v in directives if k == "CapabilityBoundingSet"]
+    if not values:
+        return
+    keep, drop = None, False
+    for value in values:
+        if value == "":
+            keep, drop = set(), False
+            continue
+        invert = value.startswith("~")
+        names = {w.upper() for w in value.lstrip("~").split()}
+        if keep is None:
+            keep, drop = names, invert
+        elif drop == invert:
+            keep |= names
+        else:
+            keep -= names
+    last = 0
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        last = int(f.read())
+    numbers = {name: n for n, name in enumerate(CAPABILITIES)}
+    for name in keep:
+        if name not in numbers:
+            raise SystemExit("unitjail: CapabilityBoundingSet: unknown capability %s" % name)
+    kept = {numbers[name] for name in keep}
+    for cap in range(last + 1):
+        if (cap in kept) == drop and _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            e = ctypes.get_errno()
+            if e == errno.EPERM and os.geteuid() != 0:
+                return  # not root: no capabilities to lose, and no CAP_SETPCAP to drop them with
+            if e != errno.EINVAL:
+                raise SystemExit("unitjail: PR_CAPBSET_DROP %d: %s" % (cap, os.strerror(e)))
+
+
+# capability numbers, linux/capability.h
+CAPABILITIES = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL",
+                "CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_LINUX_IMMUTABLE", "CAP_NET_BIND_SERVICE",
+                "CAP_NET_BROADCAST", "CAP_NET_ADMIN", "CAP_NET_RAW", "CAP_IPC_LOCK", "CAP_IPC_OWNER", "CAP_SYS_MODULE",
+                "CAP_SYS_RAWIO", "CAP_SYS_CHROOT", "CAP_SYS_PTRACE", "CAP_SYS_PACCT", "CAP_SYS_ADMIN", "CAP_SYS_BOOT",
+                "CAP_SYS_NICE", "CAP_SYS_RESOURCE", "CAP_SYS_TIME", "CAP_SYS_TTY_CONFIG", "CAP_MKNOD", "CAP_LEASE",
+                "CAP_AUDIT_WRITE", "CAP_AUDIT_CONTROL", "CAP_SETFCAP", "CAP_MAC_OVERRIDE", "CAP_MAC_ADMIN",
+                "CAP_SYSLOG", "CAP_WAKE_ALARM", "CAP_BLOCK_SUSPEND", "CAP_AUDIT_READ", "CAP_PERFMON", "CAP_BPF",
+                "CAP_CHECKPOINT_RESTORE"]
+
+
 def main(argv):
     if len(argv) < 4 or argv[2] != "--":
         sys.stderr.write(__doc__)
@@ -220,7 +308,19 @@ def main(argv):
     if skipped:
         sys.stderr.write("unitjail: not emulated: %s\n" % " ".join(skipped))
     protect_system(directives)
+    bound_capabilities(directives)
+    if any(k == "NoNewPrivileges" and yes(v) for k, v in directives):
+        if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise SystemExit("unitjail: PR_SET_NO_NEW_PRIVS: %s" % os.strerror(ctypes.get_errno()))
     filters = []
+    ns = restrict_namespaces(directives)
+    if ns is not None:
+        filters.append(ns)
+    if any(k == "ProtectHostname" and yes(v) for k, v in directives):
+        f = seccomp.SyscallFilter(seccomp.ALLOW)
+        add(f, seccomp.ERRNO(errno.EPERM), "sethostname")
+        add(f, seccomp.ERRNO(errno.EPERM), "setdomainname")
+        filters.append(f)
 
     families = [v for k, v in directives if k == "RestrictAddressFamilies"]
     if families:
@@ -250,7 +350,7 @@ def main(argv):
                 f.add_rule(seccomp.ERRNO(errno.EAFNOSUPPORT), "socket", seccomp.Arg(0, seccomp.GE, af_max))
             filters.append(f)
 
-    if any(k == "MemoryDenyWriteExecute" and v.lower() in ("yes", "true", "1", "on") for k, v in directives):
+    if any(k == "MemoryDenyWriteExecute" and yes(v) for k, v in directives):
         f = seccomp.SyscallFilter(seccomp.ALLOW)
         wx = PROT_WRITE | PROT_EXEC
         add(f, seccomp.ERRNO(errno.EPERM), "mmap", seccomp.Arg(2, seccomp.MASKED_EQ, wx, wx))

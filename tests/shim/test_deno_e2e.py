@@ -362,9 +362,42 @@ def t_jail_fail_closed_run():
           "--jail=off runs the guest and says so", p)
 
 
+def t_host_paths_masked():
+    """The guest sees upstream's virtual process surface, never where Deno or the runtime live on the host."""
+    o, _, _, _ = guest("""
+import * as named from "node:process";
+export default async () => {
+  const p = (await import("node:process")).default;
+  const grab = (f: () => unknown) => { try { return f(); } catch (e) { return "threw " + (e as Error).name; } };
+  const stack = new Error("probe").stack ?? "";
+  // an error thrown inside the runtime (its fetch shim) carries the runtime's frames
+  let caught = "";
+  try { await fetch("not a url"); } catch (e) { caught = (e as Error).stack ?? ""; }
+  return {
+    execPath: Deno.execPath(), mainModule: Deno.mainModule, cwd: Deno.cwd(),
+    argv: p.argv, pExecPath: p.execPath, argv0: p.argv0, pCwd: p.cwd(), global: globalThis.process === p,
+    namedArgv: named.argv, namedExecPath: named.execPath, namedArgv0: named.argv0,
+    stack, caught, title: grab(() => p.title),
+  };
+};""")
+    check(o["ok"], "guest ran", o)
+    out = o["output"]
+    check(out["execPath"] == "/runtime/deno" and out["pExecPath"] == "/runtime/deno" and
+          out["namedExecPath"] == "/runtime/deno", "exec path masked", out)
+    check(out["argv"] == ["deno", "questpie://sandbox/guest-entry.ts"] and out["namedArgv"] == out["argv"], "argv", out)
+    check(out["argv0"] == "/runtime/deno" and out["namedArgv0"] == "/runtime/deno", "argv0", out)
+    check(out["mainModule"] == "questpie://sandbox/guest-entry.ts", "main module", out)
+    check(out["cwd"] == "/work" and out["pCwd"] == "/work" and out["global"] is True, "cwd", out)
+    real = os.path.realpath(DENO)
+    blob = json.dumps(o)
+    for leak in (real, os.path.dirname(real), DENO, os.path.dirname(DENO), tempfile.gettempdir() + "/sb-shim-",
+                 "runtime.js"):
+        check(leak not in blob, "the guest must not see " + leak, out)
+
+
 def t_workdir_cleaned():
     # a TMPDIR of its own: other shims on the machine make and remove sb-shim-* directories in /tmp
-    # at any time; o+x so that the jailed guest can reach the runtime inside
+    # at any time; o+x so that the jailed guest can reach its HOME inside
     tmp = tempfile.mkdtemp(prefix="tmpdir-", dir=TMP)
     os.chmod(tmp, 0o711)
     seen = {}
@@ -402,6 +435,7 @@ tap.case("private temp dir is removed", t_workdir_cleaned)
 tap.case("jail: Deno.connect/listen/Command/hostname without permissions give clean errors", t_jail_clean_errors)
 tap.case("jail: Deno granted net/read/run meets the kernel's refusals, reported cleanly", t_jail_kernel_under_deno)
 tap.case("jail: run fails closed on a kernel refusing user namespaces; --jail=off runs", t_jail_fail_closed_run)
+tap.case("host paths are masked (Deno.execPath, process.execPath/argv, stacks)", t_host_paths_masked)
 broker.close()
 shutil.rmtree(TMP, ignore_errors=True)
 tap.done()
