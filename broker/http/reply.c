@@ -14,6 +14,7 @@
 #include <string.h>
 #include "sb/mem.h"
 #include "http/reply.h"
+#include "http/reqid.h"
 #include "http/worker.h"
 #include "util/util.h"
 
@@ -28,6 +29,7 @@ void sb_reply_send(h2o_req_t *req, sb_status_t st, const char *ctype, const char
     if (ctype != NULL)
         h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL, ctype, strlen(ctype));
     h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CACHE_CONTROL, NULL, H2O_STRLIT("no-store"));
+    sb_http_echo_request_id(req);
     if (sb_current_worker != NULL && atomic_load_explicit(&sb_current_worker->server->stopping, memory_order_relaxed))
         req->http1_is_persistent = 0;
     h2o_start_response(req, &generator);
@@ -59,6 +61,7 @@ void sb_reply_send_buf(h2o_req_t *req, sb_status_t st, const char *ctype, sb_buf
     if (ctype != NULL)
         h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL, ctype, strlen(ctype));
     h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CACHE_CONTROL, NULL, H2O_STRLIT("no-store"));
+    sb_http_echo_request_id(req);
     if (sb_current_worker != NULL && atomic_load_explicit(&sb_current_worker->server->stopping, memory_order_relaxed))
         req->http1_is_persistent = 0;
     h2o_start_response(req, &generator);

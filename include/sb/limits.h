@@ -62,6 +62,10 @@
 #define SB_MAX_NODES 100000u
 /* correlation ids: ^[\w-]{1,128}$ */
 #define SB_MAX_CORRELATION_ID 128u
+/* an X-Request-Id the broker logs and echoes: 1-128 bytes of [A-Za-z0-9._:-] */
+#define SB_MAX_REQUEST_ID 128u
+/* live tokens one run inspection lists (GET /admin/v1/runs/<runId>) */
+#define SB_MAX_INSPECT_TOKENS 100u
 
 /* manifests: entries per list or map, and bytes per string */
 #define SB_MAX_MANIFEST_ENTRIES 256u
