@@ -31,6 +31,14 @@ typedef struct st_sb_manifest_t sb_manifest_t;
  */
 SB_WARN_UNUSED sb_status_t sb_manifest_parse(const json_t *caps, sb_manifest_t **out, char *err, size_t errsz);
 void sb_manifest_free(sb_manifest_t *m);
+/**
+ * The manifest as the broker enforces it, for the admin inspection routes:
+ * the parsed form written back as a manifest that parses to the same grants
+ * (globs normalised, hosts lowercased, IPv6 entries in their canonical form,
+ * verbs in a fixed order, empty axes left out).
+ * @return a new JSON object owned by the caller; aborts when out of memory
+ */
+json_t *sb_manifest_to_json(const sb_manifest_t *m);
 /** capabilities.timeoutMs, or -1 when absent */
 int64_t sb_manifest_timeout_ms(const sb_manifest_t *m);
 

@@ -565,6 +565,104 @@ int64_t sb_manifest_timeout_ms(const sb_manifest_t *m)
     return m->timeout_ms;
 }
 
+/* ---- the parsed form, written back (sb_manifest_to_json) ---------------------------------------------------------- */
+
+static json_t *checked(json_t *v)
+{
+    if (v == NULL)
+        sb_fatal(__FILE__, __LINE__, "out of memory");
+    return v;
+}
+
+static void put(json_t *obj, const char *key, json_t *v)
+{
+    if (json_object_set_new(obj, key, checked(v)) != 0)
+        sb_fatal(__FILE__, __LINE__, "out of memory");
+}
+
+static void append(json_t *arr, json_t *v)
+{
+    if (json_array_append_new(arr, checked(v)) != 0)
+        sb_fatal(__FILE__, __LINE__, "out of memory");
+}
+
+static void put_list(json_t *obj, const char *key, const mlist_t *l)
+{
+    json_t *a;
+
+    if (l->n == 0)
+        return;
+    a = checked(json_array());
+    for (size_t i = 0; i != l->n; ++i)
+        append(a, json_stringn(l->v[i].p, l->v[i].len));
+    put(obj, key, a);
+}
+
+static void put_netlist(json_t *obj, const char *key, const netlist_t *l)
+{
+    json_t *a;
+
+    if (l->n == 0)
+        return;
+    a = checked(json_array());
+    for (size_t i = 0; i != l->n; ++i) {
+        const net_entry_t *e = &l->v[i];
+        char text[SB_URL_MAX_HOST + 16];
+        const char *pre = e->is_v6 ? "[" : e->wildcard ? "*." : "", *post = e->is_v6 ? "]" : "";
+        if (e->port != 0)
+            snprintf(text, sizeof(text), "%s%s%s:%u", pre, e->host, post, (unsigned)e->port);
+        else
+            snprintf(text, sizeof(text), "%s%s%s", pre, e->host, post);
+        append(a, json_string(text));
+    }
+    put(obj, key, a);
+}
+
+static void put_grants(json_t *obj, const char *key, const grants_t *g)
+{
+    json_t *o;
+
+    if (g->n == 0)
+        return;
+    o = checked(json_object());
+    for (size_t i = 0; i != g->n; ++i) {
+        json_t *verbs = checked(json_array());
+        for (size_t j = 0; j != sizeof(verb_table) / sizeof(verb_table[0]); ++j)
+            if (g->v[i].verbs & VERB_BIT(verb_table[j].op))
+                append(verbs, json_string(verb_table[j].name));
+        put(o, g->v[i].name.p, verbs);
+    }
+    put(obj, key, o);
+}
+
+json_t *sb_manifest_to_json(const sb_manifest_t *m)
+{
+    json_t *o = checked(json_object()), *files = checked(json_object()), *data = checked(json_object());
+
+    put_netlist(o, "net", &m->net);
+    put_netlist(o, "import", &m->import);
+    put_list(files, "read", &m->files_read);
+    put_list(files, "write", &m->files_write);
+    if (json_object_size(files) != 0)
+        put(o, "files", json_incref(files));
+    json_decref(files);
+    put_grants(data, "collections", &m->collections);
+    put_grants(data, "globals", &m->globals);
+    put_grants(data, "stores", &m->stores);
+    if (json_object_size(data) != 0)
+        put(o, "data", json_incref(data));
+    json_decref(data);
+    put_list(o, "services", &m->services);
+    put_list(o, "jobs", &m->jobs);
+    put_list(o, "workflows", &m->workflows);
+    put_list(o, "tools", &m->tools);
+    if (m->timeout_ms >= 0)
+        put(o, "timeoutMs", json_integer((json_int_t)m->timeout_ms));
+    if (m->memory_mb >= 0)
+        put(o, "memoryMb", json_integer((json_int_t)m->memory_mb));
+    return o;
+}
+
 /* ---- accessors for check.c (manifest_int.h) ------------------------------------------------------------------------ */
 
 static unsigned grant_verbs(const grants_t *g, const char *name, size_t len)

@@ -16,7 +16,7 @@ static _Atomic uint64_t calls[SB_MK_COUNT_ + 1][SB_STATUS_COUNT_];
 static _Atomic uint64_t hist[NBUCKETS + 1];
 static _Atomic uint64_t hist_sum_us, hist_count;
 static _Atomic uint64_t denials[SB_DENY_COUNT_];
-static _Atomic uint64_t admin_ops[4][6]; /* op x status class (1xx..5xx) */
+static _Atomic uint64_t admin_ops[6][6]; /* op x status class (1xx..5xx) */
 static long long (*live_tokens_fn)(void);
 static int (*db_up_fn)(void);
 static const char *quota_names[] = {"calls per run", "concurrent calls per run", "fetched bytes per run"};
@@ -89,7 +89,7 @@ Found:
 }
 static int (*store_up_fn)(void);
 
-static const char *admin_names[] = {"mint", "revoke_token", "revoke_run", "other"};
+static const char *admin_names[] = {"mint", "revoke_token", "revoke_run", "inspect_token", "inspect_run", "other"};
 
 void sb_metrics_call(int kind, sb_status_t st, uint64_t latency_us)
 {
@@ -115,7 +115,7 @@ void sb_metrics_deny(int reason)
 void sb_metrics_admin(const char *op, int http_status)
 {
     int i = 0, cls = http_status / 100;
-    while (i < 3 && strcmp(admin_names[i], op) != 0)
+    while (i < 5 && strcmp(admin_names[i], op) != 0)
         ++i;
     if (cls < 1 || cls > 5)
         cls = 5;
@@ -206,7 +206,7 @@ size_t sb_metrics_render(char **outp)
              (unsigned long long)atomic_load_explicit(&denials[r], memory_order_relaxed));
     emit(&o, "# HELP sb_admin_requests_total Admin requests by operation and status class.\n"
              "# TYPE sb_admin_requests_total counter\n");
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < 6; ++i)
         for (int c = 1; c <= 5; ++c) {
             uint64_t v = atomic_load_explicit(&admin_ops[i][c], memory_order_relaxed);
             if (v != 0)

@@ -291,6 +291,49 @@ void sb_store_revoke_run(sb_store_conn_t *c, const char *run_id, sb_store_done_c
     cb(arg, SB_OK);
 }
 
+void sb_store_inspect_run(sb_store_conn_t *c, const char *run_id, size_t max, sb_store_inspect_cb cb, void *arg)
+{
+    sb_store_t *s = c->store;
+    sb_token_t *toks[SB_MAX_INSPECT_TOKENS];
+    sb_store_usage_t usage = {0, 0, 0};
+    size_t ntoks = 0, nlive = 0;
+    int64_t now;
+
+    if (max > SB_MAX_INSPECT_TOKENS)
+        max = SB_MAX_INSPECT_TOKENS;
+    if (s->is_redis) {
+        sb_store__redis_inspect_run(c->redis, run_id, max, cb, arg);
+        return;
+    }
+    now = sb_now_ms();
+    pthread_mutex_lock(&s->mu);
+    /* read only: the counters are found, never created or expired here */
+    for (quota_entry_t *q = s->qbuckets[run_bucket(s, run_id)]; q != NULL; q = q->next) {
+        if (strcmp(q->run_id, run_id) == 0 && (q->expires_at_ms > now || q->inflight != 0)) {
+            usage.calls = q->calls;
+            usage.inflight = q->inflight;
+            usage.fetched_bytes = q->fetched;
+            break;
+        }
+    }
+    /* a full scan, as a run revocation does: inspection is an operator's request, not the call path */
+    for (size_t i = 0; max != 0 && i < s->nbuckets; ++i) {
+        for (mem_entry_t *e = s->buckets[i]; e != NULL; e = e->next) {
+            if (e->tok->expires_at_ms <= now || strcmp(e->tok->run_id, run_id) != 0)
+                continue;
+            if (ntoks < max) {
+                sb_token_addref(e->tok);
+                toks[ntoks++] = e->tok;
+            }
+            ++nlive;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    cb(arg, SB_OK, toks, ntoks, nlive, &usage);
+    for (size_t i = 0; i < ntoks; ++i)
+        sb_token_release(toks[i]);
+}
+
 /* ---- per-run quotas (memory backend) --------------------------------------------------------------------------------- */
 
 static size_t run_bucket(const sb_store_t *s, const char *run_id)

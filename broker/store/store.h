@@ -137,6 +137,31 @@ void sb_store_put(sb_store_conn_t *c, sb_token_t *tok, const json_t *capabilitie
 void sb_store_revoke_token(sb_store_conn_t *c, const uint8_t hash[32], sb_store_done_cb cb, void *arg);
 void sb_store_revoke_run(sb_store_conn_t *c, const char *run_id, sb_store_done_cb cb, void *arg);
 
+/** what a run has used of its quotas (PROTOCOL.md section 9, quotas) */
+typedef struct st_sb_store_usage_t {
+    int64_t calls;         /* calls counted, denied ones included */
+    int64_t inflight;      /* calls holding a concurrency slot now */
+    int64_t fetched_bytes; /* http.fetch response bytes */
+} sb_store_usage_t;
+
+/**
+ * called with a run's live tokens and its usage (sb_store_inspect_run):
+ *   SB_OK             toks holds ntoks records (at most the max asked for), nlive
+ *                     is how many live tokens the run has in all (0: none)
+ *   SB_E_UNAVAILABLE  the store cannot answer (or holds a record it cannot read); nothing else is set
+ * The records are borrowed for the call: take a reference to keep one.
+ */
+typedef void (*sb_store_inspect_cb)(void *arg, sb_status_t st, sb_token_t *const *toks, size_t ntoks, size_t nlive,
+                                    const sb_store_usage_t *usage);
+/**
+ * The admin inspection of a run (GET /admin/v1/runs/<runId>, and the usage
+ * of GET /admin/v1/tokens/<token>): reads, counts nothing. The memory store
+ * scans its table (bounded by max_tokens), Redis runs one read-only script.
+ * @param max the most records to hand back, at most SB_MAX_INSPECT_TOKENS; 0
+ *        asks for the usage alone (then nlive is 0)
+ */
+void sb_store_inspect_run(sb_store_conn_t *c, const char *run_id, size_t max, sb_store_inspect_cb cb, void *arg);
+
 /*
  * Per-run quotas (PROTOCOL.md, "Quotas"), kept where the tokens are: in the
  * memory store's table, or in Redis counters shared by every instance, which

@@ -10,7 +10,7 @@ typedef struct st_quota_entry_t quota_entry_t;
 
 #define SB_STORE_MAX_SENTINELS 16
 #define SB_STORE_MAX_MASTER_NAME 64
-#define SB_STORE_NSCRIPTS 5
+#define SB_STORE_NSCRIPTS 6
 
 /** a numeric address hiredis can connect to without resolving anything */
 typedef struct st_sb_store_addr_t {
@@ -62,6 +62,7 @@ void sb_store__redis_lookup_acquire(void *rc, const uint8_t hash[32], sb_store_l
 void sb_store__redis_put(void *rc, sb_token_t *tok, const json_t *caps, sb_store_done_cb cb, void *arg);
 void sb_store__redis_revoke_token(void *rc, const uint8_t hash[32], sb_store_done_cb cb, void *arg);
 void sb_store__redis_revoke_run(void *rc, const char *run_id, sb_store_done_cb cb, void *arg);
+void sb_store__redis_inspect_run(void *rc, const char *run_id, size_t max, sb_store_inspect_cb cb, void *arg);
 void sb_store__redis_quota_release(void *rc, const sb_token_t *tok);
 void sb_store__redis_quota_fetch_check(void *rc, const sb_token_t *tok, sb_quota_cb cb, void *arg);
 void sb_store__redis_quota_fetch_add(void *rc, const sb_token_t *tok, uint64_t bytes);
