@@ -327,10 +327,66 @@ static void test_misc(void)
     sb_manifest_free(NULL);
 }
 
+/* the text of sb_manifest_to_json for a manifest text, compact with sorted keys; NULL when it does not parse */
+static char *enforced_text(const char *text)
+{
+    sb_manifest_t *m = NULL;
+    char err[256], *out;
+    json_t *j;
+
+    if (parse_text(text, &m, err, sizeof(err)) != SB_OK)
+        return NULL;
+    j = sb_manifest_to_json(m);
+    sb_manifest_free(m);
+    out = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(j);
+    return out;
+}
+
+/* sb_manifest_to_json: the enforced form, which parses back to itself */
+static void test_to_json(void)
+{
+    static const struct {
+        const char *in, *out;
+    } exact[] = {
+        {"null", "{}"},
+        {"{\"net\": [], \"files\": {\"read\": []}, \"data\": {\"collections\": {}}, \"tools\": []}", "{}"},
+        {"{\"net\": [\"Example.COM:443\", \"*.Example.com\", \"*.x.org:8443\", \"[0:0::1]:8080\", \"::1\", \"example.com.\"]}",
+         "{\"net\":[\"example.com:443\",\"*.example.com\",\"*.x.org:8443\",\"[::1]:8080\",\"[::1]\",\"example.com\"]}"},
+        {"{\"files\": {\"read\": [\"./a//b/**\"], \"write\": [\"out/*\"]}}", "{\"files\":{\"read\":[\"a/b/**\"],\"write\":[\"out/*\"]}}"},
+        {"{\"data\": {\"collections\": {\"posts\": [\"delete\", \"read\", \"read\"], \"empty\": []},"
+         " \"globals\": {\"site\": [\"write\", \"read\"]}}}",
+         "{\"data\":{\"collections\":{\"empty\":[],\"posts\":[\"read\",\"delete\"]},\"globals\":{\"site\":[\"read\",\"write\"]}}}"},
+        {"{\"services\": [\"b\"], \"jobs\": [\"j\"], \"workflows\": [\"w\"], \"tools\": [\"gh.*\"], \"import\": [\"deno.land\"],"
+         " \"timeoutMs\": 5000, \"memoryMb\": 64}",
+         "{\"import\":[\"deno.land\"],\"jobs\":[\"j\"],\"memoryMb\":64,\"services\":[\"b\"],\"timeoutMs\":5000,\"tools\":[\"gh.*\"],"
+         "\"workflows\":[\"w\"]}"},
+    };
+    size_t i;
+
+    for (i = 0; i != sizeof(exact) / sizeof(exact[0]); ++i) {
+        char *got = enforced_text(exact[i].in);
+        is_str(got != NULL ? got : "(refused)", exact[i].out, "enforced form of %s", exact[i].in);
+        free(got);
+    }
+    /* every manifest the table accepts: its enforced form parses, to the same enforced form */
+    for (i = 0; i != sizeof(cases) / sizeof(cases[0]); ++i) {
+        char *once, *twice;
+        if (cases[i].err != NULL)
+            continue;
+        once = enforced_text(cases[i].json);
+        twice = once != NULL ? enforced_text(once) : NULL;
+        ok(once != NULL && twice != NULL && strcmp(once, twice) == 0, "enforced form is a fixpoint: %s", cases[i].json);
+        free(once);
+        free(twice);
+    }
+}
+
 int main(void)
 {
     test_table();
     test_caps();
     test_misc();
+    test_to_json();
     return done_testing();
 }
