@@ -2085,8 +2085,8 @@ static int unhex32(const char *s, size_t len, uint8_t out[32])
 static void on_inspect_run(cmd_t *cmd, redisReply *reply)
 {
     sb_token_t *toks[SB_MAX_INSPECT_TOKENS];
-    sb_store_usage_t usage;
-    size_t ntoks = 0, nlive, npairs;
+    sb_store_usage_t usage = {0, 0, 0};
+    size_t ntoks = 0, nlive = 0, npairs;
     int64_t now = sb_now_ms();
     sb_status_t st = SB_E_UNAVAILABLE;
 
