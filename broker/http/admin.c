@@ -572,6 +572,13 @@ static void inspect_id(h2o_req_t *req, int by_run, const char *seg, size_t segle
     }
 }
 
+/* 405 with the methods the path takes in Allow (RFC 9110 section 15.5.6) */
+static void wrong_method(h2o_req_t *req, const char *op, const char *allow, const char *message)
+{
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_ALLOW, NULL, allow, strlen(allow));
+    sb_admin_send_error(req, op, SB_E_METHOD_NOT_ALLOWED, message);
+}
+
 int sb_admin_on_req(h2o_handler_t *self, h2o_req_t *req)
 {
     h2o_iovec_t path = req->path;
@@ -593,7 +600,7 @@ int sb_admin_on_req(h2o_handler_t *self, h2o_req_t *req)
         }
         if (h2o_memis(path.base, path.len, H2O_STRLIT("/admin/v1/tokens"))) {
             if (strcmp(op, "mint") != 0) {
-                sb_admin_send_error(req, op, SB_E_METHOD_NOT_ALLOWED, "use POST");
+                wrong_method(req, op, "POST", "use POST");
                 return 0;
             }
             mint(req);
@@ -605,7 +612,7 @@ int sb_admin_on_req(h2o_handler_t *self, h2o_req_t *req)
             else if (strcmp(op, "inspect_token") == 0)
                 inspect_id(req, 0, path.base + 17, path.len - 17);
             else
-                sb_admin_send_error(req, op, SB_E_METHOD_NOT_ALLOWED, "use GET or DELETE");
+                wrong_method(req, op, "GET, DELETE", "use GET or DELETE");
             return 0;
         }
         if (path.len > 15 && memcmp(path.base, "/admin/v1/runs/", 15) == 0) {
@@ -614,7 +621,7 @@ int sb_admin_on_req(h2o_handler_t *self, h2o_req_t *req)
             else if (strcmp(op, "inspect_run") == 0)
                 inspect_id(req, 1, path.base + 15, path.len - 15);
             else
-                sb_admin_send_error(req, op, SB_E_METHOD_NOT_ALLOWED, "use GET or DELETE");
+                wrong_method(req, op, "GET, DELETE", "use GET or DELETE");
             return 0;
         }
         sb_admin_send_error(req, op, SB_E_NOT_FOUND, "no such admin endpoint");

@@ -299,7 +299,13 @@ class InspectMemory(sbtest.BrokerTestCase):
                 self.assertEqual(r.status, 400, r)
                 self.assertEqual(r.body["error"]["code"], "bad_args")
         self.assertError(self.b.admin("GET", "/admin/v1/runs/a%00b"), 400, "bad_args", "runId: malformed")
-        self.assertError(self.b.admin("PUT", "/admin/v1/runs/x"), 405, "bad_method", "use GET or DELETE")
+        for path in ("/admin/v1/runs/x", "/admin/v1/tokens/" + "0" * 64):
+            r = self.b.admin("PUT", path)
+            self.assertError(r, 405, "bad_method", "use GET or DELETE")
+            self.assertEqual(r.headers.get("allow"), "GET, DELETE")
+        r = self.b.admin("GET", "/admin/v1/tokens")
+        self.assertError(r, 405, "bad_method", "use POST")
+        self.assertEqual(r.headers.get("allow"), "POST")
 
     def test_run_ids_are_decoded_as_revocation_decodes_them(self):
         run = "tenant/7 run%"
