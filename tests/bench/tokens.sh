@@ -121,7 +121,7 @@ measure() {
     for _ in $(seq 100); do grep -q '"event":"started"' "$log" 2>/dev/null && break; sleep 0.05; done
     port=$(sed -n 's/.*"listener":"public".*"port":\([0-9]*\).*/\1/p' "$log" | head -1)
     admin=$(sed -n 's/.*"listener":"admin".*"port":\([0-9]*\).*/\1/p' "$log" | head -1)
-    [ -n "$port" ] && [ -n "$admin" ] || die "$label did not start: $(tail -5 "$log")"
+    if [ -z "$port" ] || [ -z "$admin" ]; then die "$label did not start: $(tail -5 "$log")"; fi
     sleep 0.3
     before=$(rss_kib "$PID")
     n=$(python3 "$WORK/mint.py" "$admin" "$port" "$SECRET" "$TOKENS" "$SHARED" "$OWN_PCT" "$CALL") || die "$label: minting failed"
