@@ -8,9 +8,11 @@
  * verbs, unsafe globs and malformed net entries are mint-time errors that
  * name the offending path.
  *
- * The parsed form is plain C arrays holding our own copies (no jansson
- * reference survives the parse) and is immutable afterwards, so one manifest
- * may be read from every worker thread. Names are compared as exact bytes over
+ * The parse builds a tree of our own copies (no jansson reference survives
+ * the parse), then packs it into one pointer-free allocation (see "the packed
+ * form" below) and interns it: identical manifests are one shared,
+ * reference-counted object. It is immutable afterwards, so one manifest may be
+ * read from every worker thread. Names are compared as exact bytes over
  * our own entries only: "__proto__", "constructor" or "toString" are ordinary
  * names that grant something only when the manifest literally lists them
  * (upstream needed hasOwnProperty for that; we have no prototype chain).
@@ -19,11 +21,14 @@
  * bottom of this file (declared once, in manifest_int.h).
  */
 #include <arpa/inet.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "sb/limits.h"
+#include "sb/mem.h"
 #include "authz/manifest_int.h"
 #include "call/path.h"
 #include "call/url.h"
@@ -73,14 +78,15 @@ typedef struct st_netlist_t {
     size_t n;
 } netlist_t;
 
-struct st_sb_manifest_t {
+/* the parse tree: what the parse builds before it is packed (and freed) */
+typedef struct st_mtree_t {
     netlist_t net, import;
     mlist_t files_read, files_write; /* normalised globs */
     grants_t collections, globals, stores;
     mlist_t services, jobs, workflows;
     mlist_t tools; /* globs over tool names */
     int64_t timeout_ms, memory_mb;
-};
+} mtree_t;
 
 typedef enum en_list_kind_t { LIST_NAMES, LIST_FILE_GLOBS, LIST_TOOL_GLOBS } list_kind_t;
 
@@ -134,7 +140,7 @@ static char ascii_lower(char c)
 
 static sb_status_t copy_str(mstr_t *dst, const char *s, size_t len)
 {
-    if ((dst->p = malloc(len + 1)) == NULL)
+    if ((dst->p = sb_mem_try_alloc(len + 1)) == NULL)
         return SB_E_NOMEM;
     memcpy(dst->p, s, len);
     dst->p[len] = '\0';
@@ -177,7 +183,7 @@ static sb_status_t parse_list(const json_t *v, const char *path, list_kind_t kin
         return st;
     if ((n = json_array_size(v)) == 0)
         return SB_OK;
-    if ((out->v = calloc(n, sizeof(*out->v))) == NULL)
+    if ((out->v = sb_mem_try_calloc(n, sizeof(*out->v))) == NULL)
         return SB_E_NOMEM;
     for (i = 0; i != n; ++i) {
         const char *s;
@@ -321,7 +327,7 @@ static sb_status_t parse_netlist(const json_t *v, const char *path, netlist_t *o
         return st;
     if ((n = json_array_size(v)) == 0)
         return SB_OK;
-    if ((out->v = calloc(n, sizeof(*out->v))) == NULL)
+    if ((out->v = sb_mem_try_calloc(n, sizeof(*out->v))) == NULL)
         return SB_E_NOMEM;
     for (i = 0; i != n; ++i) {
         const char *s, *why;
@@ -337,7 +343,7 @@ static sb_status_t parse_netlist(const json_t *v, const char *path, netlist_t *o
 
 /* ---- files and data ------------------------------------------------------------------------------------------------ */
 
-static sb_status_t parse_files(const json_t *v, sb_manifest_t *m, char *err, size_t errsz)
+static sb_status_t parse_files(const json_t *v, mtree_t *m, char *err, size_t errsz)
 {
     const char *key;
     size_t klen;
@@ -401,7 +407,7 @@ static sb_status_t parse_grants(const json_t *v, const char *path, int collectio
         return fail(err, errsz, "%s: too many entries (max %u)", path, SB_MAX_MANIFEST_ENTRIES);
     if (n == 0)
         return SB_OK;
-    if ((out->v = calloc(n, sizeof(*out->v))) == NULL)
+    if ((out->v = sb_mem_try_calloc(n, sizeof(*out->v))) == NULL)
         return SB_E_NOMEM;
     json_object_keylen_foreach((json_t *)v, key, klen, val)
     {
@@ -427,7 +433,7 @@ static sb_status_t parse_grants(const json_t *v, const char *path, int collectio
     return SB_OK;
 }
 
-static sb_status_t parse_data(const json_t *v, sb_manifest_t *m, char *err, size_t errsz)
+static sb_status_t parse_data(const json_t *v, mtree_t *m, char *err, size_t errsz)
 {
     const char *key;
     size_t klen;
@@ -461,11 +467,375 @@ static sb_status_t parse_int(const json_t *v, const char *path, json_int_t lo, j
     return SB_OK;
 }
 
+/* ---- the packed form ----------------------------------------------------------------------------------------------- */
+
+/*
+ * A parsed manifest is one allocation: a small header, then the body, which
+ * holds everything the check reads. The body has no pointers: entries name
+ * their strings by offset from the body's start, and every byte (padding
+ * included) is written by pack(), so two manifests that grant the same things
+ * in the same order have identical bodies. That makes the body the canonical
+ * form the intern table compares: identical manifests are one object, shared
+ * by every token that names it, and freed when the last one goes.
+ *
+ * Adding an axis: a value in axis_t, a field in mtree_t filled by the parse,
+ * a case in pack() (an existing entry type when one fits, else a new
+ * fixed-size struct of uint32_t/uint16_t/uint8_t fields with explicit
+ * padding), and an accessor reading the span.
+ */
+typedef enum en_axis_t {
+    AX_NET,         /* mnet_t */
+    AX_IMPORT,      /* mnet_t */
+    AX_FILES_READ,  /* mref_t, normalised globs */
+    AX_FILES_WRITE, /* mref_t, normalised globs */
+    AX_COLLECTIONS, /* mgrant_t */
+    AX_GLOBALS,     /* mgrant_t */
+    AX_STORES,      /* mgrant_t */
+    AX_SERVICES,    /* mref_t */
+    AX_JOBS,        /* mref_t */
+    AX_WORKFLOWS,   /* mref_t */
+    AX_TOOLS,       /* mref_t, globs over tool names */
+    AX_COUNT_
+} axis_t;
+
+/* `n` entries of the axis' type starting `off` bytes into the body */
+typedef struct st_mspan_t {
+    uint32_t off, n;
+} mspan_t;
+
+/* a string: `len` bytes at `off`, followed by a NUL */
+typedef struct st_mref_t {
+    uint32_t off, len;
+} mref_t;
+
+typedef struct st_mgrant_t {
+    uint32_t off;   /* the name, NUL-terminated */
+    uint16_t len;   /* <= MAX_NAME_LEN */
+    uint16_t verbs; /* VERB_BIT(SB_OP_READ) | ... */
+} mgrant_t;
+
+enum { NET_NAME, NET_WILDCARD, NET_V6 };
+
+typedef struct st_mnet_t {
+    uint32_t off;  /* NET_V6: the 16 address bytes; else the lowercase host (for a wildcard the suffix), NUL-terminated */
+    uint16_t len;  /* host bytes (16 for NET_V6) */
+    uint16_t port; /* 0: any port */
+    uint8_t kind;  /* NET_NAME, NET_WILDCARD, NET_V6 */
+    uint8_t _pad[3];
+} mnet_t;
+
+typedef struct st_mbody_t {
+    int64_t timeout_ms, memory_mb; /* -1 when absent */
+    mspan_t axis[AX_COUNT_];
+} mbody_t;
+
+struct st_sb_manifest_t {
+    _Atomic uint32_t refcnt;
+    uint32_t hash;                    /* of the body */
+    uint32_t size;                    /* body bytes */
+    int interned;                     /* 1 while the intern table holds it */
+    sb_manifest_t *next;              /* the intern table's chain */
+    _Alignas(8) unsigned char body[]; /* starts with an mbody_t */
+};
+
+_Static_assert(SB_OP_COUNT_ <= 16, "verb bits fit mgrant_t.verbs");
+_Static_assert(sizeof(mbody_t) % 8 == 0 && sizeof(mnet_t) == 12 && sizeof(mgrant_t) == 8 && sizeof(mref_t) == 8,
+               "the body has no implicit padding");
+_Static_assert(MAX_NAME_LEN <= UINT16_MAX && SB_URL_MAX_HOST <= UINT16_MAX, "lengths fit 16 bits");
+
+static const mbody_t *body_of(const sb_manifest_t *m)
+{
+    return (const mbody_t *)(const void *)m->body;
+}
+
+static const void *entries(const sb_manifest_t *m, axis_t a, size_t *n)
+{
+    const mspan_t *sp = &body_of(m)->axis[a];
+    *n = sp->n;
+    return m->body + sp->off;
+}
+
+static const char *str_at(const sb_manifest_t *m, uint32_t off)
+{
+    return (const char *)m->body + off;
+}
+
+/* the bytes the tree's strings take in the body (each with its NUL) */
+static size_t list_bytes(const mlist_t *l)
+{
+    size_t n = 0;
+    for (size_t i = 0; i != l->n; ++i)
+        n += l->v[i].len + 1;
+    return n;
+}
+
+static size_t grants_bytes(const grants_t *g)
+{
+    size_t n = 0;
+    for (size_t i = 0; i != g->n; ++i)
+        n += g->v[i].name.len + 1;
+    return n;
+}
+
+static size_t net_bytes(const netlist_t *l)
+{
+    size_t n = 0;
+    for (size_t i = 0; i != l->n; ++i)
+        n += l->v[i].is_v6 ? sizeof(l->v[i].v6) : l->v[i].host_len + 1;
+    return n;
+}
+
+typedef struct st_packer_t {
+    unsigned char *body;
+    size_t ent; /* next entry byte */
+    size_t str; /* next string byte */
+} packer_t;
+
+static uint32_t put_bytes(packer_t *p, const void *s, size_t len, int nul)
+{
+    uint32_t off = (uint32_t)p->str;
+    memcpy(p->body + p->str, s, len);
+    p->str += len;
+    if (nul)
+        p->body[p->str++] = '\0';
+    return off;
+}
+
+static void pack_list(packer_t *p, mbody_t *b, axis_t a, const mlist_t *l)
+{
+    mref_t *e = (mref_t *)(void *)(p->body + p->ent);
+
+    b->axis[a].off = l->n != 0 ? (uint32_t)p->ent : 0;
+    b->axis[a].n = (uint32_t)l->n;
+    for (size_t i = 0; i != l->n; ++i) {
+        e[i].len = (uint32_t)l->v[i].len;
+        e[i].off = put_bytes(p, l->v[i].p, l->v[i].len, 1);
+    }
+    p->ent += l->n * sizeof(*e);
+}
+
+static void pack_grants(packer_t *p, mbody_t *b, axis_t a, const grants_t *g)
+{
+    mgrant_t *e = (mgrant_t *)(void *)(p->body + p->ent);
+
+    b->axis[a].off = g->n != 0 ? (uint32_t)p->ent : 0;
+    b->axis[a].n = (uint32_t)g->n;
+    for (size_t i = 0; i != g->n; ++i) {
+        e[i].len = (uint16_t)g->v[i].name.len;
+        e[i].verbs = (uint16_t)g->v[i].verbs;
+        e[i].off = put_bytes(p, g->v[i].name.p, g->v[i].name.len, 1);
+    }
+    p->ent += g->n * sizeof(*e);
+}
+
+static void pack_net(packer_t *p, mbody_t *b, axis_t a, const netlist_t *l)
+{
+    mnet_t *e = (mnet_t *)(void *)(p->body + p->ent);
+
+    b->axis[a].off = l->n != 0 ? (uint32_t)p->ent : 0;
+    b->axis[a].n = (uint32_t)l->n;
+    for (size_t i = 0; i != l->n; ++i) {
+        const net_entry_t *ne = &l->v[i];
+        e[i].port = ne->port;
+        if (ne->is_v6) {
+            e[i].kind = NET_V6;
+            e[i].len = (uint16_t)sizeof(ne->v6);
+            e[i].off = put_bytes(p, &ne->v6, sizeof(ne->v6), 0);
+        } else {
+            e[i].kind = ne->wildcard ? NET_WILDCARD : NET_NAME;
+            e[i].len = (uint16_t)ne->host_len;
+            e[i].off = put_bytes(p, ne->host, ne->host_len, 1);
+        }
+    }
+    p->ent += l->n * sizeof(*e);
+}
+
+/* FNV-1a: manifests come from the host's mint, not from the guest */
+static uint32_t body_hash(const unsigned char *p, size_t n)
+{
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i != n; ++i)
+        h = (h ^ p[i]) * 16777619u;
+    return h;
+}
+
+/* the tree in one allocation (refcount 1, not interned); NULL when allocation fails */
+static sb_manifest_t *pack(const mtree_t *t)
+{
+    const mlist_t *lists[] = {&t->files_read, &t->files_write, &t->services, &t->jobs, &t->workflows, &t->tools};
+    const grants_t *grants[] = {&t->collections, &t->globals, &t->stores};
+    size_t nent = 0, nstr = 0, size;
+    sb_manifest_t *m;
+    mbody_t *b;
+    packer_t p;
+
+    /* entry counts are capped at SB_MAX_MANIFEST_ENTRIES and strings at SB_MAX_MANIFEST_STRING by the parse */
+    nent += (t->net.n + t->import.n) * sizeof(mnet_t);
+    nstr += net_bytes(&t->net) + net_bytes(&t->import);
+    for (size_t i = 0; i != sizeof(lists) / sizeof(lists[0]); ++i) {
+        nent += lists[i]->n * sizeof(mref_t);
+        nstr += list_bytes(lists[i]);
+    }
+    for (size_t i = 0; i != sizeof(grants) / sizeof(grants[0]); ++i) {
+        nent += grants[i]->n * sizeof(mgrant_t);
+        nstr += grants_bytes(grants[i]);
+    }
+    size = sizeof(mbody_t) + nent + nstr;
+    if (size > UINT32_MAX || (m = sb_mem_try_calloc(1, sizeof(*m) + size)) == NULL)
+        return NULL;
+    atomic_init(&m->refcnt, 1);
+    m->size = (uint32_t)size;
+    b = (mbody_t *)(void *)m->body;
+    b->timeout_ms = t->timeout_ms;
+    b->memory_mb = t->memory_mb;
+    p.body = m->body;
+    p.ent = sizeof(mbody_t);
+    p.str = sizeof(mbody_t) + nent;
+    /* a fixed order, whatever the order of the keys in the JSON text */
+    pack_net(&p, b, AX_NET, &t->net);
+    pack_net(&p, b, AX_IMPORT, &t->import);
+    pack_list(&p, b, AX_FILES_READ, &t->files_read);
+    pack_list(&p, b, AX_FILES_WRITE, &t->files_write);
+    pack_grants(&p, b, AX_COLLECTIONS, &t->collections);
+    pack_grants(&p, b, AX_GLOBALS, &t->globals);
+    pack_grants(&p, b, AX_STORES, &t->stores);
+    pack_list(&p, b, AX_SERVICES, &t->services);
+    pack_list(&p, b, AX_JOBS, &t->jobs);
+    pack_list(&p, b, AX_WORKFLOWS, &t->workflows);
+    pack_list(&p, b, AX_TOOLS, &t->tools);
+    m->hash = body_hash(m->body, size);
+    return m;
+}
+
+/* ---- the intern table ---------------------------------------------------------------------------------------------- */
+
+/*
+ * Process-wide, behind one mutex taken at parse and when a manifest's last
+ * reference goes (never on the call path of the memory store, where tokens
+ * hold their manifest). A reference count only drops to 0 under the mutex, so
+ * a manifest found in the table is always alive.
+ */
+#define INTERN_MIN_BUCKETS 64
+/* past this many references a parse gets a private copy: the count never wraps */
+#define INTERN_MAX_REFS (UINT32_MAX / 2)
+
+static struct {
+    pthread_mutex_t mu;
+    sb_manifest_t **buckets;
+    size_t nbuckets; /* a power of two, or 0 before the first parse */
+    size_t count;
+} intern = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0};
+
+/* doubles the table when it is full (load factor 1); called with the lock held */
+static void intern_grow_locked(void)
+{
+    size_t n = intern.nbuckets != 0 ? intern.nbuckets * 2 : INTERN_MIN_BUCKETS;
+    sb_manifest_t **nb;
+
+    if (intern.count < intern.nbuckets || (nb = sb_mem_try_calloc(n, sizeof(*nb))) == NULL)
+        return; /* a table that cannot grow still works, with longer chains */
+    for (size_t i = 0; i != intern.nbuckets; ++i) {
+        sb_manifest_t *m = intern.buckets[i];
+        while (m != NULL) {
+            sb_manifest_t *next = m->next;
+            m->next = nb[m->hash & (n - 1)];
+            nb[m->hash & (n - 1)] = m;
+            m = next;
+        }
+    }
+    sb_mem_free(intern.buckets);
+    intern.buckets = nb;
+    intern.nbuckets = n;
+}
+
+/* the interned manifest equal to `m` (and `m` freed), or `m` itself, now interned */
+static sb_manifest_t *intern_manifest(sb_manifest_t *m)
+{
+    pthread_mutex_lock(&intern.mu);
+    intern_grow_locked();
+    if (intern.nbuckets == 0) {
+        pthread_mutex_unlock(&intern.mu);
+        return m; /* no table at all: an unshared manifest */
+    }
+    for (sb_manifest_t *e = intern.buckets[m->hash & (intern.nbuckets - 1)]; e != NULL; e = e->next) {
+        if (e->hash == m->hash && e->size == m->size && memcmp(e->body, m->body, m->size) == 0 &&
+            atomic_load_explicit(&e->refcnt, memory_order_relaxed) < INTERN_MAX_REFS) {
+            atomic_fetch_add_explicit(&e->refcnt, 1, memory_order_relaxed);
+            pthread_mutex_unlock(&intern.mu);
+            sb_mem_free(m);
+            return e;
+        }
+    }
+    {
+        size_t b = m->hash & (intern.nbuckets - 1);
+        m->interned = 1;
+        m->next = intern.buckets[b];
+        intern.buckets[b] = m;
+        ++intern.count;
+    }
+    pthread_mutex_unlock(&intern.mu);
+    return m;
+}
+
+static void intern_unlink_locked(sb_manifest_t *m)
+{
+    for (sb_manifest_t **pp = &intern.buckets[m->hash & (intern.nbuckets - 1)]; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == m) {
+            *pp = m->next;
+            --intern.count;
+            return;
+        }
+    }
+}
+
+size_t sb_manifest_interned_count(void)
+{
+    size_t n;
+    pthread_mutex_lock(&intern.mu);
+    n = intern.count;
+    pthread_mutex_unlock(&intern.mu);
+    return n;
+}
+
 /* ---- public API ---------------------------------------------------------------------------------------------------- */
+
+static void free_list(mlist_t *l)
+{
+    size_t i;
+
+    for (i = 0; i != l->n; ++i)
+        sb_mem_free(l->v[i].p);
+    sb_mem_free(l->v);
+}
+
+static void free_grants(grants_t *g)
+{
+    size_t i;
+
+    /* a grant whose array was allocated but not yet named has a NULL name, which sb_mem_free takes */
+    for (i = 0; i != g->n; ++i)
+        sb_mem_free(g->v[i].name.p);
+    sb_mem_free(g->v);
+}
+
+static void tree_free(mtree_t *m)
+{
+    sb_mem_free(m->net.v);
+    sb_mem_free(m->import.v);
+    free_list(&m->files_read);
+    free_list(&m->files_write);
+    free_grants(&m->collections);
+    free_grants(&m->globals);
+    free_grants(&m->stores);
+    free_list(&m->services);
+    free_list(&m->jobs);
+    free_list(&m->workflows);
+    free_list(&m->tools);
+}
 
 sb_status_t sb_manifest_parse(const json_t *caps, sb_manifest_t **out, char *err, size_t errsz)
 {
-    sb_manifest_t *m;
+    mtree_t tree, *m = &tree;
     const char *key;
     size_t klen;
     json_t *val;
@@ -475,8 +845,7 @@ sb_status_t sb_manifest_parse(const json_t *caps, sb_manifest_t **out, char *err
     *out = NULL;
     if (err != NULL && errsz != 0)
         err[0] = '\0';
-    if ((m = calloc(1, sizeof(*m))) == NULL)
-        return SB_E_NOMEM;
+    memset(m, 0, sizeof(*m));
     m->timeout_ms = -1;
     m->memory_mb = -1;
 
@@ -514,55 +883,53 @@ sb_status_t sb_manifest_parse(const json_t *caps, sb_manifest_t **out, char *err
             goto Exit;
     }
 
-Done:
-    *out = m;
+Done : {
+    sb_manifest_t *packed = pack(m);
+    if (packed == NULL) {
+        st = SB_E_NOMEM;
+        goto Exit;
+    }
+    tree_free(m);
+    *out = intern_manifest(packed);
     return SB_OK;
+}
 Exit:
     if (st == SB_E_NOMEM && err != NULL && errsz != 0)
         snprintf(err, errsz, "capabilities: out of memory");
-    sb_manifest_free(m);
+    tree_free(m);
     return st;
-}
-
-static void free_list(mlist_t *l)
-{
-    size_t i;
-
-    for (i = 0; i != l->n; ++i)
-        free(l->v[i].p);
-    free(l->v);
-}
-
-static void free_grants(grants_t *g)
-{
-    size_t i;
-
-    for (i = 0; i != g->n; ++i)
-        free(g->v[i].name.p);
-    free(g->v);
 }
 
 void sb_manifest_free(sb_manifest_t *m)
 {
+    uint32_t c;
+
     if (m == NULL)
         return;
-    free(m->net.v);
-    free(m->import.v);
-    free_list(&m->files_read);
-    free_list(&m->files_write);
-    free_grants(&m->collections);
-    free_grants(&m->globals);
-    free_grants(&m->stores);
-    free_list(&m->services);
-    free_list(&m->jobs);
-    free_list(&m->workflows);
-    free_list(&m->tools);
-    free(m);
+    /* the common case, another reference remains: no lock */
+    c = atomic_load_explicit(&m->refcnt, memory_order_relaxed);
+    while (c > 1)
+        if (atomic_compare_exchange_weak_explicit(&m->refcnt, &c, c - 1, memory_order_release, memory_order_relaxed))
+            return;
+    if (!m->interned) {
+        if (atomic_fetch_sub_explicit(&m->refcnt, 1, memory_order_acq_rel) == 1)
+            sb_mem_free(m);
+        return;
+    }
+    /* maybe the last one: decide under the lock, so that no parse finds it in between */
+    pthread_mutex_lock(&intern.mu);
+    if (atomic_fetch_sub_explicit(&m->refcnt, 1, memory_order_acq_rel) != 1) {
+        pthread_mutex_unlock(&intern.mu);
+        return;
+    }
+    intern_unlink_locked(m);
+    pthread_mutex_unlock(&intern.mu);
+    sb_mem_free(m);
 }
 
 int64_t sb_manifest_timeout_ms(const sb_manifest_t *m)
 {
-    return m->timeout_ms;
+    return body_of(m)->timeout_ms;
 }
 
 /* ---- the parsed form, written back (sb_manifest_to_json) ---------------------------------------------------------- */
@@ -586,168 +953,188 @@ static void append(json_t *arr, json_t *v)
         sb_fatal(__FILE__, __LINE__, "out of memory");
 }
 
-static void put_list(json_t *obj, const char *key, const mlist_t *l)
+static void put_list(json_t *obj, const char *key, const sb_manifest_t *m, axis_t ax)
 {
+    size_t n;
+    const mref_t *l = entries(m, ax, &n);
     json_t *a;
 
-    if (l->n == 0)
+    if (n == 0)
         return;
     a = checked(json_array());
-    for (size_t i = 0; i != l->n; ++i)
-        append(a, json_stringn(l->v[i].p, l->v[i].len));
+    for (size_t i = 0; i != n; ++i)
+        append(a, json_stringn(str_at(m, l[i].off), l[i].len));
     put(obj, key, a);
 }
 
-static void put_netlist(json_t *obj, const char *key, const netlist_t *l)
+static void put_netlist(json_t *obj, const char *key, const sb_manifest_t *m, axis_t ax)
 {
+    size_t n;
+    const mnet_t *l = entries(m, ax, &n);
     json_t *a;
 
-    if (l->n == 0)
+    if (n == 0)
         return;
     a = checked(json_array());
-    for (size_t i = 0; i != l->n; ++i) {
-        const net_entry_t *e = &l->v[i];
-        char text[SB_URL_MAX_HOST + 16];
-        const char *pre = e->is_v6 ? "[" : e->wildcard ? "*." : "", *post = e->is_v6 ? "]" : "";
+    for (size_t i = 0; i != n; ++i) {
+        const mnet_t *e = &l[i];
+        char host[INET6_ADDRSTRLEN], text[SB_URL_MAX_HOST + 16];
+        const char *h = str_at(m, e->off), *pre = "", *post = "";
+        if (e->kind == NET_V6) {
+            if (inet_ntop(AF_INET6, h, host, sizeof(host)) == NULL)
+                sb_fatal(__FILE__, __LINE__, "inet_ntop failed on a parsed IPv6 entry");
+            h = host;
+            pre = "[";
+            post = "]";
+        } else if (e->kind == NET_WILDCARD) {
+            pre = "*.";
+        }
         if (e->port != 0)
-            snprintf(text, sizeof(text), "%s%s%s:%u", pre, e->host, post, (unsigned)e->port);
+            snprintf(text, sizeof(text), "%s%s%s:%u", pre, h, post, (unsigned)e->port);
         else
-            snprintf(text, sizeof(text), "%s%s%s", pre, e->host, post);
+            snprintf(text, sizeof(text), "%s%s%s", pre, h, post);
         append(a, json_string(text));
     }
     put(obj, key, a);
 }
 
-static void put_grants(json_t *obj, const char *key, const grants_t *g)
+static void put_grants(json_t *obj, const char *key, const sb_manifest_t *m, axis_t ax)
 {
+    size_t n;
+    const mgrant_t *g = entries(m, ax, &n);
     json_t *o;
 
-    if (g->n == 0)
+    if (n == 0)
         return;
     o = checked(json_object());
-    for (size_t i = 0; i != g->n; ++i) {
+    for (size_t i = 0; i != n; ++i) {
         json_t *verbs = checked(json_array());
         for (size_t j = 0; j != sizeof(verb_table) / sizeof(verb_table[0]); ++j)
-            if (g->v[i].verbs & VERB_BIT(verb_table[j].op))
+            if (g[i].verbs & VERB_BIT(verb_table[j].op))
                 append(verbs, json_string(verb_table[j].name));
-        put(o, g->v[i].name.p, verbs);
+        put(o, str_at(m, g[i].off), verbs);
     }
     put(obj, key, o);
 }
 
 json_t *sb_manifest_to_json(const sb_manifest_t *m)
 {
+    const mbody_t *b = body_of(m);
     json_t *o = checked(json_object()), *files = checked(json_object()), *data = checked(json_object());
 
-    put_netlist(o, "net", &m->net);
-    put_netlist(o, "import", &m->import);
-    put_list(files, "read", &m->files_read);
-    put_list(files, "write", &m->files_write);
+    put_netlist(o, "net", m, AX_NET);
+    put_netlist(o, "import", m, AX_IMPORT);
+    put_list(files, "read", m, AX_FILES_READ);
+    put_list(files, "write", m, AX_FILES_WRITE);
     if (json_object_size(files) != 0)
         put(o, "files", json_incref(files));
     json_decref(files);
-    put_grants(data, "collections", &m->collections);
-    put_grants(data, "globals", &m->globals);
-    put_grants(data, "stores", &m->stores);
+    put_grants(data, "collections", m, AX_COLLECTIONS);
+    put_grants(data, "globals", m, AX_GLOBALS);
+    put_grants(data, "stores", m, AX_STORES);
     if (json_object_size(data) != 0)
         put(o, "data", json_incref(data));
     json_decref(data);
-    put_list(o, "services", &m->services);
-    put_list(o, "jobs", &m->jobs);
-    put_list(o, "workflows", &m->workflows);
-    put_list(o, "tools", &m->tools);
-    if (m->timeout_ms >= 0)
-        put(o, "timeoutMs", json_integer((json_int_t)m->timeout_ms));
-    if (m->memory_mb >= 0)
-        put(o, "memoryMb", json_integer((json_int_t)m->memory_mb));
+    put_list(o, "services", m, AX_SERVICES);
+    put_list(o, "jobs", m, AX_JOBS);
+    put_list(o, "workflows", m, AX_WORKFLOWS);
+    put_list(o, "tools", m, AX_TOOLS);
+    if (b->timeout_ms >= 0)
+        put(o, "timeoutMs", json_integer((json_int_t)b->timeout_ms));
+    if (b->memory_mb >= 0)
+        put(o, "memoryMb", json_integer((json_int_t)b->memory_mb));
     return o;
 }
 
 /* ---- accessors for check.c (manifest_int.h) ------------------------------------------------------------------------ */
 
-static unsigned grant_verbs(const grants_t *g, const char *name, size_t len)
+static unsigned grant_verbs(const sb_manifest_t *m, axis_t a, const char *name, size_t len)
 {
-    size_t i;
+    size_t n;
+    const mgrant_t *g = entries(m, a, &n);
 
-    for (i = 0; i != g->n; ++i)
-        if (g->v[i].name.len == len && memcmp(g->v[i].name.p, name, len) == 0)
-            return g->v[i].verbs;
+    for (size_t i = 0; i != n; ++i)
+        if (g[i].len == len && memcmp(str_at(m, g[i].off), name, len) == 0)
+            return g[i].verbs;
     return 0;
 }
 
-static int list_has(const mlist_t *l, const char *name, size_t len)
+static int list_has(const sb_manifest_t *m, axis_t a, const char *name, size_t len)
 {
-    size_t i;
+    size_t n;
+    const mref_t *l = entries(m, a, &n);
 
-    for (i = 0; i != l->n; ++i)
-        if (l->v[i].len == len && memcmp(l->v[i].p, name, len) == 0)
+    for (size_t i = 0; i != n; ++i)
+        if (l[i].len == len && memcmp(str_at(m, l[i].off), name, len) == 0)
             return 1;
     return 0;
 }
 
-static int list_glob_any(const mlist_t *l, const char *s, size_t len)
+static int list_glob_any(const sb_manifest_t *m, axis_t a, const char *s, size_t len)
 {
-    size_t i;
+    size_t n;
+    const mref_t *l = entries(m, a, &n);
 
-    for (i = 0; i != l->n; ++i)
-        if (sb_glob_match(l->v[i].p, l->v[i].len, s, len))
+    for (size_t i = 0; i != n; ++i)
+        if (sb_glob_match(str_at(m, l[i].off), l[i].len, s, len))
             return 1;
     return 0;
 }
 
 unsigned sb_manifest__collection_verbs(const sb_manifest_t *m, const char *name, size_t len)
 {
-    return grant_verbs(&m->collections, name, len);
+    return grant_verbs(m, AX_COLLECTIONS, name, len);
 }
 
 unsigned sb_manifest__global_verbs(const sb_manifest_t *m, const char *name, size_t len)
 {
-    return grant_verbs(&m->globals, name, len);
+    return grant_verbs(m, AX_GLOBALS, name, len);
 }
 
 unsigned sb_manifest__store_verbs(const sb_manifest_t *m, const char *name, size_t len)
 {
-    return grant_verbs(&m->stores, name, len);
+    return grant_verbs(m, AX_STORES, name, len);
 }
 
 int sb_manifest__has_service(const sb_manifest_t *m, const char *name, size_t len)
 {
-    return list_has(&m->services, name, len);
+    return list_has(m, AX_SERVICES, name, len);
 }
 
 int sb_manifest__has_job(const sb_manifest_t *m, const char *name, size_t len)
 {
-    return list_has(&m->jobs, name, len);
+    return list_has(m, AX_JOBS, name, len);
 }
 
 int sb_manifest__has_workflow(const sb_manifest_t *m, const char *name, size_t len)
 {
-    return list_has(&m->workflows, name, len);
+    return list_has(m, AX_WORKFLOWS, name, len);
 }
 
 size_t sb_manifest__files_read_count(const sb_manifest_t *m)
 {
-    return m->files_read.n;
+    return body_of(m)->axis[AX_FILES_READ].n;
 }
 
 int sb_manifest__files_read_match(const sb_manifest_t *m, const char *path, size_t len)
 {
-    return list_glob_any(&m->files_read, path, len);
+    return list_glob_any(m, AX_FILES_READ, path, len);
 }
 
 int sb_manifest__files_write_match(const sb_manifest_t *m, const char *path, size_t len)
 {
-    return list_glob_any(&m->files_write, path, len);
+    return list_glob_any(m, AX_FILES_WRITE, path, len);
 }
 
 /* upstream's files.list rule: some read glob, as a string, starts with dir + "/" */
 int sb_manifest__files_read_under(const sb_manifest_t *m, const char *dir, size_t len)
 {
-    size_t i;
+    size_t n;
+    const mref_t *l = entries(m, AX_FILES_READ, &n);
 
-    for (i = 0; i != m->files_read.n; ++i) {
-        const mstr_t *g = &m->files_read.v[i];
-        if (g->len > len && memcmp(g->p, dir, len) == 0 && g->p[len] == '/')
+    for (size_t i = 0; i != n; ++i) {
+        const char *g = str_at(m, l[i].off);
+        if (l[i].len > len && memcmp(g, dir, len) == 0 && g[len] == '/')
             return 1;
     }
     return 0;
@@ -755,17 +1142,17 @@ int sb_manifest__files_read_under(const sb_manifest_t *m, const char *dir, size_
 
 size_t sb_manifest__tools_count(const sb_manifest_t *m)
 {
-    return m->tools.n;
+    return body_of(m)->axis[AX_TOOLS].n;
 }
 
 int sb_manifest__tools_match(const sb_manifest_t *m, const char *name, size_t len)
 {
-    return list_glob_any(&m->tools, name, len);
+    return list_glob_any(m, AX_TOOLS, name, len);
 }
 
 size_t sb_manifest__net_count(const sb_manifest_t *m)
 {
-    return m->net.n;
+    return body_of(m)->axis[AX_NET].n;
 }
 
 static int ieq_n(const char *a, const char *b, size_t n)
@@ -788,22 +1175,28 @@ static int ieq_n(const char *a, const char *b, size_t n)
  */
 int sb_manifest__net_allows(const sb_manifest_t *m, const sb_url_t *u)
 {
-    size_t i;
+    size_t n;
+    const mnet_t *l = entries(m, AX_NET, &n);
 
-    for (i = 0; i != m->net.n; ++i) {
-        const net_entry_t *e = &m->net.v[i];
+    for (size_t i = 0; i != n; ++i) {
+        const mnet_t *e = &l[i];
+        const char *host = str_at(m, e->off);
         if (e->port != 0 && e->port != u->port)
             continue;
-        if (e->is_v6) {
-            if (u->host_kind == SB_URL_HOST_IPV6 && memcmp(&e->v6, &u->addr.v6, sizeof(e->v6)) == 0)
+        switch (e->kind) {
+        case NET_V6:
+            if (u->host_kind == SB_URL_HOST_IPV6 && memcmp(host, &u->addr.v6, sizeof(u->addr.v6)) == 0)
                 return 1;
-        } else if (e->wildcard) {
-            if (u->host_kind == SB_URL_HOST_NAME && u->host_len > e->host_len + 1 &&
-                u->host[u->host_len - e->host_len - 1] == '.' && ieq_n(u->host + u->host_len - e->host_len, e->host, e->host_len))
+            break;
+        case NET_WILDCARD:
+            if (u->host_kind == SB_URL_HOST_NAME && u->host_len > (size_t)e->len + 1 && u->host[u->host_len - e->len - 1] == '.' &&
+                ieq_n(u->host + u->host_len - e->len, host, e->len))
                 return 1;
-        } else if (u->host_kind != SB_URL_HOST_IPV6) {
-            if (u->host_len == e->host_len && ieq_n(u->host, e->host, e->host_len))
+            break;
+        default:
+            if (u->host_kind != SB_URL_HOST_IPV6 && u->host_len == e->len && ieq_n(u->host, host, e->len))
                 return 1;
+            break;
         }
     }
     return 0;

@@ -406,7 +406,7 @@ static void mint(h2o_req_t *req)
         ttl_ms = conf->default_ttl_ms;
     ttl_ms = clamp_ttl(ttl_ms, conf->max_ttl_ms);
     tok->expires_at_ms = op->expires_at = now + ttl_ms;
-    memcpy(op->run_id, tok->run_id, sizeof(op->run_id));
+    memcpy(op->run_id, tok->run_id, strlen(tok->run_id) + 1); /* at most SB_MAX_RUN_ID bytes (sb_token_build) */
     op->tok = tok;
     op->caps = caps != NULL ? json_incref(caps) : json_object();
     json_decref(body);

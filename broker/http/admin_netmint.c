@@ -153,7 +153,7 @@ static void mint_one(h2o_req_t *req)
     if (ttl_ms > conf->max_ttl_ms)
         ttl_ms = conf->max_ttl_ms;
     tok->expires_at_ms = op->expires_at = sb_now_ms() + ttl_ms;
-    memcpy(op->run_id, tok->run_id, sizeof(op->run_id));
+    memcpy(op->run_id, tok->run_id, strlen(tok->run_id) + 1); /* at most SB_MAX_RUN_ID bytes (sb_token_build) */
     op->tok = tok;
     op->caps = json_incref(caps);
     json_decref(body);

@@ -279,7 +279,7 @@ static void on_token(void *arg, sb_status_t st, sb_token_t *tok, const char *why
     rpc_call_t *c = arg;
 
     if (tok != NULL) {
-        memcpy(c->run_id, tok->run_id, sizeof(c->run_id));
+        memcpy(c->run_id, tok->run_id, strlen(tok->run_id) + 1);
         c->tok = tok; /* the lookup's reference, released with the call */
     }
     if (st == SB_E_UNAUTHORIZED && c->super.req != NULL) {

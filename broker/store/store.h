@@ -25,8 +25,8 @@
 
 /** one scope binding, e.g. tenantId = "t1" */
 typedef struct st_sb_scope_kv_t {
-    char *key;
-    char *value;
+    const char *key;
+    const char *value;
 } sb_scope_kv_t;
 
 /** per-run limits, resolved at mint (the config's defaults unless the mint overrides them) */
@@ -39,17 +39,26 @@ typedef struct st_sb_quota_t {
 /**
  * A token record. Immutable once built and reference-counted, so worker
  * threads share it without locks; release with sb_token_release.
+ *
+ * One allocation: the strings and the scope array live right after the
+ * struct (sb_token_build sizes it), and the manifest is shared with every
+ * token that names the same one (authz.h: manifests are interned). A field
+ * added here that points at per-token data should point into that same
+ * allocation (sb_token_build lays it out) or own its memory and be released
+ * in sb_token_release.
  */
 typedef struct st_sb_token_t {
     _Atomic int _refcnt;
     uint8_t hash[32];
-    char run_id[SB_MAX_RUN_ID + 1];
-    char target[SB_MAX_TARGET_NAME + 1]; /* "" when the run has no target */
-    sb_scope_kv_t scope[SB_MAX_SCOPE_ENTRIES];
-    size_t scope_len;
     int64_t expires_at_ms;
     sb_quota_t quota;
     sb_manifest_t *manifest;
+    const char *run_id;   /* 1 to SB_MAX_RUN_ID bytes, NUL-terminated */
+    const char *target;   /* "" when the run has no target */
+    sb_scope_kv_t *scope; /* scope_len bindings, at most SB_MAX_SCOPE_ENTRIES */
+    size_t scope_len;
+    /* the memory store's hash chain: written only by that store, under its lock */
+    struct st_sb_token_t *_next;
 } sb_token_t;
 
 void sb_token_addref(sb_token_t *t);
@@ -58,7 +67,9 @@ void sb_token_release(sb_token_t *t);
 /**
  * Builds a token record from the admin mint body fields (already type-checked
  * by the caller) or from a stored record.
+ * @param out receives a record with one reference (sb_token_release)
  * @param err receives a message naming the offending path on SB_E_BAD_ARGS
+ * @return SB_OK, SB_E_BAD_ARGS, or SB_E_NOMEM (err says "out of memory")
  */
 SB_WARN_UNUSED sb_status_t sb_token_build(const uint8_t hash[32], const char *run_id, const json_t *capabilities,
                                           const char *target, const json_t *scope, int64_t expires_at_ms, sb_token_t **out,

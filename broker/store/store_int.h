@@ -5,7 +5,6 @@
 #include <pthread.h>
 #include "store/store.h"
 
-typedef struct st_mem_entry_t mem_entry_t;
 typedef struct st_quota_entry_t quota_entry_t;
 
 #define SB_STORE_MAX_SENTINELS 16
@@ -20,13 +19,14 @@ typedef struct st_sb_store_addr_t {
 
 struct st_sb_store_t {
     int is_redis;
-    /* memory backend */
+    /* memory backend: two chained hash tables that grow with their contents (load factor at most 1) */
     pthread_mutex_t mu;
-    mem_entry_t **buckets;
-    size_t nbuckets;
+    sb_token_t **buckets; /* chained through sb_token_t._next */
+    size_t nbuckets;      /* a power of two */
     size_t count;
     size_t max_tokens;
-    quota_entry_t **qbuckets; /* per-run counters, same bucket count as tokens */
+    quota_entry_t **qbuckets; /* per-run counters */
+    size_t nqbuckets;         /* a power of two */
     size_t qcount;
     /* redis backend */
     char *prefix;

@@ -64,12 +64,12 @@ static sb_pg_coll_t docs = {
 
 static sb_token_t tok_t1;      /* tenantId = t1 */
 static sb_token_t tok_noscope; /* binds nothing */
+static sb_scope_kv_t t1_scope[] = {{"tenantId", "t1"}};
 
 static void init_tokens(void)
 {
     memset(&tok_t1, 0, sizeof(tok_t1));
-    tok_t1.scope[0].key = "tenantId";
-    tok_t1.scope[0].value = "t1";
+    tok_t1.scope = t1_scope;
     tok_t1.scope_len = 1;
     memset(&tok_noscope, 0, sizeof(tok_noscope));
 }
