@@ -26,6 +26,9 @@
 #include "svc/handlers.h"
 #include "util/util.h"
 
+/* on shutdown, an idle keep-alive connection is closed after this long (see on_shutdown_msg) */
+#define SB_DRAIN_IDLE_CLOSE_MS 100
+
 /* "host:port" or "[v6]:port" of an address */
 static void format_addr(const struct sockaddr_storage *ss, char *out, size_t outsz)
 {
@@ -286,6 +289,23 @@ static void on_shutdown_msg(h2o_multithread_receiver_t *receiver, h2o_linklist_t
     h2o_context_request_shutdown(&w->ctx);
     if (w->index == 0)
         h2o_context_request_shutdown(&w->admin_ctx);
+    /*
+     * h2o 2.2.5 does nothing for HTTP/1 on shutdown: an idle keep-alive
+     * connection stays open until the process exits, and a request a proxy
+     * sends on it in that last moment is lost with a reset. Shortening the
+     * idle timeout closes each idle connection now, with a FIN the proxy sees
+     * before it picks the connection again (RFC 9112 section 9.6); the drain
+     * below waits until they are gone.
+     */
+    w->ctx.http1.req_timeout.timeout = SB_DRAIN_IDLE_CLOSE_MS;
+    if (w->index == 0)
+        w->admin_ctx.http1.req_timeout.timeout = SB_DRAIN_IDLE_CLOSE_MS;
+}
+
+/* 1 while the worker still holds an HTTP/1 connection, idle or not */
+static int has_connections(sb_worker_t *w)
+{
+    return !h2o_linklist_is_empty(&w->ctx.http1._conns) || (w->index == 0 && !h2o_linklist_is_empty(&w->admin_ctx.http1._conns));
 }
 
 static void *worker_main(void *arg)
@@ -343,14 +363,15 @@ static void *worker_main(void *arg)
     /*
      * drain: answer everything accepted, including requests that still arrive
      * on open keep-alive connections (h2o closes each after its current
-     * response), until the worker has been idle for 50 ms, which also lets the
-     * last responses leave the socket buffers; the stores are torn down only
-     * then, so no call is failed by the shutdown itself
+     * response, and idle ones after SB_DRAIN_IDLE_CLOSE_MS), until no
+     * connection is left and the worker has been idle for 50 ms, which also
+     * lets the last responses leave the socket buffers; the stores are torn
+     * down only then, so no call is failed by the shutdown itself
      */
     {
         uint64_t now = sb_mono_us(), idle_since = now;
         deadline = now + s->conf->drain_timeout_ms * 1000u;
-        while (now < deadline && (w->inflight != 0 || now - idle_since < 50000)) {
+        while (now < deadline && (w->inflight != 0 || has_connections(w) || now - idle_since < 50000)) {
             h2o_evloop_run(w->loop, 10);
             sb_log_flush();
             now = sb_mono_us();
