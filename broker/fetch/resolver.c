@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include <ares.h>
 #include "fetch/resolver.h"
+#include "sb/mem.h"
 #include "util/util.h"
 
 #define MAX_SOCKS 16
@@ -140,13 +141,13 @@ sb_resolver_t *sb_resolver_create(h2o_loop_t *loop, const char *servers, unsigne
     r->loop = loop;
     if (ares_init_options(&r->ch, &o, mask) != ARES_SUCCESS) {
         *err = "c-ares initialisation failed";
-        free(r);
+        sb_mem_free(r);
         return NULL;
     }
     if (servers != NULL && ares_set_servers_ports_csv(r->ch, servers) != ARES_SUCCESS) {
         *err = "egress.dns_servers: not a list of ip:port";
         ares_destroy(r->ch);
-        free(r);
+        sb_mem_free(r);
         return NULL;
     }
     h2o_timeout_init(loop, &r->tick_timeout, 50);
@@ -165,7 +166,7 @@ void sb_resolver_destroy(sb_resolver_t *r)
     if (h2o_timeout_is_linked(&r->tick))
         h2o_timeout_unlink(&r->tick);
     h2o_timeout_dispose(r->loop, &r->tick_timeout);
-    free(r);
+    sb_mem_free(r);
 }
 
 static const char *family_error(int status)
@@ -205,7 +206,7 @@ static void finish_if_done(sb_resolve_t *q)
         q->res.error = q->error;
         q->cb(q->arg, q->error == NULL ? SB_OK : SB_E_EXECUTION, &q->res);
     }
-    free(q);
+    sb_mem_free(q);
 }
 
 /* the header's answer count: refuse replies with more answers than we read, so none goes unvalidated */
