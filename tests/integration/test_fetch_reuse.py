@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""http.fetch over kept-alive upstream connections (egress.keepalive_pool_size > 0).
+"""http.fetch over kept-alive upstream connections (egress.keepalive_pool_size > 0), and what the
+per-worker resolver reuses (and does not).
 
 One broker with one worker (so every call meets the same pool) and a pool of two parked
 connections; dnsmasq (fetchfix_dns, TTL 0) maps the test names to loopback addresses; the upstreams
@@ -11,36 +12,50 @@ connection's number. What must hold (PROTOCOL.md section 6a):
   * never when the fresh answers no longer contain the connected address, or fail validation;
   * never after a response that did not end cleanly (Connection: close, HTTP/1.0, a body delimited
     by the close, bytes after the end), nor after the peer closed the idle connection or the idle
-    timeout passed; non-idempotent methods always connect afresh.
+    timeout passed; non-idempotent methods always connect afresh;
+  * the resolver's channels are reused, but every query leaves from a socket of its own (a source
+    port of its own), concurrent lookups included, and repeated answers count once (a second broker
+    asking a FakeDns directly, which records the source port of every query).
 """
 
 import base64
 import os
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sbtest  # noqa: E402
-from fetchfix_dns import Dnsmasq  # noqa: E402
+from fetchfix_dns import Dnsmasq, FakeDns  # noqa: E402
 from fetchfix_upstream import TestPki, Upstream  # noqa: E402
 
 IDLE_MS = 2000
 HOST_RECORDS = ["ka.test,127.0.0.1", "tls.test,127.0.0.1"]
 INITIAL_HOSTS = {"move.test": ["127.0.0.1"], "spoil.test": ["127.0.0.1"]}
 
+FAKE_TABLE = {
+    ("drop.fake.test", "A"): ("drop", None),  # never answered: every query stays in flight until its timeout
+    ("drop.fake.test", "AAAA"): ("drop", None),
+    ("dup.fake.test", "A"): ("addrs", ["127.0.0.1", "127.0.0.1"]),
+    ("dup.fake.test", "AAAA"): ("addrs", []),
+}
+
 DNS = None
+FAKE = None
 PKI = None
 B = None
+B2 = None
 UP = {}
 _TMP = None
 
 
 def setUpModule():
-    global DNS, PKI, B, _TMP
+    global DNS, FAKE, PKI, B, B2, _TMP
     try:
         PKI = TestPki().make()
         DNS = Dnsmasq(HOST_RECORDS, INITIAL_HOSTS).start()
+        FAKE = FakeDns(FAKE_TABLE).start()
         UP["a"] = Upstream().start()
         # the same port on 127.0.0.2: where move.test goes once it is rebound
         UP["a2"] = Upstream(host="127.0.0.2", port=UP["a"].port).start()
@@ -50,33 +65,43 @@ def setUpModule():
                              "connect_timeout_ms": 1000, "keepalive_pool_size": 2, "keepalive_idle_ms": IDLE_MS}}
         _TMP = tempfile.mkdtemp(prefix="sbreuse-")
         B = sbtest.Broker(config=config, env={"SANDBOX_BROKER_THREADS": "1", "SANDBOX_BROKER_TOKEN_STORE": "memory"}).start()
+        config2 = {"egress": {"dns_servers": ["127.0.0.1:%d" % FAKE.port], "dns_timeout_ms": 500, "dns_tries": 1,
+                              "allow_cidrs": ["127.0.0.1/32"], "deny_local_interfaces": False}}
+        B2 = sbtest.Broker(config=config2, env={"SANDBOX_BROKER_THREADS": "1", "SANDBOX_BROKER_TOKEN_STORE": "memory"}).start()
     except BaseException:
         _cleanup()
         raise
 
 
+def _stop_broker(b, errors):
+    try:
+        rc = b.stop()
+        log = b.log()
+        if rc != 0:
+            errors.append("broker exited with %s:\n%s" % (rc, log[-6000:]))
+        for marker in ("AddressSanitizer", "LeakSanitizer", "runtime error:"):
+            if marker in log:
+                errors.append("sanitizer report in the broker log:\n%s" % log[-12000:])
+                break
+    except BaseException as e:
+        b.kill()
+        errors.append(repr(e))
+
+
 def _cleanup():
-    global B
+    global B, B2
     errors = []
-    if B is not None:
-        try:
-            rc = B.stop()
-            log = B.log()
-            if rc != 0:
-                errors.append("broker exited with %s:\n%s" % (rc, log[-6000:]))
-            for marker in ("AddressSanitizer", "LeakSanitizer", "runtime error:"):
-                if marker in log:
-                    errors.append("sanitizer report in the broker log:\n%s" % log[-12000:])
-                    break
-        except BaseException as e:
-            B.kill()
-            errors.append(repr(e))
-        B = None
+    for b in (B, B2):
+        if b is not None:
+            _stop_broker(b, errors)
+    B = B2 = None
     for up in UP.values():
         up.stop()
     UP.clear()
     if DNS is not None:
         DNS.stop()
+    if FAKE is not None:
+        FAKE.stop()
     if PKI is not None:
         PKI.cleanup()
     if _TMP is not None:
@@ -314,6 +339,49 @@ class T4NotAfterAnUncleanEnd(ReuseCase):
         self.assertEqual(ids[:2], [1, 2])
         self.assertIn(ids[2], (1, 2))  # a GET takes either parked one
         self.assertEqual(UP["a"].snapshot()[1].body, b"x")
+
+
+class T5Resolver(sbtest.BrokerTestCase):
+    def open_fds(self):
+        return len(os.listdir("/proc/%d/fd" % B2.proc.pid))
+
+    def test_every_query_has_a_socket_of_its_own(self):
+        n = 8
+        toks = [B2.mint_ok("ports-%d" % i, {"net": ["drop.fake.test"]}) for i in range(n)]
+        fds_before = self.open_fds()
+        del FAKE.sources[:]
+        results = [None] * n
+
+        def one(i):
+            results[i] = B2.rpc(toks[i], "http.fetch", {"url": "http://drop.fake.test/"}, timeout=20.0)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        for r in results:
+            self.assertError(r, 500, "execution_error")
+        reasons = [e.get("reason") for e in B2.events() if e.get("event") == "egress.failed"
+                   and str(e.get("runId", "")).startswith("ports-")]
+        self.assertEqual(reasons, ['DNS resolution failed for "drop.fake.test": DNS timeout'] * n)
+        # 2n queries, all in flight together (none is ever answered), each from its own source port
+        ports = [p for p, _ in FAKE.sources]
+        self.assertEqual(len(ports), 2 * n, FAKE.sources)
+        self.assertEqual(len(set(ports)), 2 * n, "queries shared a source port: %r" % sorted(ports))
+        # the channels stay for the next lookups, their sockets do not
+        self.assertTrue(sbtest.poll(lambda: self.open_fds() <= fds_before, 5.0),
+                        "%d descriptors open after the lookups, %d before" % (self.open_fds(), fds_before))
+
+    def test_repeated_answers_count_once(self):
+        up = UP["a"]
+        tok = B2.mint_ok("dup-answers", {"net": ["dup.fake.test"]})
+        r = B2.rpc(tok, "http.fetch", {"url": "http://dup.fake.test:%d/" % up.port}, timeout=20.0)
+        self.assertEqual(r.status, 200, r)
+        sbtest.poll(lambda: [e for e in B2.events() if e.get("event") == "egress.decision" and e.get("runId") == "dup-answers"],
+                    5.0)
+        answers = [e.get("answers") for e in B2.events() if e.get("event") == "egress.decision" and e.get("runId") == "dup-answers"]
+        self.assertEqual(answers, ["127.0.0.1=allow(operator allow_cidrs)"])
 
 
 if __name__ == "__main__":
