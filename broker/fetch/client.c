@@ -28,7 +28,6 @@ struct st_sb_http_pool_t {
     size_t max_idle, nidle;
     h2o_linklist_t idle;
     h2o_timeout_t idle_timeout;
-    uint64_t parked, reused;
 };
 
 struct st_sb_http_t {
@@ -287,7 +286,6 @@ static void park(sb_http_t *h)
     h2o_linklist_insert(&p->idle, &c->link);
     h2o_timeout_link(p->loop, &p->idle_timeout, &c->idle);
     ++p->nidle;
-    ++p->parked;
     h2o_socket_read_start(c->sock, on_parked_read);
 }
 
@@ -311,7 +309,6 @@ static int take_parked(sb_http_t *h)
             h->got_bytes = 0;
             h->next_addr = 0;
             sb_mem_free(c);
-            ++p->reused;
             send_request(h);
             return 1;
         }
@@ -337,13 +334,6 @@ void sb_http_pool_destroy(sb_http_pool_t *p)
         drop_parked(H2O_STRUCT_FROM_MEMBER(parked_t, link, p->idle.next));
     h2o_timeout_dispose(p->loop, &p->idle_timeout);
     sb_mem_free(p);
-}
-
-void sb_http_pool_stats(const sb_http_pool_t *p, size_t *idle, uint64_t *parked, uint64_t *reused)
-{
-    *idle = p->nidle;
-    *parked = p->parked;
-    *reused = p->reused;
 }
 
 sb_http_t *sb_http_start(const sb_http_opts_t *opts, sb_http_cb cb, void *arg)

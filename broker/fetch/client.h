@@ -90,10 +90,12 @@ void sb_http_cancel(sb_http_t *h);
  * none), each closed after `idle_ms` unused. Lives on `loop`.
  */
 sb_http_pool_t *sb_http_pool_create(h2o_loop_t *loop, size_t max_idle, uint64_t idle_ms);
-/** closes every parked connection and frees the pool (exchanges still running then close theirs) */
+/**
+ * Closes every parked connection and frees the pool. No exchange started
+ * with the pool may still be running (its owner, the worker's egress
+ * context, is destroyed only once idle).
+ */
 void sb_http_pool_destroy(sb_http_pool_t *p);
-/** parked connections, and counters since creation: connections parked and taken again */
-void sb_http_pool_stats(const sb_http_pool_t *p, size_t *idle, uint64_t *parked, uint64_t *reused);
 
 /**
  * The TLS client context: peer verification on, TLS 1.2 or later, CAs from

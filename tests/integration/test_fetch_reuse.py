@@ -20,6 +20,7 @@ connection's number. What must hold (PROTOCOL.md section 6a):
 
 import base64
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -323,6 +324,22 @@ class T4NotAfterAnUncleanEnd(ReuseCase):
         self.assertEqual(self.fetch(tok, self.url("/hello"))[1], b"hello")
         self.assertEqual(self.conn_ids("a"), [1, 2])
 
+    def test_a_parked_connection_that_dies_unanswered_is_retried_once(self):
+        # the upstream closes a kept-alive connection on its second request without answering (the race of
+        # a close with a reuse): an idempotent request goes again, once, on a fresh connection
+        def flaky(h, rec):
+            if [r.conn_id for r in UP["a"].snapshot()].count(rec.conn_id) >= 2:
+                h.close_connection = True
+                return
+            h.reply(200, b"fine")
+
+        UP["a"].route("/flaky", flaky)
+        tok, run = self.run_token()
+        self.assertEqual(self.fetch(tok, self.url("/flaky"))[1], b"fine")
+        self.assertEqual(self.fetch(tok, self.url("/flaky"))[1], b"fine")
+        self.assertEqual(self.conn_ids("a"), [1, 1, 2])
+        self.assertEqual(self.responses(run, 2), [(0, "127.0.0.1", 0), (0, "127.0.0.1", 0)])
+
     def test_idle_timeout(self):
         tok, run = self.run_token()
         self.fetch(tok, self.url("/"))
@@ -339,6 +356,21 @@ class T4NotAfterAnUncleanEnd(ReuseCase):
         self.assertEqual(ids[:2], [1, 2])
         self.assertIn(ids[2], (1, 2))  # a GET takes either parked one
         self.assertEqual(UP["a"].snapshot()[1].body, b"x")
+
+
+class T6Reload(ReuseCase):
+    def test_a_reload_starts_an_empty_pool(self):
+        tok, run = self.run_token()
+        self.fetch(tok, self.url("/"))
+        self.fetch(tok, self.url("/"))
+        before = B.log().count('"event":"reload.applied"')
+        B.proc.send_signal(signal.SIGHUP)
+        self.assertTrue(sbtest.poll(lambda: B.log().count('"event":"reload.applied"') > before, 10), B.log()[-3000:])
+        time.sleep(0.3)  # the worker switches at its next turn
+        # the worker's new egress context has a pool of its own: the old one's connections are not taken over
+        self.fetch(tok, self.url("/"))
+        self.fetch(tok, self.url("/"))
+        self.assertEqual(self.conn_ids("a"), [1, 1, 2, 2])
 
 
 class T5Resolver(sbtest.BrokerTestCase):
