@@ -36,6 +36,7 @@ struct st_sb_http_t {
     int reused;    /* the current connection came from the pool */
     int got_bytes; /* the current connection brought at least one response byte */
     int tls_ok;    /* the current connection's certificate was verified for key.host */
+    int peer_done; /* the current connection ended (or failed) with the response */
     sb_http_cb cb;
     void *arg;
     h2o_socket_t *sock;
@@ -114,6 +115,7 @@ static void on_read(h2o_socket_t *sock, const char *err)
         h->got_bytes = 1;
     else if (err != NULL && retry_fresh(h))
         return;
+    h->peer_done = err != NULL;
     perr = sb_http1_feed(&h->rd, sock->input->bytes, sock->input->size, err != NULL, &consumed, &done);
     if (perr != NULL) {
         complete(h, perr);
@@ -271,7 +273,7 @@ static void park(sb_http_t *h)
     parked_t *c;
 
     /* TLS connections only once their certificate was verified for the key's host (the SNI name) */
-    if (p->max_idle == 0 || h->sock == NULL || h->sock->input->size != 0 || (h->key.tls && !h->tls_ok))
+    if (p->max_idle == 0 || h->sock == NULL || h->peer_done || h->sock->input->size != 0 || (h->key.tls && !h->tls_ok))
         return;
     if (p->nidle == p->max_idle)
         drop_parked(H2O_STRUCT_FROM_MEMBER(parked_t, link, p->idle.next));
