@@ -10,7 +10,9 @@
  * nothing learned on one hop is reused on the next; a redirect is a new
  * request the guest did not make, so it must pass the allowlist again; one
  * blocked answer rejects the name, because the resolver the upstream host
- * uses might have picked that one.
+ * uses might have picked that one. (A kept-alive connection of the same run,
+ * set_reuse below, is taken only after the hop's own answers validated and
+ * still contain its address.)
  */
 #include <stdarg.h>
 #include <stdio.h>
