@@ -14,9 +14,12 @@
  * a lookup costs is its two sockets, not a channel set-up.
  *
  * c-ares creates and closes its sockets through ares_set_socket_functions:
- * each socket is made non-blocking and close-on-exec at once and watched by
- * an h2o socket wrapping the descriptor itself, with DONT_READ, so h2o only
- * reports readiness and never consumes a datagram (no dup() per socket).
+ * each socket is made non-blocking and close-on-exec at once and goes into
+ * an epoll set of the resolver's own, which the loop watches as one h2o
+ * socket (DONT_READ: h2o only reports readiness and never consumes a
+ * datagram). So a query costs its socket, connect, send, receive and close
+ * and one epoll_ctl, and nothing per socket on the loop (no dup(), no h2o
+ * socket); closing a socket takes it out of the set by itself.
  * h2o 2.2.5 has no one-shot timers, so a 50 ms tick drives c-ares' timeouts
  * while queries are pending. Answers are never kept: every lookup asks the
  * server again.
@@ -27,6 +30,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -47,8 +51,10 @@ typedef struct st_chan_t chan_t;
 typedef struct st_watch_t {
     chan_t *c;
     ares_socket_t fd;
-    h2o_socket_t *sock; /* wraps fd itself: closing it closes fd */
-    int reading, want_write, write_armed;
+    int in_use;
+    uint32_t events; /* what the resolver's epoll set watches the socket for */
+    int wanted;      /* c-ares wants to hear of it (when not, it is about to close it) */
+    uint64_t serial; /* tells a reused slot from the socket an event was for */
 } watch_t;
 
 struct st_chan_t {
@@ -71,6 +77,9 @@ struct st_sb_resolver_t {
     h2o_linklist_t busy; /* chan_t.busy_link */
     chan_t *returning;   /* answered, waiting for c-ares to return */
     int depth;           /* inside a c-ares call: channels are given back when the outermost returns */
+    int epfd;            /* the epoll set of every c-ares socket, itself watched by the loop through epsock */
+    h2o_socket_t *epsock;
+    uint64_t serial;
     h2o_timeout_t tick_timeout;
     h2o_timeout_entry_t tick;
     size_t pending; /* lookups */
@@ -100,43 +109,69 @@ struct st_sb_resolve_t {
 static watch_t *find_watch(chan_t *c, ares_socket_t fd)
 {
     for (size_t i = 0; i < CHAN_SOCKS; ++i)
-        if (c->socks[i].sock != NULL && c->socks[i].fd == fd)
+        if (c->socks[i].in_use && c->socks[i].fd == fd)
             return &c->socks[i];
     return NULL;
 }
 
 static void give_back(sb_resolver_t *r);
 
-static void on_readable(h2o_socket_t *sock, const char *err)
+/* (re)registers the socket with the resolver's epoll set for what c-ares wants */
+static void watch_set(watch_t *w, uint32_t events)
 {
-    watch_t *w = sock->data;
-    sb_resolver_t *r = w->c->r;
+    struct epoll_event ev;
+
+    /* nothing wanted: c-ares closes the socket next, which takes it out of the set without a system call */
+    w->wanted = events != 0;
+    if (events == 0 || events == w->events)
+        return;
+    memset(&ev, 0, sizeof(ev));
+    ev.events = events;
+    ev.data.ptr = w;
+    if (epoll_ctl(w->c->r->epfd, w->events == 0 ? EPOLL_CTL_ADD : EPOLL_CTL_MOD, w->fd, &ev) != 0)
+        return; /* not watched: the query times out and fails closed */
+    w->events = events;
+}
+
+#define MAX_EVENTS 64
+
+/*
+ * The epoll set has ready sockets: hand each to its channel. The events are
+ * taken first and checked against the slot's serial before each is handled,
+ * since handling one can close another socket of the same channel (a UDP
+ * answer that came truncated moves the query to TCP).
+ */
+static void on_ready(h2o_socket_t *sock, const char *err)
+{
+    sb_resolver_t *r = sock->data;
+    struct epoll_event evs[MAX_EVENTS];
+    uint64_t serials[MAX_EVENTS];
+    int n = epoll_wait(r->epfd, evs, MAX_EVENTS, 0);
+
+    (void)err;
+    for (int i = 0; i < n; ++i)
+        serials[i] = ((watch_t *)evs[i].data.ptr)->serial;
     ++r->depth;
-    ares_process_fd(w->c->ch, w->fd, ARES_SOCKET_BAD);
+    for (int i = 0; i < n; ++i) {
+        watch_t *w = evs[i].data.ptr;
+        uint32_t e = evs[i].events;
+        ares_socket_t fd = w->fd;
+        if (!w->in_use || w->serial != serials[i])
+            continue;
+        if (!w->wanted) {
+            /* still open and no longer wanted (c-ares 1.18 always closes first): stop hearing of it */
+            struct epoll_event none;
+            memset(&none, 0, sizeof(none));
+            (void)epoll_ctl(r->epfd, EPOLL_CTL_DEL, fd, &none);
+            w->events = 0;
+            continue;
+        }
+        /* errors and hang-ups are read, so c-ares sees them */
+        ares_process_fd(w->c->ch, (e & (EPOLLIN | EPOLLERR | EPOLLHUP)) != 0 ? fd : ARES_SOCKET_BAD,
+                        (e & EPOLLOUT) != 0 ? fd : ARES_SOCKET_BAD);
+    }
     --r->depth;
     give_back(r);
-}
-
-static void on_writable(h2o_socket_t *sock, const char *err)
-{
-    watch_t *w = sock->data;
-    sb_resolver_t *r = w->c->r;
-    w->write_armed = 0;
-    if (w->want_write) {
-        ++r->depth;
-        ares_process_fd(w->c->ch, ARES_SOCKET_BAD, w->fd);
-        --r->depth;
-        give_back(r);
-    }
-}
-
-static void arm_write(watch_t *w)
-{
-    /* h2o asserts when notify_write is armed twice */
-    if (w->want_write && !w->write_armed && w->sock != NULL) {
-        w->write_armed = 1;
-        h2o_socket_notify_write(w->sock, on_writable);
-    }
 }
 
 static void sock_state_cb(void *data, ares_socket_t fd, int readable, int writable)
@@ -144,16 +179,8 @@ static void sock_state_cb(void *data, ares_socket_t fd, int readable, int writab
     watch_t *w = find_watch(data, fd);
 
     if (w == NULL)
-        return; /* not one of ours: cannot happen, c-ares only reports sockets it made through asocket */
-    if (readable && !w->reading) {
-        w->reading = 1;
-        h2o_socket_read_start(w->sock, on_readable);
-    } else if (!readable && w->reading) {
-        w->reading = 0;
-        h2o_socket_read_stop(w->sock);
-    }
-    w->want_write = writable;
-    arm_write(w);
+        return; /* not one of ours: cannot happen, c-ares only reports sockets it made through sock_open */
+    watch_set(w, (readable ? (uint32_t)EPOLLIN : 0) | (writable ? (uint32_t)EPOLLOUT : 0));
 }
 
 static ares_socket_t sock_open(int domain, int type, int protocol, void *data)
@@ -163,7 +190,7 @@ static ares_socket_t sock_open(int domain, int type, int protocol, void *data)
     int fd, one = 1;
 
     for (size_t i = 0; i < CHAN_SOCKS && w == NULL; ++i)
-        if (c->socks[i].sock == NULL)
+        if (!c->socks[i].in_use)
             w = &c->socks[i];
     if (w == NULL) {
         errno = EMFILE;
@@ -177,19 +204,21 @@ static ares_socket_t sock_open(int domain, int type, int protocol, void *data)
     memset(w, 0, sizeof(*w));
     w->c = c;
     w->fd = fd;
-    w->sock = h2o_evloop_socket_create(c->r->loop, fd, H2O_SOCKET_FLAG_DONT_READ);
-    w->sock->data = w;
+    w->in_use = 1;
+    w->serial = ++c->r->serial;
     return fd;
 }
 
 static int sock_close(ares_socket_t fd, void *data)
 {
     watch_t *w = find_watch(data, fd);
-    if (w == NULL)
-        return close(fd);
-    h2o_socket_close(w->sock); /* closes fd */
-    memset(w, 0, sizeof(*w));
-    return 0;
+    if (w != NULL) {
+        /* closing the only descriptor of the socket takes it out of the epoll set (epoll(7)) */
+        w->in_use = 0;
+        w->events = 0;
+        ++w->serial;
+    }
+    return close(fd);
 }
 
 static int sock_connect(ares_socket_t fd, const struct sockaddr *sa, ares_socklen_t len, void *data)
@@ -248,8 +277,8 @@ static void chan_destroy(chan_t *c)
 {
     ares_destroy(c->ch); /* completes a pending query with ARES_EDESTRUCTION, closes its sockets through sock_close */
     for (size_t i = 0; i < CHAN_SOCKS; ++i)
-        if (c->socks[i].sock != NULL)
-            h2o_socket_close(c->socks[i].sock);
+        if (c->socks[i].in_use)
+            (void)sock_close(c->socks[i].fd, c);
     sb_mem_free(c);
 }
 
@@ -352,6 +381,14 @@ sb_resolver_t *sb_resolver_create(h2o_loop_t *loop, const char *servers, unsigne
     h2o_linklist_init_anchor(&r->busy);
     h2o_timeout_init(loop, &r->tick_timeout, 50);
     r->tick.cb = on_tick;
+    if ((r->epfd = epoll_create1(EPOLL_CLOEXEC)) < 0) {
+        *err = "epoll_create1 failed for the resolver";
+        sb_resolver_destroy(r);
+        return NULL;
+    }
+    r->epsock = h2o_evloop_socket_create(loop, r->epfd, H2O_SOCKET_FLAG_DONT_READ);
+    r->epsock->data = r;
+    h2o_socket_read_start(r->epsock, on_ready);
     /* the first channel now: a configuration c-ares refuses is an error at start-up, not at the first fetch */
     if ((first = chan_create(r, err)) == NULL) {
         sb_resolver_destroy(r);
@@ -381,6 +418,8 @@ void sb_resolver_destroy(sb_resolver_t *r)
     if (h2o_timeout_is_linked(&r->tick))
         h2o_timeout_unlink(&r->tick);
     h2o_timeout_dispose(r->loop, &r->tick_timeout);
+    if (r->epsock != NULL)
+        h2o_socket_close(r->epsock); /* closes epfd */
     sb_mem_free(r->servers);
     sb_mem_free(r);
 }
