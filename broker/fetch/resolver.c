@@ -27,6 +27,7 @@
 #include <arpa/inet.h>
 #include <arpa/nameser.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <string.h>
@@ -357,6 +358,18 @@ static void on_tick(h2o_timeout_entry_t *entry)
         h2o_timeout_link(r->loop, &r->tick_timeout, &r->tick);
 }
 
+static int urandom_readable(void)
+{
+    unsigned char b;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC), ok;
+
+    if (fd < 0)
+        return 0;
+    ok = read(fd, &b, 1) == 1;
+    close(fd);
+    return ok;
+}
+
 sb_resolver_t *sb_resolver_create(h2o_loop_t *loop, const char *servers, unsigned timeout_ms, unsigned tries, const char **err)
 {
     sb_resolver_t *r = sb_mem_calloc(1, sizeof(*r));
@@ -365,6 +378,17 @@ sb_resolver_t *sb_resolver_create(h2o_loop_t *loop, const char *servers, unsigne
 
     if (!__atomic_exchange_n(&lib_ready, 1, __ATOMIC_ACQ_REL))
         ares_library_init(ARES_LIB_INIT_ALL);
+    /*
+     * c-ares 1.18 keys each channel's query-id generator from /dev/urandom and
+     * falls back to rand() when it cannot read it (CVE-2023-31147, fixed in
+     * 1.19.1 and not in Debian's 1.18.1-3): without it the ids would be
+     * guessable, so there is no resolver.
+     */
+    if (!urandom_readable()) {
+        *err = "cannot read /dev/urandom, which c-ares needs for random DNS query ids";
+        sb_mem_free(r);
+        return NULL;
+    }
     r->loop = loop;
     r->optmask = ARES_OPT_SOCK_STATE_CB | ARES_OPT_LOOKUPS | ARES_OPT_TIMEOUTMS | ARES_OPT_TRIES | ARES_OPT_FLAGS;
     r->opts.lookups = (char *)"b"; /* DNS only, never /etc/hosts */
