@@ -1,6 +1,7 @@
 """Loopback upstreams for the http.fetch tests: plain and TLS HTTP/1.1 servers that record everything.
 
-Upstream(routes) runs a ThreadingHTTPServer (protocol_version "HTTP/1.1") on 127.0.0.1:<free port>.
+Upstream(routes) runs a ThreadingHTTPServer (protocol_version "HTTP/1.1") on 127.0.0.1:<free port> (or
+another loopback address and a given port).
 It records every accepted TCP connection, every request (request line, method, target, raw header
 list in wire order, body bytes) and, for TLS, the SNI name the client sent, the negotiated protocol
 version and any handshake failure. A route is a function (handler, record) that answers; the
@@ -171,9 +172,10 @@ class _Server(http.server.ThreadingHTTPServer):
 class Upstream:
     """A recording HTTP(S) server on 127.0.0.1:<free port>."""
 
-    def __init__(self, routes=None, tls=None, port=0):
+    def __init__(self, routes=None, tls=None, port=0, host="127.0.0.1"):
         self.routes = dict(routes or {})
         self.want_port = port
+        self.host = host
         self.tls = tls  # an ssl.SSLContext (server side) or None
         self.lock = threading.Lock()
         self.stop_event = threading.Event()
@@ -197,7 +199,7 @@ class Upstream:
     def start(self):
         if self.tls is not None:
             self.tls.sni_callback = self._on_sni
-        self.server = _Server(("127.0.0.1", self.want_port), _Handler)
+        self.server = _Server((self.host, self.want_port), _Handler)
         self.server.upstream = self
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)

@@ -10,7 +10,9 @@
  * nothing learned on one hop is reused on the next; a redirect is a new
  * request the guest did not make, so it must pass the allowlist again; one
  * blocked answer rejects the name, because the resolver the upstream host
- * uses might have picked that one.
+ * uses might have picked that one. (A kept-alive connection of the same run,
+ * set_reuse below, is taken only after the hop's own answers validated and
+ * still contain its address.)
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -32,6 +34,7 @@ struct st_sb_fetch_ctx_t {
     h2o_loop_t *loop;
     size_t live; /* exchanges not yet freed (a reload retires the context until this is 0) */
     sb_resolver_t *resolver;
+    sb_http_pool_t *conns; /* kept-alive upstream connections, reused within a run only (fetch/client.h) */
     h2o_timeout_t deadline, connect_timeout;
 };
 
@@ -46,6 +49,7 @@ sb_fetch_ctx_t *sb_fetch_ctx_create(const sb_fetch_conf_t *conf, h2o_loop_t *loo
     }
     h2o_timeout_init(loop, &ctx->deadline, conf->deadline_ms);
     h2o_timeout_init(loop, &ctx->connect_timeout, conf->connect_timeout_ms);
+    ctx->conns = sb_http_pool_create(loop, conf->keepalive_pool_size, conf->keepalive_idle_ms);
     return ctx;
 }
 
@@ -59,6 +63,7 @@ void sb_fetch_ctx_destroy(sb_fetch_ctx_t *ctx)
     if (ctx == NULL)
         return;
     sb_resolver_destroy(ctx->resolver);
+    sb_http_pool_destroy(ctx->conns);
     h2o_timeout_dispose(ctx->loop, &ctx->deadline);
     h2o_timeout_dispose(ctx->loop, &ctx->connect_timeout);
     free(ctx);
@@ -234,8 +239,9 @@ static void build_request(fetch_t *f)
     sb_url_host_header(&f->url, host, sizeof(host));
     free(f->request);
     f->request = sb_mem_alloc(cap);
-    len += (size_t)snprintf(f->request + len, cap - len, "%s %s HTTP/1.1\r\nhost: %s\r\nconnection: close\r\n", f->method,
-                            f->url.target, host);
+    /* HTTP/1.1 connections persist by default (RFC 9112 section 9.3): "close" unless the worker parks them */
+    len += (size_t)snprintf(f->request + len, cap - len, "%s %s HTTP/1.1\r\nhost: %s\r\n%s", f->method, f->url.target, host,
+                            f->ctx->conf->keepalive_pool_size != 0 ? "" : "connection: close\r\n");
     for (size_t i = 0; i < f->nheaders; ++i)
         len += (size_t)snprintf(f->request + len, cap - len, "%s: %s\r\n", f->headers[i].name, f->headers[i].value);
     if (with_length)
@@ -380,6 +386,7 @@ static void on_response(void *arg, const char *err, sb_http_response_t *res)
         sb_log_cstr(&l, "address", ipbuf);
         sb_log_int(&l, "status", res->status);
         sb_log_int(&l, "bytes", (long long)res->body_len);
+        sb_log_int(&l, "reused", res->reused);
         sb_log_end(&l);
     }
     /* RFC 9110 section 15.4: only a 3xx with Location is a redirect; anything else is the answer */
@@ -413,9 +420,34 @@ static void on_response(void *arg, const char *err, sb_http_response_t *res)
     start_hop(f);
 }
 
+/*
+ * A parked connection serves this run only (the token's hash is the owner),
+ * for the same scheme, host (the SNI and verified name) and port, and only
+ * when its address is among the ones this hop has just resolved and
+ * validated: the client checks that against the pins. Only idempotent
+ * methods take one, since a parked connection the peer closed meanwhile
+ * costs a retry (RFC 9112 section 9.3.1).
+ */
+static void set_reuse(fetch_t *f, sb_http_opts_t *o, sb_http_key_t *key)
+{
+    static const char *const idempotent[] = {"GET", "HEAD", "OPTIONS", "PUT", "DELETE", NULL};
+
+    memset(key, 0, sizeof(*key));
+    memcpy(key->owner, f->tok->hash, sizeof(key->owner));
+    key->tls = f->url.scheme == SB_URL_HTTPS;
+    key->port = f->url.port;
+    snprintf(key->host, sizeof(key->host), "%s", f->url.host);
+    o->pool = f->ctx->conns;
+    o->key = key;
+    for (size_t i = 0; idempotent[i] != NULL; ++i)
+        if (strcmp(f->method, idempotent[i]) == 0)
+            o->may_reuse = 1;
+}
+
 static void connect_pins(fetch_t *f)
 {
     sb_http_opts_t o;
+    sb_http_key_t key;
 
     if (f->check_cb != NULL) {
         /* egress-check stops here: the decision is made, nothing is connected */
@@ -438,6 +470,8 @@ static void connect_pins(fetch_t *f)
     o.head_request = strcmp(f->method, "HEAD") == 0;
     o.max_body = f->ctx->conf->max_body;
     o.connect_timeout = &f->ctx->connect_timeout;
+    if (f->ctx->conf->keepalive_pool_size != 0 && f->tok != NULL)
+        set_reuse(f, &o, &key);
     {
         /* NULL means the callback already ran (and may have freed f): touch nothing */
         sb_http_t *h = sb_http_start(&o, on_response, f);
