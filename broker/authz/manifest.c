@@ -134,7 +134,7 @@ static char ascii_lower(char c)
 
 static sb_status_t copy_str(mstr_t *dst, const char *s, size_t len)
 {
-    if ((dst->p = malloc(len + 1)) == NULL)
+    if ((dst->p = sb_mem_try_alloc(len + 1)) == NULL)
         return SB_E_NOMEM;
     memcpy(dst->p, s, len);
     dst->p[len] = '\0';
@@ -177,7 +177,7 @@ static sb_status_t parse_list(const json_t *v, const char *path, list_kind_t kin
         return st;
     if ((n = json_array_size(v)) == 0)
         return SB_OK;
-    if ((out->v = calloc(n, sizeof(*out->v))) == NULL)
+    if ((out->v = sb_mem_try_calloc(n, sizeof(*out->v))) == NULL)
         return SB_E_NOMEM;
     for (i = 0; i != n; ++i) {
         const char *s;
@@ -321,7 +321,7 @@ static sb_status_t parse_netlist(const json_t *v, const char *path, netlist_t *o
         return st;
     if ((n = json_array_size(v)) == 0)
         return SB_OK;
-    if ((out->v = calloc(n, sizeof(*out->v))) == NULL)
+    if ((out->v = sb_mem_try_calloc(n, sizeof(*out->v))) == NULL)
         return SB_E_NOMEM;
     for (i = 0; i != n; ++i) {
         const char *s, *why;
@@ -401,7 +401,7 @@ static sb_status_t parse_grants(const json_t *v, const char *path, int collectio
         return fail(err, errsz, "%s: too many entries (max %u)", path, SB_MAX_MANIFEST_ENTRIES);
     if (n == 0)
         return SB_OK;
-    if ((out->v = calloc(n, sizeof(*out->v))) == NULL)
+    if ((out->v = sb_mem_try_calloc(n, sizeof(*out->v))) == NULL)
         return SB_E_NOMEM;
     json_object_keylen_foreach((json_t *)v, key, klen, val)
     {
@@ -475,7 +475,7 @@ sb_status_t sb_manifest_parse(const json_t *caps, sb_manifest_t **out, char *err
     *out = NULL;
     if (err != NULL && errsz != 0)
         err[0] = '\0';
-    if ((m = calloc(1, sizeof(*m))) == NULL)
+    if ((m = sb_mem_try_calloc(1, sizeof(*m))) == NULL)
         return SB_E_NOMEM;
     m->timeout_ms = -1;
     m->memory_mb = -1;
@@ -529,8 +529,8 @@ static void free_list(mlist_t *l)
     size_t i;
 
     for (i = 0; i != l->n; ++i)
-        free(l->v[i].p);
-    free(l->v);
+        sb_mem_free(l->v[i].p);
+    sb_mem_free(l->v);
 }
 
 static void free_grants(grants_t *g)
@@ -538,16 +538,16 @@ static void free_grants(grants_t *g)
     size_t i;
 
     for (i = 0; i != g->n; ++i)
-        free(g->v[i].name.p);
-    free(g->v);
+        sb_mem_free(g->v[i].name.p);
+    sb_mem_free(g->v);
 }
 
 void sb_manifest_free(sb_manifest_t *m)
 {
     if (m == NULL)
         return;
-    free(m->net.v);
-    free(m->import.v);
+    sb_mem_free(m->net.v);
+    sb_mem_free(m->import.v);
     free_list(&m->files_read);
     free_list(&m->files_write);
     free_grants(&m->collections);
@@ -557,7 +557,7 @@ void sb_manifest_free(sb_manifest_t *m)
     free_list(&m->jobs);
     free_list(&m->workflows);
     free_list(&m->tools);
-    free(m);
+    sb_mem_free(m);
 }
 
 int64_t sb_manifest_timeout_ms(const sb_manifest_t *m)

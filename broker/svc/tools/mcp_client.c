@@ -116,7 +116,7 @@ static void exchange_release(exchange_t *ex)
     }
     if (h2o_timeout_is_linked(&ex->timer))
         h2o_timeout_unlink(&ex->timer);
-    free(ex->request);
+    sb_mem_free(ex->request);
     ex->request = NULL;
     ex->request_len = 0;
 }
@@ -282,7 +282,7 @@ static void call_finish(sb_mcp_call_t *c, sb_status_t st, const char *detail, co
     exchange_release(&c->ex);
     c->cb(c->arg, st, detail, result, len);
     json_decref(c->params);
-    free(c);
+    sb_mem_free(c);
 }
 
 /* fails every call that waits for a session (not those already sent on an earlier one) */
@@ -420,7 +420,7 @@ static void on_initialize_answer(exchange_t *ex, const char *err, sb_http_respon
     if (text == NULL)
         sb_fatal(__FILE__, __LINE__, "out of memory");
     exchange_start(m, &m->init, text, strlen(text), 0, 0, on_initialized_answer);
-    free(text);
+    sb_mem_free_foreign(text);
     return;
 Fail:
     msgpack_zone_destroy(&zone);
@@ -448,7 +448,7 @@ static void start_init(sb_mcp_t *m)
     if (text == NULL)
         sb_fatal(__FILE__, __LINE__, "out of memory");
     exchange_start(m, &m->init, text, strlen(text), id, MAX_INIT_MSG, on_initialize_answer);
-    free(text);
+    sb_mem_free_foreign(text);
 }
 
 /* ---- calls ---------------------------------------------------------------------------------------------------------- */
@@ -509,7 +509,7 @@ static void start_call(sb_mcp_t *m, sb_mcp_call_t *c)
         sb_fatal(__FILE__, __LINE__, "out of memory");
     json_decref(req);
     exchange_start(m, &c->ex, text, strlen(text), id, c->max_msg, on_call_answer);
-    free(text);
+    sb_mem_free_foreign(text);
 }
 
 static void pump(sb_mcp_t *m)
@@ -555,7 +555,7 @@ void sb_mcp_call_cancel(sb_mcp_call_t *c)
         h2o_linklist_unlink(&c->link);
     exchange_release(&c->ex);
     json_decref(c->params);
-    free(c);
+    sb_mem_free(c);
 }
 
 /* ---- the client ----------------------------------------------------------------------------------------------------- */
@@ -617,7 +617,7 @@ sb_status_t sb_mcp_create(h2o_loop_t *loop, const char *url, uint64_t timeout_ms
     *out = m;
     return SB_OK;
 Error:
-    free(m);
+    sb_mem_free(m);
     return SB_E_BAD_ARGS;
 }
 
@@ -635,8 +635,8 @@ void sb_mcp_destroy(sb_mcp_t *m)
         h2o_timeout_unlink(&m->kick);
     h2o_timeout_dispose(m->loop, &m->timeout);
     h2o_timeout_dispose(m->loop, &m->zero);
-    free(m->url_text);
-    free(m);
+    sb_mem_free(m->url_text);
+    sb_mem_free(m);
 }
 
 const char *sb_mcp_url(const sb_mcp_t *m)
