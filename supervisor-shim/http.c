@@ -5,21 +5,20 @@
 #include <string.h>
 #include "http.h"
 
-sb_status_t sb_shim_http_build_request(sb_shim_buf_t *out, const sb_shim_url_t *u, const char *token, const uint8_t *body,
+sb_status_t sb_shim_http_build_request(sb_buf_t *out, const sb_shim_url_t *u, const char *token, const uint8_t *body,
                                        size_t body_len)
 {
     char cl[32];
     sb_status_t st;
 
     snprintf(cl, sizeof(cl), "%zu", body_len);
-    if ((st = sb_shim_buf_appends(out, "POST ")) != SB_OK || (st = sb_shim_buf_appends(out, u->target)) != SB_OK ||
-        (st = sb_shim_buf_appends(out, " HTTP/1.1\r\nHost: ")) != SB_OK ||
-        (st = sb_shim_buf_appends(out, u->host_header)) != SB_OK ||
-        (st = sb_shim_buf_appends(out, "\r\nContent-Type: application/msgpack\r\nAccept: application/msgpack\r\n"
-                                       "x-questpie-sandbox-token: ")) != SB_OK ||
-        (st = sb_shim_buf_appends(out, token)) != SB_OK || (st = sb_shim_buf_appends(out, "\r\nContent-Length: ")) != SB_OK ||
-        (st = sb_shim_buf_appends(out, cl)) != SB_OK || (st = sb_shim_buf_appends(out, "\r\n\r\n")) != SB_OK ||
-        (st = sb_shim_buf_append(out, body, body_len)) != SB_OK)
+    if ((st = sb_buf_append_str(out, "POST ")) != SB_OK || (st = sb_buf_append_str(out, u->target)) != SB_OK ||
+        (st = sb_buf_append_str(out, " HTTP/1.1\r\nHost: ")) != SB_OK || (st = sb_buf_append_str(out, u->host_header)) != SB_OK ||
+        (st = sb_buf_append_str(out, "\r\nContent-Type: application/msgpack\r\nAccept: application/msgpack\r\n"
+                                     "x-questpie-sandbox-token: ")) != SB_OK ||
+        (st = sb_buf_append_str(out, token)) != SB_OK || (st = sb_buf_append_str(out, "\r\nContent-Length: ")) != SB_OK ||
+        (st = sb_buf_append_str(out, cl)) != SB_OK || (st = sb_buf_append_str(out, "\r\n\r\n")) != SB_OK ||
+        (st = sb_buf_append(out, body, body_len)) != SB_OK)
         return st;
     return SB_OK;
 }
