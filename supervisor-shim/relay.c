@@ -823,7 +823,8 @@ static void on_call(relay_t *r, const sb_shim_msg_t *m)
     /* body: {method, args?} (PROTOCOL.md section 3) */
     msgpack_sbuffer_init(&body);
     st = sb_shim_call_body(m, &body);
-    sb_buf_init(&cn->out, SB_MAX_RPC_WIRE + 4096);
+    /* the request carries the run's token: the buffer zeroes what it held on growth and on release */
+    sb_buf_init_secret(&cn->out, SB_MAX_RPC_WIRE + 4096);
     sb_buf_init(&cn->in, SB_SHIM_MAX_RESPONSE_HEAD + response_cap(c->method));
     if (st != SB_OK) {
         msgpack_sbuffer_destroy(&body);
