@@ -163,14 +163,14 @@ __attribute__((format(printf, 2, 3))) static void emit(out_t *o, const char *fmt
     va_end(ap);
 }
 
-/* a label value, escaped as the exposition format asks (backslash and double quote; rule names have no LF) */
+/* a label value, escaped as the text exposition format asks: backslash, double quote and line feed */
 static void emit_label(out_t *o, const char *s)
 {
     for (; *s != '\0' && o->st == SB_OK; ++s) {
-        if (*s == '"' || *s == '\\')
+        if (*s == '"' || *s == '\\' || *s == '\n')
             o->st = sb_buf_append_char(o->b, '\\');
         if (o->st == SB_OK)
-            o->st = sb_buf_append_char(o->b, *s);
+            o->st = sb_buf_append_char(o->b, *s == '\n' ? 'n' : *s);
     }
 }
 

@@ -27,7 +27,7 @@ static void test_render(void)
 
     sb_metrics_call(SB_MK_FILES, SB_OK, 300);
     sb_metrics_call(SB_MK_COUNT_, SB_E_BAD_ARGS, 5);
-    sb_metrics_egress("rule \"quoted\" \\ back", 1);
+    sb_metrics_egress("rule \"quoted\" \\ back\nline", 1);
     sb_metrics_egress("plain", 0);
     st = sb_metrics_render(&b);
     is_int(st, SB_OK, "render succeeds");
@@ -38,8 +38,9 @@ static void test_render(void)
     ok(b.base != NULL && strstr(b.base, line) != NULL, "a recorded call is counted");
     ok(b.base != NULL && strstr(b.base, "sb_calls_total{kind=\"invalid\",") != NULL, "an unparsed method counts as invalid");
     ok(b.base != NULL &&
-           strstr(b.base, "sb_egress_decisions_total{decision=\"allow\",rule=\"rule \\\"quoted\\\" \\\\ back\"} 1\n") != NULL,
-       "a rule label has its quote and backslash escaped");
+           strstr(b.base, "sb_egress_decisions_total{decision=\"allow\",rule=\"rule \\\"quoted\\\" \\\\ back\\nline\"} 1\n") !=
+               NULL,
+       "a rule label has its quote, backslash and line feed escaped");
     ok(b.base != NULL && strstr(b.base, "sb_egress_decisions_total{decision=\"deny\",rule=\"plain\"} 1\n") != NULL,
        "a denied decision is counted");
     ok(b.base != NULL && b.len >= 1 && b.base[b.len - 1] == '\n', "the text ends with a line end");
