@@ -166,20 +166,20 @@ static void reload(void)
                    "listen, admin_listen, threads, token_store, redis_prefix, the redis passwords, rpc_path, audit, log_file and "
                    "max_tokens change only on restart");
     /* keep what cannot change now, so the published configuration describes what runs */
-    free(conf->listen);
+    sb_mem_free(conf->listen);
     conf->listen = sb_mem_strdup(cur->listen);
-    free(conf->admin_listen);
+    sb_mem_free(conf->admin_listen);
     conf->admin_listen = sb_mem_strdup(cur->admin_listen);
     conf->threads = cur->threads;
-    free(conf->token_store);
+    sb_mem_free(conf->token_store);
     conf->token_store = sb_mem_strdup(cur->token_store);
-    free(conf->redis_prefix);
+    sb_mem_free(conf->redis_prefix);
     conf->redis_prefix = sb_mem_strdup(cur->redis_prefix);
-    free(conf->rpc_path);
+    sb_mem_free(conf->rpc_path);
     conf->rpc_path = sb_mem_strdup(cur->rpc_path);
-    free(conf->audit);
+    sb_mem_free(conf->audit);
     conf->audit = sb_mem_strdup(cur->audit != NULL ? cur->audit : "off");
-    free(conf->log_file);
+    sb_mem_free(conf->log_file);
     conf->log_file = sb_mem_strdup(cur->log_file);
     conf->max_tokens = cur->max_tokens;
     log_sources(conf);

@@ -58,7 +58,7 @@ void sb_admin_send_json(h2o_req_t *req, const char *op, sb_status_t st, json_t *
     if (text == NULL)
         sb_fatal(__FILE__, __LINE__, "out of memory");
     sb_admin_send(req, op, st, text, strlen(text));
-    free(text);
+    sb_mem_free_foreign(text);
 }
 
 void sb_admin_send_error(h2o_req_t *req, const char *op, sb_status_t st, const char *message)
@@ -628,10 +628,13 @@ int sb_admin_on_req(h2o_handler_t *self, h2o_req_t *req)
         return 0;
     }
     if (h2o_memis(path.base, path.len, H2O_STRLIT("/metrics")) && h2o_memis(req->method.base, req->method.len, H2O_STRLIT("GET"))) {
-        char *text;
-        size_t len = sb_metrics_render(&text);
-        sb_reply_send(req, SB_OK, "text/plain; version=0.0.4", text, len);
-        free(text);
+        sb_buf_t text;
+        sb_status_t st = sb_metrics_render(&text);
+        if (st == SB_OK)
+            sb_reply_send_buf(req, SB_OK, "text/plain; version=0.0.4", &text);
+        else
+            sb_admin_send_error(req, "other", st, "the metrics text could not be rendered");
+        sb_buf_free(&text);
         return 0;
     }
     return sb_health_on_req(self, req);

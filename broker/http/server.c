@@ -280,7 +280,7 @@ static void on_shutdown_msg(h2o_multithread_receiver_t *receiver, h2o_linklist_t
             apply_reload(w, m);
         else if (!m->reload)
             stop = 1;
-        free(m);
+        sb_mem_free(m);
     }
     if (!stop || w->stopping)
         return;
@@ -490,7 +490,7 @@ void sb_server_free_retired(sb_server_t *s)
         sb_config_free(r->conf);
         sb_fetch_conf_free(r->fetch_conf);
         sb_targets_free(r->targets);
-        free(r);
+        sb_mem_free(r);
     }
 }
 

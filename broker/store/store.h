@@ -76,7 +76,8 @@ SB_WARN_UNUSED sb_status_t sb_token_build(const uint8_t hash[32], const char *ru
                                           char *err, size_t errsz);
 /**
  * serialises a record to JSON for the redis backend (capabilities kept
- * verbatim, a random mint id added); NULL when no randomness is available
+ * verbatim, a random mint id added), released with sb_mem_free_foreign (json_dumps
+ * text); NULL when no randomness is available
  */
 char *sb_token_serialize(const sb_token_t *t, const json_t *capabilities);
 /** parses a serialised record; SB_E_UNAVAILABLE when it is unreadable (fail closed) */

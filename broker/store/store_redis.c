@@ -446,13 +446,13 @@ static void free_secret(char *p)
 {
     if (p != NULL) {
         explicit_bzero(p, strlen(p));
-        free(p);
+        sb_mem_free(p);
     }
 }
 
 void sb_store__redis_free(sb_store_t *s)
 {
-    free(s->unix_path);
+    sb_mem_free(s->unix_path);
     free_secret(s->password);
     free_secret(s->sentinel_password);
 }
@@ -864,7 +864,7 @@ static void cmd_finish(cmd_t *cmd, redisReply *reply)
     h2o_linklist_unlink(&cmd->link);
     cmd->done(cmd, reply);
     sb_token_release(cmd->known);
-    free(cmd);
+    sb_mem_free(cmd);
 }
 
 /* decimal digits of v at p; returns the end */
@@ -922,7 +922,7 @@ static void cmd_send(cmd_t *cmd)
         memcpy(p, cmd->resp + cmd->args, rest);
         p += rest;
         ok = redisAsyncFormattedCommand(ac, on_cmd_reply, cmd, buf, (size_t)(p - buf)) == REDIS_OK;
-        free(buf);
+        sb_mem_free(buf);
     }
     if (!ok)
         cmd_finish(cmd, NULL);
@@ -1506,7 +1506,7 @@ void sb_store__redis_conn_destroy(void *p)
     h2o_timeout_dispose(rc->loop, &rc->flush_timeout);
     for (size_t i = 0; i < RCACHE_SLOTS; ++i)
         sb_token_release(rc->cache[i].tok);
-    free(rc);
+    sb_mem_free(rc);
 }
 
 int sb_store__redis_healthy(void *p)
@@ -1999,7 +1999,7 @@ void sb_store__redis_put(void *rcp, sb_token_t *tok, const json_t *caps, sb_stor
     argv[8] = exp;
     lens[8] = (size_t)snprintf(exp, sizeof(exp), "%lld", (long long)tok->expires_at_ms);
     cmd = cmd_new(rc, "the mint", on_put, SC_MINT, 9, argv, lens);
-    free(rec);
+    sb_mem_free_foreign(rec); /* json_dumps text */
     cmd->cb.done = cb;
     cmd->arg = arg;
     cmd_send(cmd);

@@ -21,6 +21,7 @@
 #include <unistd.h>
 #include "tap.h"
 #include "sb/limits.h"
+#include "sb/mem.h"
 #include "svc/files/files_fs.h"
 #include "svc/files/files_path.h"
 #include "call/call.h"
@@ -343,6 +344,43 @@ static void test_fs(void)
     sb_files_fs_entries_free(v, n);
     st = sb_files_fs_list(rootfd, NULL, show_all, NULL, 100, 3 * 64 + 15, &v, &n, &truncated, msg, sizeof(msg));
     ok(st == SB_OK && n == 3 && truncated, "the byte budget cuts the listing too");
+    sb_files_fs_entries_free(v, n);
+    /* each allocation of a read and of a listing failed in turn: "out of memory", nothing returned, nothing leaked */
+    {
+        unsigned long k, points = 0, bad = 0;
+        st = SB_E_EXECUTION;
+        for (k = 1; k < 1000 && st != SB_OK; ++k) {
+            data = NULL;
+            sb_mem_fail_nth(k);
+            st = sb_files_fs_read(rootfd, "ten", 10, &data, &len, msg, sizeof(msg));
+            sb_mem_fail_nth(0);
+            if (st == SB_OK)
+                ok(len == 10 && memcmp(data, "0123456789", 10) == 0, "read: the bytes once no allocation fails");
+            else if (++points, st != SB_E_EXECUTION || strcmp(msg, "files.read out of memory") != 0 || data != NULL)
+                ++bad;
+            sb_mem_free(data);
+        }
+        ok(points >= 1 && bad == 0, "read: %lu failure points, each \"files.read out of memory\"", points);
+        points = bad = 0;
+        v = NULL;
+        n = 0;
+        st = SB_E_EXECUTION;
+        for (k = 1; k < 1000 && st != SB_OK; ++k) {
+            sb_mem_fail_nth(k);
+            st = sb_files_fs_list(rootfd, NULL, show_all, NULL, 100, 100000, &v, &n, &truncated, msg, sizeof(msg));
+            sb_mem_fail_nth(0);
+            if (st == SB_OK)
+                ok(n == 5, "list: every entry once no allocation fails");
+            else if (++points, st != SB_E_EXECUTION || strcmp(msg, "files.list out of memory") != 0 || v != NULL || n != 0)
+                ++bad;
+            if (st == SB_OK)
+                sb_files_fs_entries_free(v, n);
+        }
+        ok(points >= 6 && bad == 0, "list: %lu failure points (the array and each path), each \"files.list out of memory\"",
+           points);
+    }
+    v = NULL;
+    n = 0;
     sb_files_fs_entries_free(v, n);
     st = sb_files_fs_list(rootfd, NULL, show_txt_files, NULL, 100, 100000, &v, &n, &truncated, msg, sizeof(msg));
     ok(st == SB_OK && n == 1 && strcmp(v[0].path, "z.txt") == 0, "the filter applies");

@@ -112,9 +112,9 @@ __attribute__((format(printf, 3, 4))) static void fail(files_job_t *job, sb_stat
 static void job_free(files_job_t *job)
 {
     sb_result_dispose(&job->res);
-    free(job->content);
+    sb_mem_free(job->content);
     sb_token_release(job->tok);
-    free(job);
+    sb_mem_free(job);
 }
 
 /* answers on the loop thread and frees the job */
@@ -164,7 +164,7 @@ static void do_read(files_job_t *job, int rootfd)
     rc |= msgpack_pack_bin(&pk, len);
     if (len != 0) /* an empty file has no buffer, and memcpy must not see NULL */
         rc |= msgpack_pack_bin_body(&pk, data, len);
-    free(data);
+    sb_mem_free(data);
     packed_or_fail(job, rc);
 }
 

@@ -92,7 +92,7 @@ static void counts_sweep(int64_t now)
             run_count_t *e = *pp;
             if (e->expires_at_ms <= now) {
                 *pp = e->next;
-                free(e);
+                sb_mem_free(e);
                 --counts.n;
             } else {
                 pp = &e->next;
@@ -116,7 +116,7 @@ static void counts_grow(void)
             b[k] = e;
         }
     }
-    free(counts.buckets);
+    sb_mem_free(counts.buckets);
     counts.buckets = b;
     counts.nbuckets = nb;
 }
@@ -127,10 +127,10 @@ static void counts_free(void)
         run_count_t *e = counts.buckets[i], *next;
         for (; e != NULL; e = next) {
             next = e->next;
-            free(e);
+            sb_mem_free(e);
         }
     }
-    free(counts.buckets);
+    sb_mem_free(counts.buckets);
     counts.buckets = NULL;
     counts.nbuckets = counts.n = 0;
 }
@@ -239,7 +239,7 @@ static void op_finish(tools_op_t *op, sb_result_t *res)
     op->cb(op->arg, res);
     sb_token_release(op->tok);
     msgpack_sbuffer_destroy(&op->tools);
-    free(op);
+    sb_mem_free(op);
 }
 
 /* execution_error with the upstream and the detail (logged under the correlation id, redacted on the wire) */
@@ -283,7 +283,7 @@ static void upstream_destroy(sb_tools_ctx_t *ctx, upstream_t *up)
 {
     sb_mcp_destroy(up->mcp);
     h2o_timeout_dispose(ctx->loop, &up->deadline);
-    free(up);
+    sb_mem_free(up);
 }
 
 static int conf_is_current(const sb_targets_t *targets, const sb_tools_conf_t *tc)
@@ -321,8 +321,7 @@ static upstream_t *get_upstream(sb_tools_ctx_t *ctx, const sb_targets_t *targets
         up->mcp = NULL;
     h2o_timeout_init(ctx->loop, &up->deadline, tc->timeout_ms);
     /* one entry per configured target (and per retired one still busy): as small as the configuration */
-    if ((v = realloc(ctx->ups, (ctx->nups + 1) * sizeof(*v))) == NULL)
-        sb_fatal(__FILE__, __LINE__, "out of memory");
+    v = sb_mem_realloc(ctx->ups, (ctx->nups + 1) * sizeof(*v));
     ctx->ups = v;
     ctx->ups[ctx->nups++] = up;
     return up;
@@ -679,10 +678,10 @@ void sb_tools_ctx_destroy(sb_tools_ctx_t *ctx)
     }
     for (size_t i = 0; i < ctx->nups; ++i)
         upstream_destroy(ctx, ctx->ups[i]);
-    free(ctx->ups);
+    sb_mem_free(ctx->ups);
     pthread_mutex_lock(&counts.mutex);
     if (--counts.users == 0)
         counts_free();
     pthread_mutex_unlock(&counts.mutex);
-    free(ctx);
+    sb_mem_free(ctx);
 }
