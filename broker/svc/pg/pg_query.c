@@ -17,7 +17,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "sb/buf.h"
 #include "sb/limits.h"
+#include "sb/mem.h"
 #include "sb/value.h"
 #include "svc/pg/pg_query.h"
 #include "util/util.h"
@@ -44,8 +46,8 @@ void sb_sql_init(sb_sql_t *q)
 void sb_sql_dispose(sb_sql_t *q)
 {
     for (int i = 0; i < q->nparams; ++i)
-        free(q->params[i]);
-    free(q->sql);
+        sb_mem_free(q->params[i]);
+    sb_mem_free(q->sql);
     memset(q, 0, sizeof(*q));
 }
 
@@ -55,39 +57,21 @@ typedef struct st_build_t {
     int binary;
     char *err;
     size_t errsz;
-    int overflow;
+    sb_status_t overflow; /* the first failure of the text (SB_E_TOO_LARGE past SB_PG_MAX_SQL, SB_E_NOMEM) */
+    sb_buf_t text;        /* the statement, capped at SB_PG_MAX_SQL */
 } build_t;
 
 __attribute__((format(printf, 2, 3))) static void emit(build_t *b, const char *fmt, ...)
 {
     va_list ap;
-    int n;
-    if (b->overflow)
+    sb_status_t st;
+    if (b->overflow != SB_OK)
         return;
-    if (b->q->sql == NULL) {
-        b->q->cap = 1024;
-        b->q->sql = sb_mem_alloc(b->q->cap);
-    }
-    for (;;) {
-        va_start(ap, fmt);
-        n = vsnprintf(b->q->sql + b->q->len, b->q->cap - b->q->len, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            b->overflow = 1;
-            return;
-        }
-        if ((size_t)n < b->q->cap - b->q->len)
-            break;
-        if (b->q->cap >= SB_PG_MAX_SQL) {
-            b->overflow = 1;
-            return;
-        }
-        b->q->cap *= 2;
-        b->q->sql = realloc(b->q->sql, b->q->cap);
-        if (b->q->sql == NULL)
-            sb_fatal(__FILE__, __LINE__, "out of memory");
-    }
-    b->q->len += (size_t)n;
+    va_start(ap, fmt);
+    st = sb_buf_vprintf(&b->text, fmt, ap);
+    va_end(ap);
+    if (st != SB_OK)
+        b->overflow = st;
 }
 
 __attribute__((format(printf, 2, 3))) static sb_status_t fail(build_t *b, const char *fmt, ...)
@@ -103,7 +87,7 @@ __attribute__((format(printf, 2, 3))) static sb_status_t fail(build_t *b, const 
 static int add_param(build_t *b, char *v)
 {
     if (b->q->nparams >= (int)SB_PG_MAX_PARAMS) {
-        free(v);
+        sb_mem_free(v);
         return 0;
     }
     b->q->params[b->q->nparams++] = v;
@@ -189,11 +173,11 @@ static sb_status_t value_text(build_t *b, const sb_pg_col_t *col, const msgpack_
             uint8_t *raw = sb_mem_alloc(v->via.str.size / 4 * 3 + 3);
             size_t n;
             if (sb_b64_decode(v->via.str.ptr, v->via.str.size, raw, &n) != SB_OK) {
-                free(raw);
+                sb_mem_free(raw);
                 return fail(b, "value for \"%s\" must be base64 text", col->name);
             }
             *out = hex_bytea(raw, n);
-            free(raw);
+            sb_mem_free(raw);
             return SB_OK;
         }
         if (memchr(v->via.str.ptr, 0, v->via.str.size) != NULL)
@@ -514,7 +498,7 @@ static sb_status_t build_insert(build_t *b, const sb_call_data_t *d, const sb_pg
     }
     if (first) {
         /* nothing to set: every column takes its default */
-        b->q->len = 0;
+        sb_buf_reset(&b->text);
         emit(b, "INSERT INTO %s DEFAULT VALUES RETURNING ", b->c->table);
         emit_columns(b, NULL);
         return SB_OK;
@@ -562,19 +546,18 @@ static sb_status_t build_insert(build_t *b, const sb_call_data_t *d, const sb_pg
     return SB_OK;
 }
 
-sb_status_t sb_pg_build(const sb_pg_coll_t *c, sb_method_op_t op, const sb_call_data_t *d, const sb_token_t *tok, int binary,
-                        sb_sql_t *q, char *err, size_t errsz)
+static sb_status_t build(build_t *b, sb_method_op_t op, const sb_call_data_t *d, const sb_token_t *tok)
 {
-    build_t b = {c, q, binary, err, errsz, 0};
+    const sb_pg_coll_t *c = b->c;
+    sb_sql_t *q = b->q;
     const char *store_ns = c->is_docstore ? d->ns : NULL;
     const sb_pg_col_t *small[16], **cols = small;
     sb_status_t st;
 
-    err[0] = '\0';
     switch (op) {
     case SB_OP_FIND:
     case SB_OP_FIND_ONE:
-        if ((st = check_select(&b, d)) != SB_OK)
+        if ((st = check_select(b, d)) != SB_OK)
             return st;
         if (op == SB_OP_FIND) {
             /* the page size is clamped to the collection's max_limit, not refused */
@@ -586,56 +569,72 @@ sb_status_t sb_pg_build(const sb_pg_coll_t *c, sb_method_op_t op, const sb_call_
             q->limit = 1;
             q->offset = 0;
         }
-        emit(&b, "SELECT ");
-        emit_columns(&b, d);
-        emit(&b, " FROM %s WHERE ", c->table);
+        emit(b, "SELECT ");
+        emit_columns(b, d);
+        emit(b, " FROM %s WHERE ", c->table);
         if (d->where != NULL) {
-            if ((st = where_expr(&b, d->where)) != SB_OK)
+            if ((st = where_expr(b, d->where)) != SB_OK)
                 return st;
         } else {
-            emit(&b, "TRUE");
+            emit(b, "TRUE");
         }
-        if ((st = emit_clamp(&b, tok, store_ns)) != SB_OK)
+        if ((st = emit_clamp(b, tok, store_ns)) != SB_OK)
             return st;
-        if ((st = emit_sort(&b, d)) != SB_OK)
+        if ((st = emit_sort(b, d)) != SB_OK)
             return st;
         /* one row more than the page tells whether there is a next page */
-        emit(&b, " LIMIT %zu OFFSET %zu", q->limit + 1, q->offset);
+        emit(b, " LIMIT %zu OFFSET %zu", q->limit + 1, q->offset);
         break;
     case SB_OP_CREATE:
     case SB_OP_UPDATE:
         if (d->ndata > sizeof(small) / sizeof(small[0]))
             cols = sb_mem_calloc(d->ndata, sizeof(*cols));
-        if ((st = data_cols(&b, d, tok, store_ns, op == SB_OP_CREATE, cols)) != SB_OK)
+        if ((st = data_cols(b, d, tok, store_ns, op == SB_OP_CREATE, cols)) != SB_OK)
             goto Exit;
         if (op == SB_OP_CREATE) {
-            st = build_insert(&b, d, cols, tok, store_ns);
+            st = build_insert(b, d, cols, tok, store_ns);
             goto Exit;
         }
-        emit(&b, "UPDATE %s SET ", c->table);
-        if ((st = build_update_set(&b, d, cols)) != SB_OK || (st = emit_target_rows(&b, d, tok, store_ns)) != SB_OK)
+        emit(b, "UPDATE %s SET ", c->table);
+        if ((st = build_update_set(b, d, cols)) != SB_OK || (st = emit_target_rows(b, d, tok, store_ns)) != SB_OK)
             goto Exit;
-        emit(&b, " RETURNING ");
-        emit_columns(&b, NULL);
+        emit(b, " RETURNING ");
+        emit_columns(b, NULL);
     Exit:
         if (cols != small)
-            free((void *)cols);
+            sb_mem_free((void *)cols);
         if (st != SB_OK)
             return st;
         break;
     case SB_OP_DELETE:
-        emit(&b, "DELETE FROM %s", c->table);
-        if ((st = emit_target_rows(&b, d, tok, store_ns)) != SB_OK)
+        emit(b, "DELETE FROM %s", c->table);
+        if ((st = emit_target_rows(b, d, tok, store_ns)) != SB_OK)
             return st;
-        emit(&b, " RETURNING ");
-        emit_columns(&b, NULL);
+        emit(b, " RETURNING ");
+        emit_columns(b, NULL);
         break;
     default:
-        return fail(&b, "unsupported operation");
+        return fail(b, "unsupported operation");
     }
-    if (b.overflow)
-        return fail(&b, "the statement exceeds %u bytes", SB_PG_MAX_SQL);
     return SB_OK;
+}
+
+sb_status_t sb_pg_build(const sb_pg_coll_t *c, sb_method_op_t op, const sb_call_data_t *d, const sb_token_t *tok, int binary,
+                        sb_sql_t *q, char *err, size_t errsz)
+{
+    build_t b = {c, q, binary, err, errsz, SB_OK, {0}};
+    sb_status_t st;
+
+    err[0] = '\0';
+    sb_buf_init(&b.text, SB_PG_MAX_SQL);
+    if ((st = build(&b, op, d, tok)) == SB_OK) {
+        if (b.overflow != SB_OK)
+            st = fail(&b, "the statement exceeds %u bytes", SB_PG_MAX_SQL);
+        else if (sb_buf_take(&b.text, &q->sql, &q->len) != SB_OK)
+            st = fail(&b, "out of memory");
+    }
+    sb_buf_free(&b.text);
+    return st;
 }
 
 /* ---- rows --------------------------------------------------------------------------------------------------------- */
