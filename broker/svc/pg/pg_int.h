@@ -65,6 +65,7 @@ typedef struct st_pstmt_t {
     char *sql;     /* NULL: a free slot */
     uint64_t used; /* the connection's clock at the last use (least recently used is evicted) */
     unsigned id;   /* its name is "sb<id>" */
+    int stale;     /* the table changed under it (SQLSTATE 0A000): prepared again before its next use */
 } pstmt_t;
 
 /* what a result in a flight answers, in the order the statements were sent */
@@ -85,6 +86,7 @@ struct st_pconn_t {
     expect_t expect[SB_PG_FLIGHT_MAX];
     int nexpect, iexpect;
     int preparing; /* the cache slot this flight prepares, or -1 */
+    int executing; /* the cache slot of the statement this flight runs, or -1 (unnamed) */
     /* prepared statements of this session (reset with it) */
     pstmt_t *stmts;
     uint64_t clock;

@@ -104,14 +104,20 @@ static void note_state(sb_pg_pool_t *p, const char *why)
     sb_log_end(&l);
 }
 
+/* a prepared statement that is gone (or never was): its slot is free; a statement still on the server is replaced by name later */
+static void stmt_forget(pconn_t *c, int slot)
+{
+    sb_mem_free(c->stmts[slot].sql);
+    c->stmts[slot].sql = NULL;
+    c->stmts[slot].stale = 0;
+}
+
 static void stmts_reset(pconn_t *c)
 {
     if (c->stmts == NULL)
         return;
-    for (size_t i = 0; i < SB_PG_STMT_CACHE; ++i) {
-        sb_mem_free(c->stmts[i].sql);
-        c->stmts[i].sql = NULL;
-    }
+    for (size_t i = 0; i < SB_PG_STMT_CACHE; ++i)
+        stmt_forget(c, (int)i);
 }
 
 static void conn_close(pconn_t *c)
@@ -130,7 +136,7 @@ static void conn_close(pconn_t *c)
     }
     c->want_write = 0;
     c->nexpect = c->iexpect = 0;
-    c->preparing = -1;
+    c->preparing = c->executing = -1;
     /* prepared statements live as long as the session */
     stmts_reset(c);
 }
@@ -236,7 +242,7 @@ static void finish_job(pconn_t *c)
     int more;
     c->result = NULL;
     c->nexpect = c->iexpect = 0;
-    c->preparing = -1;
+    c->preparing = c->executing = -1;
     more = job->cb(job, res, res == NULL ? "no result" : NULL);
     if (res != NULL)
         PQclear(res);
@@ -293,16 +299,29 @@ static void read_results(pconn_t *c)
             return;
         }
         what = c->iexpect < c->nexpect ? c->expect[c->iexpect] : X_MAIN;
+        if (st == PGRES_PIPELINE_ABORTED && what == X_PREPARE && c->preparing >= 0) {
+            /* an earlier statement of the flight failed, so this PREPARE never ran */
+            stmt_forget(c, c->preparing);
+            PQclear(r);
+            continue;
+        }
         if (st == PGRES_SINGLE_TUPLE && what == X_MAIN && c->job->on_row != NULL) {
             c->job->on_row(c->job, r, 0);
             PQclear(r);
             continue;
         }
         if (is_error(st)) {
+            const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
             if (what == X_PREPARE && c->preparing >= 0) {
                 /* not prepared after all: the slot is free again */
-                sb_mem_free(c->stmts[c->preparing].sql);
-                c->stmts[c->preparing].sql = NULL;
+                stmt_forget(c, c->preparing);
+            } else if (what == X_MAIN && c->executing >= 0 && state != NULL && strcmp(state, "0A000") == 0) {
+                /*
+                 * "cached plan must not change result type": the table changed
+                 * under the prepared statement, which then fails on every use;
+                 * the next call deallocates it and prepares it afresh
+                 */
+                c->stmts[c->executing].stale = 1;
             }
             if (c->result == NULL || !is_error(PQresultStatus(c->result))) {
                 if (c->result != NULL)
@@ -432,6 +451,17 @@ static int queue_statement(pconn_t *c, job_t *job)
             hit = s;
         }
     }
+    if (hit != NULL && hit->stale) {
+        /* the table changed under it: the same name, prepared again */
+        snprintf(name, sizeof(name), "DEALLOCATE sb%u", hit->id);
+        if (!PQsendQueryParams(c->pg, name, 0, NULL, NULL, NULL, NULL, 0) || !flight_push(c, X_DEALLOC))
+            return 0;
+        snprintf(name, sizeof(name), "sb%u", hit->id);
+        if (!PQsendPrepare(c->pg, name, job->q.sql, job->q.nparams, job->types) || !flight_push(c, X_PREPARE))
+            return 0;
+        hit->stale = 0;
+        c->preparing = (int)(hit - c->stmts);
+    }
     if (hit == NULL) {
         if (slot == NULL) {
             /* full: the least recently used goes, on the server too */
@@ -442,8 +472,7 @@ static int queue_statement(pconn_t *c, job_t *job)
             snprintf(name, sizeof(name), "DEALLOCATE sb%u", slot->id);
             if (!PQsendQueryParams(c->pg, name, 0, NULL, NULL, NULL, NULL, 0) || !flight_push(c, X_DEALLOC))
                 return 0;
-            sb_mem_free(slot->sql);
-            slot->sql = NULL;
+            stmt_forget(c, (int)(slot - c->stmts));
         }
         slot->id = ++c->next_id;
         snprintf(name, sizeof(name), "sb%u", slot->id);
@@ -455,6 +484,7 @@ static int queue_statement(pconn_t *c, job_t *job)
         hit = slot;
     }
     hit->used = ++c->clock;
+    c->executing = (int)(hit - c->stmts);
     snprintf(name, sizeof(name), "sb%u", hit->id);
     if (!PQsendQueryPrepared(c->pg, name, job->q.nparams, params, NULL, NULL, 0))
         return 0;
@@ -467,7 +497,7 @@ void sb_pg__send_statement(job_t *job, const char *sql)
     pconn_t *c = job->conn;
     c->started = sb_now_ms();
     c->nexpect = c->iexpect = 0;
-    c->preparing = -1;
+    c->preparing = c->executing = -1;
     if (!PQsendQueryParams(c->pg, sql, 0, NULL, NULL, NULL, NULL, 0) || !flight_push(c, X_TXEND)) {
         conn_fail(c, PQerrorMessage(c->pg));
         return;
@@ -483,7 +513,7 @@ static void run(pconn_t *c, job_t *job)
     c->state = C_BUSY;
     c->started = sb_now_ms();
     c->nexpect = c->iexpect = 0;
-    c->preparing = -1;
+    c->preparing = c->executing = -1;
     job->phase = 1;
     if (job->tx && (!PQsendQueryParams(c->pg, "BEGIN", 0, NULL, NULL, NULL, NULL, 0) || !flight_push(c, X_BEGIN))) {
         conn_fail(c, PQerrorMessage(c->pg));
