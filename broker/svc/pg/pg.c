@@ -193,7 +193,7 @@ void sb_pg_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok
         return;
     }
     job = sb_mem_calloc(1, sizeof(*job));
-    sb_sql_init(&job->q);
+    /* calloc: the statement is empty (sb_sql_init) */
     if ((st = sb_pg_build(coll, m->op, d, tok, call->binary, &job->q, err, sizeof(err))) != SB_OK) {
         sb_pg__free_job(job);
         sb_answer_error(cb, arg, st, "%s", err);

@@ -45,10 +45,15 @@ void sb_sql_init(sb_sql_t *q)
 
 void sb_sql_dispose(sb_sql_t *q)
 {
-    for (int i = 0; i < q->nparams; ++i)
+    /* only what was used: params[] is large, and a statement has a few */
+    for (int i = 0; i < q->nparams; ++i) {
         sb_mem_free(q->params[i]);
+        q->params[i] = NULL;
+    }
     sb_mem_free(q->sql);
-    memset(q, 0, sizeof(*q));
+    q->sql = NULL;
+    q->len = q->limit = q->offset = 0;
+    q->nparams = 0;
 }
 
 typedef struct st_build_t {
@@ -71,6 +76,14 @@ __attribute__((format(printf, 2, 3))) static void emit(build_t *b, const char *f
     st = sb_buf_vprintf(&b->text, fmt, ap);
     va_end(ap);
     if (st != SB_OK)
+        b->overflow = st;
+}
+
+/* a fixed piece of text (no formatting) */
+static void emit_str(build_t *b, const char *s)
+{
+    sb_status_t st;
+    if (b->overflow == SB_OK && (st = sb_buf_append_str(&b->text, s)) != SB_OK)
         b->overflow = st;
 }
 
@@ -250,11 +263,11 @@ static sb_status_t field_op(build_t *b, const sb_pg_col_t *col, const sb_where_t
         emit(b, "\"%s\" %s (", col->name, w->op == SB_WOP_IN ? "IN" : "NOT IN");
         for (uint32_t i = 0; i < v->via.array.size; ++i) {
             if (i != 0)
-                emit(b, ", ");
+                emit_str(b, ", ");
             if ((st = emit_param(b, col, &v->via.array.ptr[i])) != SB_OK)
                 return st;
         }
-        emit(b, ")");
+        emit_str(b, ")");
         return SB_OK;
     case SB_WOP_LIKE:
     case SB_WOP_CONTAINS: {
@@ -302,16 +315,16 @@ static sb_status_t where_expr(build_t *b, const sb_where_t *w)
     case SB_WHERE_OR:
     case SB_WHERE_OPS:
         if (w->n == 0) {
-            emit(b, "TRUE");
+            emit_str(b, "TRUE");
             return SB_OK;
         }
         col = NULL;
         if (w->kind == SB_WHERE_OPS && (col = field_col(b, "unknown field", w->field, w->field_len)) == NULL)
             return SB_E_BAD_ARGS;
-        emit(b, "(");
+        emit_str(b, "(");
         for (uint32_t i = 0; i < w->n; ++i) {
             if (i != 0)
-                emit(b, "%s", w->kind == SB_WHERE_OR ? " OR " : " AND ");
+                emit_str(b, w->kind == SB_WHERE_OR ? " OR " : " AND ");
             if (w->kind == SB_WHERE_OPS)
                 st = field_op(b, col, &w->v[i]);
             else
@@ -319,7 +332,7 @@ static sb_status_t where_expr(build_t *b, const sb_where_t *w)
             if (st != SB_OK)
                 return st;
         }
-        emit(b, ")");
+        emit_str(b, ")");
         return SB_OK;
     case SB_WHERE_COND:
         if ((col = field_col(b, "unknown field", w->field, w->field_len)) == NULL)
@@ -392,7 +405,7 @@ static sb_status_t emit_sort(build_t *b, const sb_call_data_t *d)
         emit(b, " ORDER BY \"%s\"", b->c->key);
         return SB_OK;
     }
-    emit(b, " ORDER BY ");
+    emit_str(b, " ORDER BY ");
     for (size_t i = 0; i < d->nsort; ++i) {
         const sb_pg_col_t *col = field_col(b, "sort names an unknown field", d->sort[i].name, d->sort[i].len);
         if (col == NULL)
@@ -464,7 +477,7 @@ static sb_status_t build_update_set(build_t *b, const sb_call_data_t *d, const s
             continue;
         emit(b, "%s\"%s\" = ", first ? "" : ", ", cols[i]->name);
         if (d->data[i].value->type == MSGPACK_OBJECT_NIL)
-            emit(b, "NULL");
+            emit_str(b, "NULL");
         else if ((st = emit_param(b, cols[i], d->data[i].value)) != SB_OK)
             return st;
         first = 0;
@@ -503,16 +516,16 @@ static sb_status_t build_insert(build_t *b, const sb_call_data_t *d, const sb_pg
         emit_columns(b, NULL);
         return SB_OK;
     }
-    emit(b, ") VALUES (");
+    emit_str(b, ") VALUES (");
     first = 1;
     for (size_t i = 0; i < d->ndata; ++i) {
         const msgpack_object *v = d->data[i].value;
         if (cols[i] == NULL)
             continue;
-        emit(b, "%s", first ? "" : ", ");
+        emit_str(b, first ? "" : ", ");
         first = 0;
         if (v->type == MSGPACK_OBJECT_NIL)
-            emit(b, "NULL");
+            emit_str(b, "NULL");
         else if ((st = emit_param(b, cols[i], v)) != SB_OK)
             return st;
     }
@@ -541,7 +554,7 @@ static sb_status_t build_insert(build_t *b, const sb_call_data_t *d, const sb_pg
             return fail(b, "too many parameters");
         emit(b, "%s$%d::text", first ? "" : ", ", n);
     }
-    emit(b, ") RETURNING ");
+    emit_str(b, ") RETURNING ");
     emit_columns(b, NULL);
     return SB_OK;
 }
@@ -569,14 +582,14 @@ static sb_status_t build(build_t *b, sb_method_op_t op, const sb_call_data_t *d,
             q->limit = 1;
             q->offset = 0;
         }
-        emit(b, "SELECT ");
+        emit_str(b, "SELECT ");
         emit_columns(b, d);
         emit(b, " FROM %s WHERE ", c->table);
         if (d->where != NULL) {
             if ((st = where_expr(b, d->where)) != SB_OK)
                 return st;
         } else {
-            emit(b, "TRUE");
+            emit_str(b, "TRUE");
         }
         if ((st = emit_clamp(b, tok, store_ns)) != SB_OK)
             return st;
@@ -598,7 +611,7 @@ static sb_status_t build(build_t *b, sb_method_op_t op, const sb_call_data_t *d,
         emit(b, "UPDATE %s SET ", c->table);
         if ((st = build_update_set(b, d, cols)) != SB_OK || (st = emit_target_rows(b, d, tok, store_ns)) != SB_OK)
             goto Exit;
-        emit(b, " RETURNING ");
+        emit_str(b, " RETURNING ");
         emit_columns(b, NULL);
     Exit:
         if (cols != small)
@@ -610,7 +623,7 @@ static sb_status_t build(build_t *b, sb_method_op_t op, const sb_call_data_t *d,
         emit(b, "DELETE FROM %s", c->table);
         if ((st = emit_target_rows(b, d, tok, store_ns)) != SB_OK)
             return st;
-        emit(b, " RETURNING ");
+        emit_str(b, " RETURNING ");
         emit_columns(b, NULL);
         break;
     default:

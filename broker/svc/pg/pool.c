@@ -531,7 +531,7 @@ static void run(pconn_t *c, job_t *job)
 static void start_introspection(sb_pg_pool_t *p, pconn_t *c)
 {
     job_t *job = sb_mem_calloc(1, sizeof(*job));
-    sb_sql_init(&job->q);
+    /* calloc: the statement is empty (sb_sql_init) */
     job->q.sql = sb_mem_strdup(sb_pg__introspect_sql);
     job->q.params[0] = sb_pg__table_list(p->targets);
     job->q.nparams = 1;
