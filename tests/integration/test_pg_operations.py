@@ -17,6 +17,8 @@ port, whatever SB_TEST_PG_URL says), since the recovery tests stop and restart i
 - Prepared statements: more distinct statements than a connection keeps (64) still answer right (the
   least recently used are deallocated), and a column type changed under a prepared statement costs at
   most one failed call.
+- Streaming: an 80 MB result is refused with the cap's reason while the broker's peak resident memory
+  grows by a few MB (before single-row reads it grew by the whole 80 MB).
 """
 
 import json
@@ -319,6 +321,62 @@ class PreparedStatements(sbtest.BrokerTestCase):
         finally:
             b.stop()
             PG.sql("DROP TABLE IF EXISTS retyped")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+class Streaming(sbtest.BrokerTestCase):
+    """Rows are read one at a time against the reply cap: a result far above the cap is refused without the
+    broker ever holding it (its peak resident memory grows by a few rows, not by the result)."""
+
+    ROWS, ROW_BYTES = 80, 1000000
+
+    @classmethod
+    def setUpClass(cls):
+        # 80 rows of 1 MB each: compressed on disk (a repeated character), 80 MB on the wire
+        PG.sql("CREATE TABLE IF NOT EXISTS bulky (id bigserial PRIMARY KEY, tenant_id text NOT NULL, body text); "
+               "INSERT INTO bulky (tenant_id, body) SELECT 'bulk', repeat('x', %d) FROM generate_series(1, %d)"
+               % (cls.ROW_BYTES, cls.ROWS))
+
+    @classmethod
+    def tearDownClass(cls):
+        PG.sql("DROP TABLE IF EXISTS bulky")
+
+    @staticmethod
+    def peak_kib(b):
+        with open("/proc/%d/status" % b.proc.pid) as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+        raise AssertionError("no VmHWM")
+
+    def test_a_result_far_above_the_cap_is_refused_while_it_arrives(self):
+        cfg = config(PG.url, pool_size=1)
+        cfg["log_calls"] = True
+        cfg["targets"]["app"]["collections"]["bulky"] = {"table": "bulky", "key": "id", "max_limit": 100,
+                                                         "scope": {"tenant_id": "tenantId"}}
+        b = start_broker(cfg, threads=1)
+        try:
+            caps = {"data": {"collections": {"bulky": ["read"]}}}
+            tok = b.mint_ok("run-" + uuid.uuid4().hex[:16], caps, target="app", scope={"tenantId": "bulk"})
+            r = b.rpc(tok, "collections.bulky.find", {"limit": 1, "select": ["id"]})
+            self.assertEqual(r.status, 200, r)
+            before = self.peak_kib(b)
+            for enc in ("json", "msgpack"):
+                r = b.rpc(tok, "collections.bulky.find", {"limit": self.ROWS}, enc=enc, timeout=30)
+                self.assertError(r, 500, "execution_error", enc=enc)
+                cid = r.body["error"]["correlationId"]
+                self.assertTrue(poll(lambda: any(e.get("cid") == cid for e in events(b, "rpc")), 5), b.log()[-2000:])
+                self.assertEqual([e.get("reason") for e in events(b, "rpc") if e.get("cid") == cid],
+                                 ["result exceeds the 786432-byte cap"])
+            grown = self.peak_kib(b) - before
+            # the whole result would be 80,000 KiB in libpq's buffer alone
+            self.assertLess(grown, 20000, "peak resident memory grew by %d KiB" % grown)
+            # the connection is still good: the rest of the result was read and dropped
+            r = b.rpc(tok, "collections.bulky.find", {"limit": 2, "select": ["id"]})
+            self.assertEqual((r.status, len(r.body["value"]["docs"])), (200, 2), r)
+            sys.stderr.write("\n  80 MB result refused; the broker's peak RSS grew by %d KiB\n" % grown)
+        finally:
+            b.stop()
 
 
 if __name__ == "__main__":
