@@ -107,12 +107,11 @@ static int add_param(build_t *b, char *v)
     return b->q->nparams;
 }
 
-static char *dup_n(const char *s, size_t n)
+/* a guest value's copy could not be allocated (its size derives from the call: bounded, but not fixed) */
+static sb_status_t nomem(build_t *b)
 {
-    char *p = sb_mem_alloc(n + 1);
-    memcpy(p, s, n);
-    p[n] = '\0';
-    return p;
+    snprintf(b->err, b->errsz, "out of memory");
+    return SB_E_NOMEM;
 }
 
 static const sb_pg_col_t *find_col(const sb_pg_coll_t *c, const char *name, size_t len)
@@ -131,9 +130,13 @@ static int is_scope_col(const sb_pg_coll_t *c, const char *name)
     return c->is_docstore && strcmp(name, "store") == 0;
 }
 
+/* the hex input form of bytea ("\\x..."), or NULL when it cannot be allocated */
 static char *hex_bytea(const uint8_t *p, size_t n)
 {
-    char *s = sb_mem_alloc(2 * n + 3);
+    size_t sz;
+    char *s = sb_size_mul(n, 2, &sz) && sb_size_add(sz, 3, &sz) ? sb_mem_try_alloc(sz) : NULL;
+    if (s == NULL)
+        return NULL;
     s[0] = '\\';
     s[1] = 'x';
     sb_hex(p, n, s + 2);
@@ -157,8 +160,8 @@ static sb_status_t value_text(build_t *b, const sb_pg_col_t *col, const msgpack_
         text = json_dumps(j, JSON_COMPACT | JSON_ENCODE_ANY);
         json_decref(j);
         if (text == NULL)
-            sb_fatal(__FILE__, __LINE__, "out of memory");
-        *out = text;
+            return nomem(b);
+        *out = text; /* jansson allocates with malloc, which sb_mem_free releases */
         return SB_OK;
     }
     switch (v->type) {
@@ -183,25 +186,27 @@ static sb_status_t value_text(build_t *b, const sb_pg_col_t *col, const msgpack_
     case MSGPACK_OBJECT_STR:
         if (col->oid == OID_BYTEA && !b->binary) {
             /* JSON carries bytea as base64 text */
-            uint8_t *raw = sb_mem_alloc(v->via.str.size / 4 * 3 + 3);
+            uint8_t *raw = sb_mem_try_alloc(v->via.str.size / 4 * 3 + 3);
             size_t n;
+            if (raw == NULL)
+                return nomem(b);
             if (sb_b64_decode(v->via.str.ptr, v->via.str.size, raw, &n) != SB_OK) {
                 sb_mem_free(raw);
                 return fail(b, "value for \"%s\" must be base64 text", col->name);
             }
             *out = hex_bytea(raw, n);
             sb_mem_free(raw);
-            return SB_OK;
+            return *out != NULL ? SB_OK : nomem(b);
         }
         if (memchr(v->via.str.ptr, 0, v->via.str.size) != NULL)
             return fail(b, "value for \"%s\" contains NUL", col->name);
-        *out = dup_n(v->via.str.ptr, v->via.str.size);
-        return SB_OK;
+        *out = sb_mem_try_strndup(v->via.str.ptr, v->via.str.size);
+        return *out != NULL ? SB_OK : nomem(b);
     case MSGPACK_OBJECT_BIN:
         if (col->oid != OID_BYTEA)
             return fail(b, "binary value for non-bytea column \"%s\"", col->name);
         *out = hex_bytea((const uint8_t *)v->via.bin.ptr, v->via.bin.size);
-        return SB_OK;
+        return *out != NULL ? SB_OK : nomem(b);
     default:
         return fail(b, "value for \"%s\" has the wrong type", col->name);
     }
@@ -275,10 +280,13 @@ static sb_status_t field_op(build_t *b, const sb_pg_col_t *col, const sb_where_t
         size_t o = 0;
         int n;
         if (w->op == SB_WOP_LIKE) {
-            text = dup_n(v->via.str.ptr, v->via.str.size);
+            if ((text = sb_mem_try_strndup(v->via.str.ptr, v->via.str.size)) == NULL)
+                return nomem(b);
         } else {
             /* contains: the guest's text is literal, so LIKE's own wildcards are escaped */
-            esc = sb_mem_alloc(2 * v->via.str.size + 3);
+            size_t sz;
+            if (!sb_size_mul(v->via.str.size, 2, &sz) || !sb_size_add(sz, 3, &sz) || (esc = sb_mem_try_alloc(sz)) == NULL)
+                return nomem(b);
             esc[o++] = '%';
             for (size_t i = 0; i < v->via.str.size; ++i) {
                 char ch = v->via.str.ptr[i];
@@ -641,10 +649,10 @@ sb_status_t sb_pg_build(const sb_pg_coll_t *c, sb_method_op_t op, const sb_call_
     err[0] = '\0';
     sb_buf_init(&b.text, SB_PG_MAX_SQL);
     if ((st = build(&b, op, d, tok)) == SB_OK) {
-        if (b.overflow != SB_OK)
+        if (b.overflow == SB_E_TOO_LARGE)
             st = fail(&b, "the statement exceeds %u bytes", SB_PG_MAX_SQL);
-        else if (sb_buf_take(&b.text, &q->sql, &q->len) != SB_OK)
-            st = fail(&b, "out of memory");
+        else if (b.overflow != SB_OK || sb_buf_take(&b.text, &q->sql, &q->len) != SB_OK)
+            st = nomem(&b);
     }
     sb_buf_free(&b.text);
     return st;
