@@ -322,6 +322,9 @@ static void read_results(pconn_t *c)
                  * the next call deallocates it and prepares it afresh
                  */
                 c->stmts[c->executing].stale = 1;
+            } else if (what == X_MAIN && c->executing >= 0 && state != NULL && strcmp(state, "26000") == 0) {
+                /* "prepared statement does not exist" (the session lost it): prepared anew by the next call */
+                stmt_forget(c, c->executing);
             }
             if (c->result == NULL || !is_error(PQresultStatus(c->result))) {
                 if (c->result != NULL)
