@@ -9,8 +9,16 @@
  * after every poll. The schema is introspected on the first connection of
  * each pool; until then, and whenever no connection is up, data calls answer
  * unavailable (fail closed); other methods are unaffected. A statement that
- * outlives the statement_timeout (set per session) fails on the server; one
- * that outlives the client watchdog resets its connection.
+ * outlives the statement_timeout (set once per session, in the startup
+ * options) fails on the server; one that outlives the client watchdog resets
+ * its connection.
+ *
+ * Each connection runs one call at a time, as one flight in pipeline mode
+ * (libpq 15): [BEGIN] [DEALLOCATE] [PREPARE] the statement, then a sync, sent
+ * in one write; a write's COMMIT or ROLLBACK is a second flight, once the
+ * answer is decided. A connection keeps SB_PG_STMT_CACHE prepared statements,
+ * found by their text, so a statement seen before costs the server neither a
+ * parse nor a plan.
  */
 #include <stdio.h>
 #include <stdlib.h>
