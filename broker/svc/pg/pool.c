@@ -444,7 +444,7 @@ static int queue_statement(pconn_t *c, job_t *job)
 {
     const char *const *params = (const char *const *)job->q.params;
     pstmt_t *hit = NULL, *slot = NULL;
-    char name[24];
+    char name[32]; /* "DEALLOCATE sb" and a 32-bit id */
     uint64_t h;
 
     if (job->unnamed || c->stmts == NULL || job->q.len > SB_PG_STMT_TEXT) {
