@@ -25,6 +25,7 @@
 #   BENCH_PG_BIN    PostgreSQL server binaries            (default: newest /usr/lib/postgresql/*/bin)
 #   BENCH_BUILD_DIR where pg_direct is built              (default: build/bench)
 #   BENCH_CASES     subset of "direct directp broker ceiling" (default: all four)
+#   BENCH_PG_SOCKET=1  the broker and pg_direct reach PostgreSQL over its unix socket (default: 127.0.0.1)
 #   BENCH_KEEP=1    keep the work directory (logs, lua script, raw results)
 # Exit status: 0 when both cases ran and every call returned its row (the
 # ratio target is informational); 1 otherwise.
@@ -103,11 +104,24 @@ mkdir -p "$WORK/pg"
 [ ${#AS_PG[@]} -eq 0 ] || chown postgres: "$WORK/pg"
 "${AS_PG[@]}" "$PG_BIN/initdb" -D "$WORK/pg/data" -A trust -U postgres --no-sync -E UTF8 --locale=C.UTF-8 >"$WORK/initdb.log" 2>&1 ||
     die "initdb failed: $(tail -5 "$WORK/initdb.log")"
-"${AS_PG[@]}" "$PG_BIN/pg_ctl" -D "$WORK/pg/data" -l "$WORK/pg/log" -w -s -o \
-    "-p $PG_PORT -k $WORK/pg -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c max_connections=300" \
-    start || die "pg_ctl start failed: $(tail -5 "$WORK/pg/log")"
-PG_STARTED=1
+# a port that was free when looked at can be taken before the server binds it: try another
+for attempt in 1 2 3 4 5; do
+    if "${AS_PG[@]}" "$PG_BIN/pg_ctl" -D "$WORK/pg/data" -l "$WORK/pg/log" -w -s -o \
+        "-p $PG_PORT -k $WORK/pg -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c max_connections=300" \
+        start >/dev/null 2>&1; then
+        PG_STARTED=1
+        break
+    fi
+    PG_PORT=$(free_port) || die "no free port for PostgreSQL"
+done
+[ "$PG_STARTED" = 1 ] || die "pg_ctl start failed: $(tail -5 "$WORK/pg/log")"
 PG_URL="postgresql://postgres@127.0.0.1:$PG_PORT/postgres"
+DIRECT_CONNINFO="host=127.0.0.1 port=$PG_PORT user=postgres dbname=postgres"
+if [ "${BENCH_PG_SOCKET:-0}" = 1 ]; then
+    # the broker and pg_direct both over the cluster's unix socket (no TCP stack on the database's side)
+    PG_URL="host=$WORK/pg port=$PG_PORT user=postgres dbname=postgres"
+    DIRECT_CONNINFO=$PG_URL
+fi
 psql "$PG_URL" -X -q -v ON_ERROR_STOP=1 >/dev/null <<SQL || die "schema setup failed"
 CREATE TABLE posts (id bigserial PRIMARY KEY, tenant_id text NOT NULL, title text, views int, score float8, price numeric,
                     published boolean, meta jsonb, blob bytea, created timestamptz DEFAULT now(), uid uuid);
@@ -163,7 +177,7 @@ TOKEN=$(new_token) || exit 1
 GOT=$(curl -s -X POST -H 'Content-Type: application/json' -H "x-questpie-sandbox-token: $TOKEN" \
     -d '{"method":"collections.posts.findOne","args":{"where":{"id":42}}}' "http://127.0.0.1:$PORT/api/sandbox/rpc")
 case $GOT in *'"ok":true'*'"id":42'*) ;; *) die "broker findOne answered: $GOT" ;; esac
-"$DIRECT" "host=127.0.0.1 port=$PG_PORT user=postgres dbname=postgres" 1 0.2 "$ROWS" "$TENANT" >/dev/null ||
+"$DIRECT" "$DIRECT_CONNINFO" 1 0.2 "$ROWS" "$TENANT" >/dev/null ||
     die "pg_direct sanity run failed"
 
 # write_lua FILE BODY-EXPRESSION TOKEN: a wrk script counting replies that are ok and not null
@@ -225,7 +239,7 @@ run_case() {
     else
         local mode=unnamed
         [ "$c" = directp ] && mode=prepared
-        out=$("$DIRECT" "host=127.0.0.1 port=$PG_PORT user=postgres dbname=postgres" "$CONNS" "$secs" "$ROWS" "$TENANT" "$mode" 2>&1)
+        out=$("$DIRECT" "$DIRECT_CONNINFO" "$CONNS" "$secs" "$ROWS" "$TENANT" "$mode" 2>&1)
     fi
     line=$(printf '%s\n' "$out" | grep '^BENCH ' | tail -1)
     if [ -z "$line" ]; then
