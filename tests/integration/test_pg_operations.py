@@ -42,7 +42,7 @@ INSERT INTO site_settings VALUES ('site', 'Demo');
 """
 CAPS = {"data": {"collections": {"posts": ["read", "create", "update", "delete"]}, "globals": {"site": ["read"]}}}
 MSG_DB_DOWN = "the database is unavailable"
-OUTAGES = (0.5, 4.0)
+OUTAGES = (1.0, 4.0)  # the long one outlasts the old backoff (0.1 s doubling to 3.2 s)
 RECOVERY_BOUND = 5.0
 
 PG = None
@@ -174,8 +174,8 @@ class Recovery(sbtest.BrokerTestCase):
                 t_start = time.monotonic()
                 PG.start_server()
                 t_accept = time.monotonic()  # pg_ctl start -w returned: the server accepts connections
-                # while it was down, every call sent (after the pool noticed) answered 503 unavailable
-                down = load.between(t_down + 0.3, t_start)
+                # while it was down, every call sent (after the pool had time to notice) answered 503 unavailable
+                down = load.between(t_down + 0.5, t_start)
                 self.assertGreater(len(down), 0, "no call was answered during the outage")
                 wrong = [a for a in down if a[2] != (503, "unavailable", MSG_DB_DOWN)]
                 self.assertEqual(wrong[:5], [], "%d answers other than unavailable while PostgreSQL was down" % len(wrong))
