@@ -11,7 +11,8 @@ port, whatever SB_TEST_PG_URL says), since the recovery tests stop and restart i
   connections) to the first good answer is printed; the goal is under a second (tests/bench/README.md), the
   test fails only above 5 s.
 - Log: one `pg.down` line per outage with the address and the reason, one `pg.up` per return, and none
-  for a SIGHUP or the shutdown (which close pools, not the database).
+  for a SIGHUP or the shutdown (which close pools, not the database); one `pg.down` for a database
+  that never answers, and for a worker that gets no connection while the others do.
 - Privileges: a role lacking grants fails --check-config naming each table and privilege; a broker running
   with it logs them once and answers /readyz 503 naming them, until a GRANT (noticed within seconds).
 - Prepared statements: more distinct statements than a connection keeps (64) still answer right (the
@@ -216,6 +217,52 @@ class Recovery(sbtest.BrokerTestCase):
             if not PG.running:
                 PG.start_server()
             b.kill()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+class DownLines(sbtest.BrokerTestCase):
+    """pg.down also when the database never answered, and when only some workers get no connection."""
+
+    def test_a_database_that_never_answers(self):
+        port = sbtest.free_port()
+        b = sbtest.Broker(config=config("postgresql://postgres@127.0.0.1:%d/x" % port),
+                          env={"SANDBOX_BROKER_THREADS": "2"}).start()
+        try:
+            self.assertTrue(poll(lambda: len(events(b, "pg.down")) >= 1, 10), b.log()[-3000:])
+            time.sleep(1.0)  # a few probes and retries by each worker
+            downs = events(b, "pg.down")
+            self.assertEqual(len(downs), 1, b.log()[-3000:])
+            self.assertEqual(downs[0].get("addr"), "127.0.0.1:%d" % port)
+            self.assertIn("refused", downs[0].get("reason", ""), downs[0])
+            self.assertEqual(events(b, "pg.up"), [])
+        finally:
+            b.stop()
+
+    def test_a_worker_without_a_connection(self):
+        role = "sblimit_%s" % uuid.uuid4().hex[:8]
+        PG.sql("CREATE ROLE %s LOGIN CONNECTION LIMIT 1; GRANT SELECT, INSERT, UPDATE, DELETE ON posts TO %s; "
+               "GRANT USAGE ON SEQUENCE posts_id_seq TO %s; GRANT SELECT ON site_settings TO %s" % ((role,) * 4))
+        b = None
+        try:
+            # two workers with one connection each, a role allowed one: one worker stays without the database
+            b = sbtest.Broker(config=config(with_user(PG.url, role), pool_size=1), env={"SANDBOX_BROKER_THREADS": "2"}).start()
+            self.assertTrue(poll(lambda: len(events(b, "pg.down")) >= 1 and len(events(b, "pg.ready")) >= 1, 10),
+                            b.log()[-3000:])
+            time.sleep(0.5)  # the worker without one keeps trying
+            downs = events(b, "pg.down")
+            self.assertEqual(len(downs), 1, b.log()[-3000:])
+            self.assertIn("too many connections", downs[0].get("reason", ""), downs[0])
+            # pg.up means every worker has the database: not yet
+            self.assertEqual(events(b, "pg.up"), [], b.log()[-3000:])
+            PG.sql("ALTER ROLE %s CONNECTION LIMIT -1" % role)
+            # the other worker connects: now every pool is up, and the log says so once
+            self.assertTrue(poll(lambda: len(events(b, "pg.ready")) >= 2 and len(events(b, "pg.up")) >= 1, 10), b.log()[-3000:])
+            self.assertEqual(len(events(b, "pg.up")), 1, b.log()[-3000:])
+            self.assertEqual(len(events(b, "pg.down")), 1, b.log()[-3000:])
+        finally:
+            if b is not None:
+                b.stop()
+            PG.sql("DROP OWNED BY %s; DROP ROLE %s" % (role, role), check=False)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -131,7 +131,7 @@ struct st_sb_pg_pool_t {
     int introspected, introspecting;
     target_schema_t *schemas;
     size_t nschemas;
-    int up;               /* some connection was up at the last change (transitions are logged, not every connection) */
+    int up;               /* 1: some connection is up, 0: none, -1: not known yet (transitions are logged: pool.c) */
     int64_t last_probe;   /* while every connection is down: when the last probe started */
     int64_t last_recheck; /* while privileges are missing: when they were last looked at */
     char addr[128];       /* host:port of database_url, for the log (never the password) */

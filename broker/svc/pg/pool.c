@@ -81,34 +81,44 @@ void sb_pg__free_job(job_t *job)
 /* ---- connections ------------------------------------------------------------------------------------------------- */
 
 /*
- * Transitions are logged, not connections: the database going away or coming
- * back is one line for the process, whatever the number of workers and
- * connections (0: not known yet, 1: up, 2: down). Closing a pool (a reload, the
- * shutdown) is not an event.
+ * Transitions are logged, not connections: the database going away is one
+ * pg.down line for the process (the first pool to lose every connection, or
+ * not to get one, says why), and its return one pg.up line (once no pool is
+ * down), whatever the number of workers and connections. Closing a pool (a
+ * reload replaced it, or the shutdown) is not an event. pools_down counts the
+ * pools without a connection; outage is 2 until the first pool is up, 1
+ * while a pg.down line stands unanswered, 0 otherwise. Workers are threads:
+ * __atomic builtins.
  */
-static int db_state; /* __atomic_* builtins: workers are threads */
+static int pools_down, outage = 2;
 
 static void note_state(sb_pg_pool_t *p, const char *why)
 {
-    int up = 0, want;
+    int up = 0, prev = p->up;
     sb_logline_t l;
 
     for (size_t i = 0; i < p->nconns; ++i)
         if (p->conns[i].state == C_IDLE || p->conns[i].state == C_BUSY)
             up = 1;
-    /* no change for this pool; except that a database down from the start is an event too */
-    if (up == p->up && (up || __atomic_load_n(&db_state, __ATOMIC_SEQ_CST) != 0))
+    if (up == prev)
         return;
     p->up = up;
-    want = up ? 1 : 2;
-    if (__atomic_exchange_n(&db_state, want, __ATOMIC_SEQ_CST) == want)
-        return;
-    sb_log_begin(&l, up ? SB_LOG_INFO : SB_LOG_WARN, up ? "pg.up" : "pg.down");
-    sb_log_cstr(&l, "addr", p->addr);
-    if (up)
-        sb_log_cstr(&l, "msg", "the database answers again");
-    else
+    if (!up) {
+        __atomic_add_fetch(&pools_down, 1, __ATOMIC_SEQ_CST);
+        if (__atomic_exchange_n(&outage, 1, __ATOMIC_SEQ_CST) == 1)
+            return;
+        sb_log_begin(&l, SB_LOG_WARN, "pg.down");
+        sb_log_cstr(&l, "addr", p->addr);
         sb_log_cstr(&l, "reason", why != NULL ? why : "unknown");
+        sb_log_end(&l);
+        return;
+    }
+    if ((prev == 0 ? __atomic_sub_fetch(&pools_down, 1, __ATOMIC_SEQ_CST) : __atomic_load_n(&pools_down, __ATOMIC_SEQ_CST)) != 0 ||
+        __atomic_exchange_n(&outage, 0, __ATOMIC_SEQ_CST) == 0)
+        return;
+    sb_log_begin(&l, SB_LOG_INFO, "pg.up");
+    sb_log_cstr(&l, "addr", p->addr);
+    sb_log_cstr(&l, "msg", "the database answers");
     sb_log_end(&l);
 }
 
@@ -581,7 +591,7 @@ static void on_tick(h2o_timeout_entry_t *entry)
     int64_t now = sb_now_ms();
 
     h2o_timeout_link(p->loop, &p->tick_timeout, &p->tick);
-    if (!p->up) {
+    if (p->up != 1) {
         /*
          * Every connection is down and backing off (up to 3.2 s): one probe
          * (a connection attempt) every PROBE_MS notices the database's return
@@ -671,6 +681,7 @@ sb_pg_pool_t *sb_pg_pool_create(h2o_loop_t *loop, const char *database_url, cons
     p->loop = loop;
     p->url = sb_mem_strdup(database_url);
     p->targets = targets;
+    p->up = -1; /* not known yet */
     describe_addr(database_url, p->addr, sizeof(p->addr));
     p->nconns = pool_size != 0 ? pool_size : 4;
     p->conns = sb_mem_calloc(p->nconns, sizeof(*p->conns));
@@ -695,6 +706,8 @@ void sb_pg_pool_destroy(sb_pg_pool_t *p)
         conn_drop(&p->conns[i], "shutting down", 1);
         sb_mem_free(p->conns[i].stmts);
     }
+    if (p->up == 0)
+        __atomic_sub_fetch(&pools_down, 1, __ATOMIC_SEQ_CST); /* no longer a pool that is down */
     while (!h2o_linklist_is_empty(&p->queue)) {
         job_t *job = H2O_STRUCT_FROM_MEMBER(job_t, link, p->queue.next);
         h2o_linklist_unlink(&job->link);
