@@ -319,11 +319,18 @@ int main(int argc, char **argv)
         sb_status_t st = SB_OK;
         if (!offline || conf->database_url == NULL)
             st = sb_pg_check_schema(conf->database_url, targets, &reachable, errbuf, sizeof(errbuf));
-        if (st == SB_E_BAD_ARGS) {
+        /*
+         * A role without the privileges the targets need: the check fails; a
+         * start goes on and reports it (the pools' introspection logs it once,
+         * /readyz answers 503 naming it) until a GRANT fixes it.
+         */
+        if (st == SB_E_BAD_ARGS || (st == SB_E_FORBIDDEN && check_only)) {
             invalid(errbuf);
             goto Exit;
         }
-        if (st != SB_OK && check_only) {
+        if (st == SB_E_FORBIDDEN) {
+            /* reported by the pools */
+        } else if (st != SB_OK && check_only) {
             fprintf(stderr, "sandbox-broker: a backend is unreachable now:\n%s\n", errbuf);
             backend_down = 1;
         } else if (st != SB_OK) {

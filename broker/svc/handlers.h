@@ -51,9 +51,11 @@ void sb_pg_pool_destroy(sb_pg_pool_t *pool);
  * Blocking check of the targets' tables against the database (start-up,
  * --check-config and reload): the tables of collections, the document store
  * and table globals, and their key, allowlisted, value and scope columns
- * must exist.
+ * must exist, and the role must hold every privilege the manifests' verbs
+ * can use on them (deploy/README.md lists the GRANT statements).
  * @param reachable set to 1 when the database answered
- * @return SB_OK, SB_E_BAD_ARGS (err names the path) or SB_E_UNAVAILABLE (not reachable)
+ * @return SB_OK, SB_E_BAD_ARGS (err names the path), SB_E_FORBIDDEN (err
+ *         names the missing privileges by table) or SB_E_UNAVAILABLE (not reachable)
  */
 SB_WARN_UNUSED sb_status_t sb_pg_check_schema(const char *database_url, const sb_targets_t *targets, int *reachable, char *err,
                                               size_t errsz);
@@ -61,6 +63,12 @@ SB_WARN_UNUSED sb_status_t sb_pg_check_schema(const char *database_url, const sb
 int sb_pg_pool_idle(const sb_pg_pool_t *pool);
 /** 1 when a connection is up (readiness) */
 int sb_pg_pool_healthy(sb_pg_pool_t *pool);
+/**
+ * What the pool's introspection found wrong that data calls will meet: the
+ * privileges the role lacks, "table: PRIVILEGE[, ...]; ...", or NULL.
+ * Owned by the pool; valid on the pool's worker until the pool is destroyed.
+ */
+const char *sb_pg_pool_problem(const sb_pg_pool_t *pool);
 /** a call of a collection the target declares (or of its document store, which it wires): dispatch checked both */
 void sb_pg_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok, const sb_call_t *call, sb_dispatch_cb cb,
                   void *arg);
