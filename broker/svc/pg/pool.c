@@ -56,12 +56,15 @@ void sb_pg__answer(job_t *job, sb_status_t st, const char *msg, msgpack_sbuffer 
 
 void sb_pg__free_job(job_t *job)
 {
+    sb_pg_pool_t *pool = job->pool;
+
     if (job->have_prepared)
         sb_result_dispose(&job->prepared);
     sb_sql_dispose(&job->q);
     if (job->tok != NULL)
         sb_token_release(job->tok);
     free(job);
+    sb_pg_pool_release(pool);
 }
 
 /* maps a failed statement to the guest's view: constraint violations are the guest's, the rest the host's */
@@ -376,7 +379,10 @@ static void on_tick(h2o_timeout_entry_t *entry)
     }
 }
 
-sb_pg_pool_t *sb_pg_pool_create(h2o_loop_t *loop, const char *database_url, const sb_targets_t *targets, unsigned pool_size)
+static void on_reap(h2o_timeout_entry_t *entry);
+
+sb_pg_pool_t *sb_pg_pool_create(h2o_loop_t *loop, sb_reaper_t *reaper, const char *database_url, const sb_targets_t *targets,
+                                unsigned pool_size)
 {
     sb_pg_pool_t *p;
 
@@ -384,6 +390,10 @@ sb_pg_pool_t *sb_pg_pool_create(h2o_loop_t *loop, const char *database_url, cons
         return NULL;
     p = sb_mem_calloc(1, sizeof(*p));
     p->loop = loop;
+    p->refs = 1;
+    p->reaper = reaper;
+    p->reap.cb = on_reap;
+    sb_reaper__created(reaper);
     p->url = sb_mem_strdup(database_url);
     p->targets = targets;
     p->nconns = pool_size != 0 ? pool_size : 4;
@@ -399,18 +409,18 @@ sb_pg_pool_t *sb_pg_pool_create(h2o_loop_t *loop, const char *database_url, cons
     return p;
 }
 
-void sb_pg_pool_destroy(sb_pg_pool_t *p)
+/*
+ * The last reference is gone, so no job is queued or running but the
+ * introspection, which closing the connections cancels: it runs on the
+ * reaper's turn, never inside a callback of the pool's own sockets or tick.
+ */
+static void on_reap(h2o_timeout_entry_t *entry)
 {
-    if (p == NULL)
-        return;
+    sb_pg_pool_t *p = H2O_STRUCT_FROM_MEMBER(sb_pg_pool_t, reap, entry);
+    sb_reaper_t *reaper = p->reaper;
+
     for (size_t i = 0; i < p->nconns; ++i)
         conn_fail(&p->conns[i], "shutting down");
-    while (!h2o_linklist_is_empty(&p->queue)) {
-        job_t *job = H2O_STRUCT_FROM_MEMBER(job_t, link, p->queue.next);
-        h2o_linklist_unlink(&job->link);
-        (void)job->cb(job, NULL, "shutting down");
-        sb_pg__free_job(job);
-    }
     if (h2o_timeout_is_linked(&p->tick))
         h2o_timeout_unlink(&p->tick);
     h2o_timeout_dispose(p->loop, &p->tick_timeout);
@@ -418,18 +428,14 @@ void sb_pg_pool_destroy(sb_pg_pool_t *p)
     free(p->conns);
     free(p->url);
     free(p);
+    sb_reaper__freed(reaper);
 }
 
-int sb_pg_pool_idle(const sb_pg_pool_t *p)
+void sb_pg_pool_release(sb_pg_pool_t *p)
 {
-    if (p == NULL)
-        return 1;
-    if (p->queued != 0 || p->introspecting)
-        return 0;
-    for (size_t i = 0; i < p->nconns; ++i)
-        if (p->conns[i].state == C_BUSY)
-            return 0;
-    return 1;
+    if (p == NULL || --p->refs != 0)
+        return;
+    sb_reaper__schedule(p->reaper, &p->reap);
 }
 
 int sb_pg_pool_healthy(sb_pg_pool_t *p)
@@ -444,6 +450,8 @@ int sb_pg_pool_healthy(sb_pg_pool_t *p)
 
 void sb_pg__enqueue(sb_pg_pool_t *p, job_t *job)
 {
+    ++p->refs;
+    job->pool = p;
     h2o_linklist_insert(&p->queue, &job->link);
     ++p->queued;
     pump(p);
