@@ -59,15 +59,11 @@ sb_tools_ctx_t *sb_tools_ctx_create(h2o_loop_t *loop);
 void sb_tools_ctx_destroy(sb_tools_ctx_t *ctx);
 void sb_tools_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok, const sb_call_t *call, sb_dispatch_cb cb,
                      void *arg);
-/* the answer of an exhausted tools limit (max_calls, concurrency) */
-#define SB_TOOLS_MSG_LIMIT "sandbox custom tool limit exceeded"
-/**
- * Counts one tools.call attempt of the token's run against the target's
- * max_calls. Every attempt counts, a malformed or refused one included, so a
- * run cannot probe past its limit: dispatch counts before it refuses bad args.
- * @return SB_OK while the run has calls left, SB_E_RATE_LIMITED once it has none
+/*
+ * the answer of an exhausted tools limit (max_calls, concurrency); max_calls
+ * is counted per run in the token store by dispatch (sb_store_quota_tool_call)
  */
-SB_WARN_UNUSED sb_status_t sb_tools_count_call(const sb_tools_conf_t *tc, const sb_token_t *tok);
+#define SB_TOOLS_MSG_LIMIT "sandbox custom tool limit exceeded"
 
 /* ---- PostgreSQL (svc/pg/): collections.<n>.*, store.<ns>.*, collections.document_store.*, table globals ---- */
 typedef struct st_sb_pg_pool_t sb_pg_pool_t;
