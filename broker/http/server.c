@@ -26,6 +26,9 @@
 #include "svc/handlers.h"
 #include "util/util.h"
 
+/* the threads files operations run on, shared by every worker (svc/files/files.c says why they exist) */
+#define FILES_THREADS 2u
+
 /* "host:port" or "[v6]:port" of an address */
 static void format_addr(const struct sockaddr_storage *ss, char *out, size_t outsz)
 {
@@ -148,6 +151,7 @@ sb_status_t sb_server_init(sb_server_t *s, sb_config_t *conf, sb_store_t *store,
         return SB_E_UNAVAILABLE;
     s->nworkers = conf->threads;
     s->workers = sb_mem_calloc(s->nworkers, sizeof(*s->workers));
+    s->files = sb_files_pool_create(FILES_THREADS);
     return SB_OK;
 }
 
@@ -288,6 +292,7 @@ static void *worker_main(void *arg)
     w->svc.store = w->store;
     w->svc.targets = s->targets;
     w->svc.tools = sb_tools_ctx_create(w->loop);
+    w->svc.files = sb_files_ctx_create(s->files, w->loop);
     w->svc.pg = sb_pg_pool_create(w->loop, &w->reaper, s->conf->database_url, s->targets, s->conf->database_pool_size);
     {
         const char *err = NULL;
@@ -335,27 +340,37 @@ static void *worker_main(void *arg)
         w->svc.fetch = NULL;
         sb_pg_pool_release(w->svc.pg);
         w->svc.pg = NULL;
-        while (!sb_reaper_idle(&w->reaper) && (now = sb_mono_us()) < deadline) {
+        /* files jobs whose client left are answered too: a write completes or reports failure */
+        while ((!sb_reaper_idle(&w->reaper) || sb_files_ctx_pending(w->svc.files) != 0) && (now = sb_mono_us()) < deadline) {
             h2o_evloop_run(w->loop, 10);
             sb_log_flush();
         }
-        /* one more turn: what the last contexts closed is released on the next one */
-        h2o_evloop_run(w->loop, 0);
     }
-    if (w->inflight != 0 || !sb_reaper_idle(&w->reaper)) {
+    if (w->inflight != 0 || !sb_reaper_idle(&w->reaper) || sb_files_ctx_pending(w->svc.files) != 0) {
         sb_logline_t l;
         sb_log_begin(&l, SB_LOG_WARN, "drain.timeout");
         sb_log_int(&l, "worker", w->index);
         sb_log_int(&l, "inflight", (long long)w->inflight);
         sb_log_int(&l, "contexts", (long long)w->reaper.live);
+        sb_log_int(&l, "files", (long long)sb_files_ctx_pending(w->svc.files));
         sb_log_end(&l);
     }
 
     h2o_multithread_unregister_receiver(w->queue, &w->shutdown_receiver);
     sb_tools_ctx_destroy(w->svc.tools);
-    /* past the drain deadline a context still in use stays, like the loop its exchanges run on */
+    /*
+     * past the drain deadline a context still in use stays, like the loop its
+     * exchanges run on, and so does a files context a pool thread will still
+     * answer on
+     */
     if (sb_reaper_idle(&w->reaper))
         sb_reaper_dispose(&w->reaper);
+    if (sb_files_ctx_pending(w->svc.files) == 0) {
+        sb_files_ctx_destroy(w->svc.files);
+        w->svc.files = NULL;
+    }
+    /* one more turn: the sockets the last contexts closed are released on the next one */
+    h2o_evloop_run(w->loop, 0);
     sb_store_conn_destroy(w->store);
     w->store = NULL;
     sb_log_thread_buffered(0);
@@ -458,5 +473,8 @@ void sb_server_dispose(sb_server_t *s)
         close(s->listen_fd);
     if (s->admin_fd >= 0)
         close(s->admin_fd);
+    /* after the workers: every files job they accepted has run, and the threads are joined */
+    sb_files_pool_destroy(s->files);
+    s->files = NULL;
     /* workers, loops and h2o configuration live until exit (see worker_main) */
 }

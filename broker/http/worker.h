@@ -55,6 +55,7 @@ struct st_sb_server_t {
     h2o_globalconf_t pub_conf, admin_conf;
     int listen_fd, admin_fd;
     uint8_t admin_secret_hash[32];
+    sb_files_pool_t *files; /* the files threads, created with the server and joined when it is disposed of */
     sb_worker_t *workers;
     unsigned nworkers;
     _Atomic int stopping;

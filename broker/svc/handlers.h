@@ -49,6 +49,22 @@ void sb_reaper__schedule(sb_reaper_t *r, h2o_timeout_entry_t *entry);
 void sb_reaper__freed(sb_reaper_t *r);
 
 /* ---- files (svc/files/files.c): files.read / write / list beneath the target's root ---- */
+/**
+ * The threads files operations run on, shared by the workers and owned by
+ * the server: created with it, and destroyed (every job it accepted run, its
+ * threads joined) after the workers have stopped. Threads that cannot be
+ * started make files calls answer unavailable.
+ */
+typedef struct st_sb_files_pool_t sb_files_pool_t;
+sb_files_pool_t *sb_files_pool_create(unsigned nthreads);
+void sb_files_pool_destroy(sb_files_pool_t *pool);
+/** per-worker: delivers the results of the worker's jobs on its loop; create and destroy on the loop's thread */
+typedef struct st_sb_files_ctx_t sb_files_ctx_t;
+sb_files_ctx_t *sb_files_ctx_create(sb_files_pool_t *pool, h2o_loop_t *loop);
+/** jobs started on this context and not answered yet (the worker drains them before it stops) */
+size_t sb_files_ctx_pending(const sb_files_ctx_t *ctx);
+/** only once nothing is pending */
+void sb_files_ctx_destroy(sb_files_ctx_t *ctx);
 void sb_files_handle(const sb_svc_env_t *env, const sb_files_conf_t *fc, sb_token_t *tok, const sb_call_t *call, sb_dispatch_cb cb,
                      void *arg);
 
