@@ -269,6 +269,7 @@ static void *worker_main(void *arg)
 {
     sb_worker_t *w = arg;
     sb_server_t *s = w->server;
+    h2o_multithread_queue_t *q;
     uint64_t deadline;
 
     sb_current_worker = w;
@@ -286,13 +287,15 @@ static void *worker_main(void *arg)
         w->admin_listener = h2o_evloop_socket_create(w->loop, dup(s->admin_fd), H2O_SOCKET_FLAG_DONT_READ);
         h2o_socket_read_start(w->admin_listener, on_accept);
     }
+    /* the worker's message queue: reload and shutdown messages, and the files pool's results */
+    q = h2o_multithread_create_queue(w->loop);
     w->store = sb_store_conn_create(s->store, w->loop);
     sb_reaper_init(&w->reaper, w->loop);
     w->svc.loop = w->loop;
     w->svc.store = w->store;
     w->svc.targets = s->targets;
     w->svc.tools = sb_tools_ctx_create(w->loop);
-    w->svc.files = sb_files_ctx_create(s->files, w->loop);
+    w->svc.files = sb_files_ctx_create(s->files, q);
     w->svc.pg = sb_pg_pool_create(w->loop, &w->reaper, s->conf->database_url, s->targets, s->conf->database_pool_size);
     {
         const char *err = NULL;
@@ -304,12 +307,9 @@ static void *worker_main(void *arg)
             sb_log_end(&l);
         }
     }
-    {
-        h2o_multithread_queue_t *q = h2o_multithread_create_queue(w->loop);
-        h2o_multithread_register_receiver(q, &w->shutdown_receiver, on_shutdown_msg);
-        /* published last: sb_server_stop may message the worker from now on */
-        __atomic_store_n(&w->queue, q, __ATOMIC_RELEASE);
-    }
+    h2o_multithread_register_receiver(q, &w->shutdown_receiver, on_shutdown_msg);
+    /* published last: sb_server_stop may message the worker from now on */
+    __atomic_store_n(&w->queue, q, __ATOMIC_RELEASE);
 
     while (!w->stopping) {
         h2o_evloop_run(w->loop, INT32_MAX);

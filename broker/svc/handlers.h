@@ -58,9 +58,13 @@ void sb_reaper__freed(sb_reaper_t *r);
 typedef struct st_sb_files_pool_t sb_files_pool_t;
 sb_files_pool_t *sb_files_pool_create(unsigned nthreads);
 void sb_files_pool_destroy(sb_files_pool_t *pool);
-/** per-worker: delivers the results of the worker's jobs on its loop; create and destroy on the loop's thread */
+/**
+ * per-worker: delivers the results of the worker's jobs on its loop, through
+ * `queue` (a queue of that loop, which outlives the context); create and
+ * destroy on the loop's thread
+ */
 typedef struct st_sb_files_ctx_t sb_files_ctx_t;
-sb_files_ctx_t *sb_files_ctx_create(sb_files_pool_t *pool, h2o_loop_t *loop);
+sb_files_ctx_t *sb_files_ctx_create(sb_files_pool_t *pool, h2o_multithread_queue_t *queue);
 /** jobs started on this context and not answered yet (the worker drains them before it stops) */
 size_t sb_files_ctx_pending(const sb_files_ctx_t *ctx);
 /** only once nothing is pending */

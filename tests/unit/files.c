@@ -366,6 +366,9 @@ static void test_fs(void)
 #define NCALLS 200
 
 static pthread_t loop_thread;
+/* a loop and its queue live as long as the process (h2o 2.2.5 never frees a destroyed queue) */
+static h2o_loop_t *loop_queue_loop;
+static h2o_multithread_queue_t *loop_queue;
 static size_t ncb, nok, nlimited, nother, noff_thread;
 
 static void on_result(void *arg, sb_result_t *res)
@@ -412,9 +415,10 @@ static void test_handler(void)
     fc.max_write = sizeof(body);
     fc.max_entries = 100;
     memset(&env, 0, sizeof(env));
-    env.loop = h2o_evloop_create();
+    env.loop = loop_queue_loop = h2o_evloop_create();
     pool = sb_files_pool_create(2);
-    env.files = sb_files_ctx_create(pool, env.loop);
+    loop_queue = h2o_multithread_create_queue(env.loop);
+    env.files = sb_files_ctx_create(pool, loop_queue);
     loop_thread = pthread_self();
     if (sb_method_parse("files.write", 11, &m) != SB_OK)
         abort();
@@ -496,8 +500,6 @@ static void test_handler(void)
     }
     sb_files_ctx_destroy(env.files);
     sb_files_pool_destroy(pool);
-    h2o_evloop_run(env.loop, 0);
-    h2o_evloop_destroy(env.loop);
     sb_token_release(tok);
     json_decref(caps);
     json_decref(scope);
@@ -535,7 +537,7 @@ static void test_pool_life_cycle(void)
 {
     int base = count_threads(), answered = 0;
     sb_files_pool_t *a, *b;
-    h2o_loop_t *loop = h2o_evloop_create();
+    h2o_loop_t *loop = loop_queue_loop;
     sb_files_ctx_t *ca, *cb;
     sb_files_conf_t fc;
     sb_svc_env_t env;
@@ -557,8 +559,8 @@ static void test_pool_life_cycle(void)
     a = sb_files_pool_create(2);
     b = sb_files_pool_create(3);
     is_int(count_threads(), base + 5, "each pool starts its own threads when it is created");
-    ca = sb_files_ctx_create(a, loop);
-    cb = sb_files_ctx_create(b, loop);
+    ca = sb_files_ctx_create(a, loop_queue);
+    cb = sb_files_ctx_create(b, loop_queue);
 
     memset(&fc, 0, sizeof(fc));
     fc.root = root;
@@ -608,8 +610,6 @@ static void test_pool_life_cycle(void)
     msgpack_zone_destroy(&zone);
     msgpack_unpacked_destroy(&up);
     msgpack_sbuffer_destroy(&sbuf);
-    h2o_evloop_run(loop, 0);
-    h2o_evloop_destroy(loop);
     sb_token_release(tok);
     json_decref(caps);
     rm_tree(root);

@@ -74,7 +74,7 @@ struct st_sb_files_pool_t {
     unsigned nthreads;
 };
 
-/* one per worker loop: where the results of its jobs are delivered */
+/* one per worker loop: where the results of its jobs are delivered (a receiver on the loop's queue) */
 struct st_sb_files_ctx_t {
     sb_files_pool_t *pool;
     h2o_multithread_queue_t *queue;
@@ -340,13 +340,17 @@ static void on_jobs_done(h2o_multithread_receiver_t *receiver, h2o_linklist_t *m
     }
 }
 
-/* on the loop's own thread: h2o registers the queue's wake-up socket with that loop */
-sb_files_ctx_t *sb_files_ctx_create(sb_files_pool_t *pool, h2o_loop_t *loop)
+/*
+ * A receiver on the loop's existing queue rather than a queue of its own:
+ * h2o 2.2.5's h2o_multithread_destroy_queue does not free the queue, so a
+ * queue lives as long as its loop.
+ */
+sb_files_ctx_t *sb_files_ctx_create(sb_files_pool_t *pool, h2o_multithread_queue_t *queue)
 {
     sb_files_ctx_t *fc = sb_mem_calloc(1, sizeof(*fc));
 
     fc->pool = pool;
-    fc->queue = h2o_multithread_create_queue(loop);
+    fc->queue = queue;
     h2o_multithread_register_receiver(fc->queue, &fc->receiver, on_jobs_done);
     return fc;
 }
@@ -361,7 +365,6 @@ void sb_files_ctx_destroy(sb_files_ctx_t *fc)
     if (fc == NULL)
         return;
     h2o_multithread_unregister_receiver(fc->queue, &fc->receiver);
-    h2o_multithread_destroy_queue(fc->queue);
     free(fc);
 }
 
