@@ -142,6 +142,69 @@ class Reload(sbtest.BrokerTestCase):
         finally:
             up.shutdown()
 
+    def test_many_reloads_while_database_calls_are_in_flight(self):
+        # the same for database pools: each reload gives every worker a new pool, and the one it
+        # replaces lives until its last queued or running statement has answered
+        import pgfix
+        pg = pgfix.PgServer().start()
+        try:
+            pg.sql("CREATE TABLE reload_settings (name text PRIMARY KEY, title text);"
+                   "INSERT INTO reload_settings VALUES ('site', 'from the database');")
+
+            def dbconfig(n):
+                return {"database_url": pg.url, "database_pool_size": 2,
+                        "targets": {"app": {"globals": {
+                            "site": {"table": "reload_settings", "key": "name", "row": "site", "column": "title"},
+                            "n": {"value": n}}}}}
+
+            with sbtest.Broker(config=dbconfig(0)) as b:
+                token = b.mint_ok("reload-db", {"data": {"globals": {"site": ["read"], "n": ["read"]}}}, target="app",
+                                  quotas={"calls": 1000000})
+                self.assertTrue(sbtest.poll(lambda: b.rpc(token, "globals.site.get").status == 200, 10), b.log())
+                done = threading.Event()
+                lock = threading.Lock()
+                ok, gap, bad = [0], [0], []
+
+                def caller():
+                    while not done.is_set():
+                        try:
+                            r = b.rpc(token, "globals.site.get", timeout=30)
+                        except Exception as e:
+                            with lock:
+                                bad.append(e)
+                            return
+                        with lock:
+                            if r.status == 200 and r.body == {"ok": True, "value": "from the database"}:
+                                ok[0] += 1
+                            elif r.status == 503 and r.body["error"]["message"] == "the database is unavailable":
+                                gap[0] += 1  # a new pool that has not learnt the schema yet fails closed
+                            else:
+                                bad.append(r)
+                        time.sleep(0.002)
+
+                threads = [threading.Thread(target=caller) for _ in range(12)]
+                for t in threads:
+                    t.start()
+                try:
+                    for n in range(30):
+                        self.rewrite(b, dbconfig(n + 1))
+                        b.proc.send_signal(signal.SIGHUP)
+                        time.sleep(0.1)
+                    self.assertTrue(sbtest.poll(lambda: b.alive() and b.rpc(token, "globals.n.get").body
+                                                == {"ok": True, "value": 30}, 10), b.log())
+                finally:
+                    done.set()
+                    for t in threads:
+                        t.join(60)
+                self.assertEqual(bad, [])
+                self.assertGreater(ok[0], 0)
+                self.assertTrue(sbtest.poll(lambda: b.rpc(token, "globals.site.get").status == 200, 10), b.log())
+                self.assertEqual(b.stop(), 0, b.log())
+                self.assertNotIn("Sanitizer", b.log())
+                self.assertNotIn("runtime error", b.log())
+        finally:
+            pg.close()
+
     def test_bad_file_is_rejected_and_the_old_configuration_stays(self):
         with sbtest.Broker(config=config("kept")) as b:
             token = b.mint_ok("reload-bad", CAPS, target="app")
