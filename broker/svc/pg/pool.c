@@ -26,6 +26,7 @@
 
 static void conn_start(pconn_t *c);
 static void pump(sb_pg_pool_t *p);
+static void start_introspection(sb_pg_pool_t *p, pconn_t *c);
 
 /* ---- results back to the route -------------------------------------------------------------------------------------- */
 
@@ -154,7 +155,11 @@ static void connect_poll(pconn_t *c)
         c->failures = 0;
         watch(c, 0);
         sb_log_msg(SB_LOG_INFO, "pg.up", "database connection ready");
-        pump(c->pool);
+        /* a new pool (start-up, a reload) learns the schema on its first connection, not at the next tick */
+        if (!c->pool->introspected && !c->pool->introspecting)
+            start_introspection(c->pool, c);
+        else
+            pump(c->pool);
         return;
     case PGRES_POLLING_READING:
         watch(c, 0);
