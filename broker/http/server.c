@@ -357,7 +357,9 @@ static void *worker_main(void *arg)
     }
 
     h2o_multithread_unregister_receiver(w->queue, &w->shutdown_receiver);
+    /* NULL: a request still arriving on a kept-alive connection in the last turn below finds no handler */
     sb_tools_ctx_destroy(w->svc.tools);
+    w->svc.tools = NULL;
     /*
      * past the drain deadline a context still in use stays, like the loop its
      * exchanges run on, and so does a files context a pool thread will still
