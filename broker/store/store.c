@@ -20,6 +20,7 @@
 struct st_quota_entry_t {
     quota_entry_t *next;
     int64_t calls, inflight, fetched;
+    int64_t tool_calls;    /* tools.call of the run (the target's max_calls) */
     int64_t expires_at_ms; /* the latest expiry of the run's tokens seen */
     char run_id[];         /* NUL-terminated, at most SB_MAX_RUN_ID bytes */
 };
@@ -546,4 +547,27 @@ void sb_store_quota_fetch_add(sb_store_conn_t *c, const sb_token_t *tok, uint64_
     if ((q = quota_entry(s, tok, 1)) != NULL)
         q->fetched += (int64_t)bytes;
     pthread_mutex_unlock(&s->mu);
+}
+
+void sb_store_quota_tool_call(sb_store_conn_t *c, const sb_token_t *tok, unsigned max_calls, sb_quota_cb cb, void *arg)
+{
+    sb_store_t *s = c->store;
+    quota_entry_t *q;
+    sb_status_t st = SB_OK;
+    const char *why = NULL;
+
+    if (s->is_redis) {
+        sb_store__redis_quota_tool_call(c->redis, tok, max_calls, cb, arg);
+        return;
+    }
+    pthread_mutex_lock(&s->mu);
+    if ((q = quota_entry(s, tok, 1)) == NULL) {
+        st = SB_E_UNAVAILABLE;
+        why = "the quota table is full";
+    } else if (++q->tool_calls > (int64_t)max_calls) {
+        st = SB_E_RATE_LIMITED;
+        why = "tools.call per run";
+    }
+    pthread_mutex_unlock(&s->mu);
+    cb(arg, st, why);
 }

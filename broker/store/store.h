@@ -207,5 +207,14 @@ void sb_store_quota_release(sb_store_conn_t *c, const sb_token_t *tok);
 void sb_store_quota_fetch_check(sb_store_conn_t *c, const sb_token_t *tok, sb_quota_cb cb, void *arg);
 /** adds fetched bytes; fire and forget, checked and counted like a release (update="fetch_bytes") */
 void sb_store_quota_fetch_add(sb_store_conn_t *c, const sb_token_t *tok, uint64_t bytes);
+/**
+ * Counts one tools.call of the token's run against `max_calls` (the target's
+ * limit, PROTOCOL.md section 6b), in one step: one counter per run next to the
+ * run's other counters (on Redis one script, one round trip, shared by every
+ * instance), living as long as the run's tokens.
+ * cb: SB_OK while the run has calls left, SB_E_RATE_LIMITED once it has none
+ * (why "tools.call per run"), SB_E_UNAVAILABLE when the store cannot answer
+ */
+void sb_store_quota_tool_call(sb_store_conn_t *c, const sb_token_t *tok, unsigned max_calls, sb_quota_cb cb, void *arg);
 
 #endif

@@ -9,7 +9,7 @@ typedef struct st_quota_entry_t quota_entry_t;
 
 #define SB_STORE_MAX_SENTINELS 16
 #define SB_STORE_MAX_MASTER_NAME 64
-#define SB_STORE_NSCRIPTS 6
+#define SB_STORE_NSCRIPTS 7
 
 /** a numeric address hiredis can connect to without resolving anything */
 typedef struct st_sb_store_addr_t {
@@ -66,6 +66,7 @@ void sb_store__redis_inspect_run(void *rc, const char *run_id, size_t max, sb_st
 void sb_store__redis_quota_release(void *rc, const sb_token_t *tok);
 void sb_store__redis_quota_fetch_check(void *rc, const sb_token_t *tok, sb_quota_cb cb, void *arg);
 void sb_store__redis_quota_fetch_add(void *rc, const sb_token_t *tok, uint64_t bytes);
+void sb_store__redis_quota_tool_call(void *rc, const sb_token_t *tok, unsigned max_calls, sb_quota_cb cb, void *arg);
 
 /**
  * Parses a Sentinel "+switch-master" message: "<name> <old-ip> <old-port>

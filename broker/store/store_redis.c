@@ -72,7 +72,7 @@
 
 /* ---- scripts ----------------------------------------------------------------------------------------------------------- */
 
-enum { SC_LOOKUP = 0, SC_RELEASE, SC_FETCH_ADD, SC_MINT, SC_REVOKE_RUN, SC_INSPECT_RUN };
+enum { SC_LOOKUP = 0, SC_RELEASE, SC_FETCH_ADD, SC_MINT, SC_REVOKE_RUN, SC_INSPECT_RUN, SC_TOOL_CALL };
 
 /*
  * Slots given back (KEYS[first..], ARGV[same index + off] = how many):
@@ -189,6 +189,22 @@ static const char script_inspect_run[] = "#!lua\n"
                                          "end\n"
                                          "out[4] = live return out\n";
 
+/*
+ * One tools.call of a run: KEYS[1] the run's tools.call counter, KEYS[2] its
+ * call counter (which the mint keeps alive as long as the run's latest token),
+ * ARGV[1] the calling token's expiry. Counts, then makes the counter live as
+ * long as the later of the two, so it cannot expire, and start again from 0,
+ * while the run still has a token. Returns the count, this call included.
+ */
+static const char script_tool_call[] =
+    "#!lua\n"
+    "local n = redis.call('INCR', KEYS[1])\n"
+    "local exp = tonumber(ARGV[1])\n"
+    "local run = redis.call('PEXPIRETIME', KEYS[2])\n"
+    "if run > exp then exp = run end\n"
+    "if redis.call('PEXPIRETIME', KEYS[1]) < exp then redis.call('PEXPIREAT', KEYS[1], exp) end\n"
+    "return n\n";
+
 static const struct {
     const char *body;
     size_t len;
@@ -196,6 +212,7 @@ static const struct {
     {script_lookup, sizeof(script_lookup) - 1},         {script_release, sizeof(script_release) - 1},
     {script_fetch_add, sizeof(script_fetch_add) - 1},   {script_mint, sizeof(script_mint) - 1},
     {script_revoke_run, sizeof(script_revoke_run) - 1}, {script_inspect_run, sizeof(script_inspect_run) - 1},
+    {script_tool_call, sizeof(script_tool_call) - 1},
 };
 
 /* ---- configuration ----------------------------------------------------------------------------------------------------- */
@@ -2195,6 +2212,43 @@ void sb_store__redis_quota_fetch_check(void *rcp, const sb_token_t *tok, sb_quot
     cmd->cb.quota = cb;
     cmd->arg = arg;
     cmd->limit = tok->quota.fetch_bytes;
+    cmd_send(cmd);
+}
+
+/* ---- tools.call per run ------------------------------------------------------------------------------------------------- */
+
+static void on_tool_call(cmd_t *cmd, redisReply *reply)
+{
+    if (reply == NULL || reply->type != REDIS_REPLY_INTEGER) {
+        cmd->cb.quota(cmd->arg, SB_E_UNAVAILABLE, "the token store is unavailable");
+        return;
+    }
+    if (reply->integer > cmd->limit)
+        cmd->cb.quota(cmd->arg, SB_E_RATE_LIMITED, "tools.call per run");
+    else
+        cmd->cb.quota(cmd->arg, SB_OK, NULL);
+}
+
+void sb_store__redis_quota_tool_call(void *rcp, const sb_token_t *tok, unsigned max_calls, sb_quota_cb cb, void *arg)
+{
+    redis_conn_t *rc = rcp;
+    char tk[KEY_MAX], ck[KEY_MAX], exp[32];
+    const char *argv[4] = {"2", tk, ck, exp};
+    size_t lens[4];
+    cmd_t *cmd;
+
+    if (!usable(rc)) {
+        cb(arg, SB_E_UNAVAILABLE, "the token store is unavailable");
+        return;
+    }
+    lens[0] = 1;
+    lens[1] = quota_key(rc->store, "tools", tok->run_id, strlen(tok->run_id), tk, sizeof(tk));
+    lens[2] = quota_key(rc->store, "calls", tok->run_id, strlen(tok->run_id), ck, sizeof(ck));
+    lens[3] = (size_t)snprintf(exp, sizeof(exp), "%lld", (long long)tok->expires_at_ms);
+    cmd = cmd_new(rc, "the tools.call count", on_tool_call, SC_TOOL_CALL, 4, argv, lens);
+    cmd->cb.quota = cb;
+    cmd->arg = arg;
+    cmd->limit = max_calls;
     cmd_send(cmd);
 }
 

@@ -29,44 +29,60 @@
 #define MAX_REQ_HEADERS SB_CALL_MAX_FETCH_HEADERS
 #define MAX_METHOD SB_CALL_MAX_FETCH_METHOD
 
+/*
+ * Owned by references (handlers.h): the creator's, then one per exchange. The
+ * exchanges' deadlines and connect timers are entries on this context's
+ * queues and their DNS queries run on its resolver, so both are disposed of
+ * only after the last exchange has been freed, on the reaper's turn.
+ */
 struct st_sb_fetch_ctx_t {
     const sb_fetch_conf_t *conf;
     h2o_loop_t *loop;
-    size_t live; /* exchanges not yet freed (a reload retires the context until this is 0) */
+    size_t refs;
+    sb_reaper_t *reaper;
+    h2o_timeout_entry_t reap;
     sb_resolver_t *resolver;
     sb_http_pool_t *conns; /* kept-alive upstream connections, reused within a run only (fetch/client.h) */
     h2o_timeout_t deadline, connect_timeout;
 };
 
-sb_fetch_ctx_t *sb_fetch_ctx_create(const sb_fetch_conf_t *conf, h2o_loop_t *loop, const char **err)
+static void on_reap(h2o_timeout_entry_t *entry)
+{
+    sb_fetch_ctx_t *ctx = H2O_STRUCT_FROM_MEMBER(sb_fetch_ctx_t, reap, entry);
+    sb_reaper_t *reaper = ctx->reaper;
+
+    sb_http_pool_destroy(ctx->conns);
+    sb_resolver_destroy(ctx->resolver);
+    h2o_timeout_dispose(ctx->loop, &ctx->deadline);
+    h2o_timeout_dispose(ctx->loop, &ctx->connect_timeout);
+    sb_mem_free(ctx);
+    sb_reaper__freed(reaper);
+}
+
+sb_fetch_ctx_t *sb_fetch_ctx_create(const sb_fetch_conf_t *conf, h2o_loop_t *loop, sb_reaper_t *reaper, const char **err)
 {
     sb_fetch_ctx_t *ctx = sb_mem_calloc(1, sizeof(*ctx));
     ctx->conf = conf;
     ctx->loop = loop;
     if ((ctx->resolver = sb_resolver_create(loop, conf->dns_servers, conf->dns_timeout_ms, conf->dns_tries, err)) == NULL) {
-        free(ctx);
+        sb_mem_free(ctx);
         return NULL;
     }
     h2o_timeout_init(loop, &ctx->deadline, conf->deadline_ms);
     h2o_timeout_init(loop, &ctx->connect_timeout, conf->connect_timeout_ms);
     ctx->conns = sb_http_pool_create(loop, conf->keepalive_pool_size, conf->keepalive_idle_ms);
+    ctx->refs = 1;
+    ctx->reaper = reaper;
+    ctx->reap.cb = on_reap;
+    sb_reaper__created(reaper);
     return ctx;
 }
 
-int sb_fetch_ctx_idle(const sb_fetch_ctx_t *ctx)
+void sb_fetch_ctx_release(sb_fetch_ctx_t *ctx)
 {
-    return ctx->live == 0;
-}
-
-void sb_fetch_ctx_destroy(sb_fetch_ctx_t *ctx)
-{
-    if (ctx == NULL)
+    if (ctx == NULL || --ctx->refs != 0)
         return;
-    sb_resolver_destroy(ctx->resolver);
-    sb_http_pool_destroy(ctx->conns);
-    h2o_timeout_dispose(ctx->loop, &ctx->deadline);
-    h2o_timeout_dispose(ctx->loop, &ctx->connect_timeout);
-    free(ctx);
+    sb_reaper__schedule(ctx->reaper, &ctx->reap);
 }
 
 /* ---- the exchange --------------------------------------------------------------------------------------------------- */
@@ -105,7 +121,6 @@ typedef struct st_fetch_t {
 
 static void free_fetch(fetch_t *f)
 {
-    --f->ctx->live;
     if (h2o_timeout_is_linked(&f->deadline))
         h2o_timeout_unlink(&f->deadline);
     sb_resolve_cancel(f->dns);
@@ -119,6 +134,8 @@ static void free_fetch(fetch_t *f)
     free(f->decision);
     if (f->tok != NULL)
         sb_token_release(f->tok);
+    /* last: the exchange's timers and query are gone from the context's queues and resolver */
+    sb_fetch_ctx_release(f->ctx);
     free(f);
 }
 
@@ -625,7 +642,7 @@ void sb_fetch_start(sb_fetch_ctx_t *ctx, sb_store_conn_t *store, sb_token_t *tok
         return;
     }
     f = sb_mem_calloc(1, sizeof(*f));
-    ++ctx->live;
+    ++ctx->refs;
     f->ctx = ctx;
     f->store = store;
     f->binary = call->binary;
@@ -649,7 +666,7 @@ void sb_egress_check(sb_fetch_ctx_t *ctx, const sb_manifest_t *m, const char *ur
     fetch_t *f = sb_mem_calloc(1, sizeof(*f));
     const char *why = NULL;
 
-    ++ctx->live;
+    ++ctx->refs;
     f->ctx = ctx;
     f->check_cb = cb;
     f->arg = arg;

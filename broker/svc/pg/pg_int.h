@@ -49,7 +49,8 @@ struct st_job_t {
     int tx, phase;
     int unnamed; /* run without a prepared statement (the introspection: once per pool) */
     struct st_pconn_t *conn;
-    const Oid *types; /* the parameters' types (NULL: inferred from the casts in the statement) */
+    struct st_sb_pg_pool_t *pool; /* the reference the job holds, once queued */
+    const Oid *types;             /* the parameters' types (NULL: inferred from the casts in the statement) */
     const pg_global_t *global;
     sb_result_t prepared; /* the answer, decided after the statement, delivered after the transaction */
     int have_prepared;
@@ -118,8 +119,17 @@ typedef struct st_target_schema_t {
     size_t nglobals;
 } target_schema_t;
 
+/*
+ * Owned by references (handlers.h): the creator's, then one per job from
+ * sb_pg__enqueue until sb_pg__free_job (a job points into the pool's schemas
+ * and runs on its connections). The introspection job holds none: the pool
+ * cancels it when it closes.
+ */
 struct st_sb_pg_pool_t {
     h2o_loop_t *loop;
+    size_t refs;
+    sb_reaper_t *reaper;
+    h2o_timeout_entry_t reap;
     char *url;
     const sb_targets_t *targets;
     pconn_t *conns; /* database_pool_size connections */
@@ -147,7 +157,7 @@ void sb_pg__deliver(job_t *job);
 void sb_pg__free_job(job_t *job);
 /** sends a transaction command (COMMIT, ROLLBACK) on the job's connection */
 void sb_pg__send_statement(job_t *job, const char *sql);
-/** queues a job and runs what an idle connection can take */
+/** queues a job (which takes a reference to the pool) and runs what an idle connection can take */
 void sb_pg__enqueue(sb_pg_pool_t *p, job_t *job);
 
 /* ---- schema.c ---- */

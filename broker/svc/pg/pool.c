@@ -39,6 +39,7 @@
 
 static void conn_start(pconn_t *c);
 static void pump(sb_pg_pool_t *p);
+static void start_introspection(sb_pg_pool_t *p, pconn_t *c);
 
 /* ---- results back to the route -------------------------------------------------------------------------------------- */
 
@@ -69,6 +70,8 @@ void sb_pg__answer(job_t *job, sb_status_t st, const char *msg, msgpack_sbuffer 
 
 void sb_pg__free_job(job_t *job)
 {
+    sb_pg_pool_t *pool = job->pool;
+
     if (job->have_prepared)
         sb_result_dispose(&job->prepared);
     sb_sql_dispose(&job->q);
@@ -76,6 +79,7 @@ void sb_pg__free_job(job_t *job)
         sb_token_release(job->tok);
     msgpack_sbuffer_destroy(&job->rows);
     sb_mem_free(job);
+    sb_pg_pool_release(pool);
 }
 
 /* ---- connections ------------------------------------------------------------------------------------------------- */
@@ -86,9 +90,10 @@ void sb_pg__free_job(job_t *job)
  * not to get one, says why), and its return one pg.up line (once no pool is
  * down), whatever the number of workers and connections. Closing a pool (a
  * reload replaced it, or the shutdown) is not an event. pools_down counts the
- * pools without a connection; outage is 2 until the first pool is up, 1
- * while a pg.down line stands unanswered, 0 otherwise. Workers are threads:
- * __atomic builtins.
+ * pools without a connection, a new pool that has not connected yet
+ * included (so pg.up waits for every worker's pool, at start-up too); outage
+ * is 2 until the first pg.up or pg.down line, 1 while a pg.down line stands
+ * unanswered, 0 otherwise. Workers are threads: __atomic builtins.
  */
 static int pools_down, outage = 2;
 
@@ -104,7 +109,8 @@ static void note_state(sb_pg_pool_t *p, const char *why)
         return;
     p->up = up;
     if (!up) {
-        __atomic_add_fetch(&pools_down, 1, __ATOMIC_SEQ_CST);
+        if (prev == 1)
+            __atomic_add_fetch(&pools_down, 1, __ATOMIC_SEQ_CST);
         if (__atomic_exchange_n(&outage, 1, __ATOMIC_SEQ_CST) == 1)
             return;
         sb_log_begin(&l, SB_LOG_WARN, "pg.down");
@@ -113,7 +119,7 @@ static void note_state(sb_pg_pool_t *p, const char *why)
         sb_log_end(&l);
         return;
     }
-    if ((prev == 0 ? __atomic_sub_fetch(&pools_down, 1, __ATOMIC_SEQ_CST) : __atomic_load_n(&pools_down, __ATOMIC_SEQ_CST)) != 0 ||
+    if (__atomic_sub_fetch(&pools_down, 1, __ATOMIC_SEQ_CST) != 0 ||
         __atomic_exchange_n(&outage, 0, __ATOMIC_SEQ_CST) == 0)
         return;
     sb_log_begin(&l, SB_LOG_INFO, "pg.up");
@@ -239,7 +245,11 @@ static void connect_poll(pconn_t *c)
         for (size_t i = 0; i < c->pool->nconns; ++i)
             if (c->pool->conns[i].state == C_DOWN)
                 c->pool->conns[i].next_attempt = 0;
-        pump(c->pool);
+        /* a new pool (start-up, a reload) learns the schema on its first connection, not at the next tick */
+        if (!c->pool->introspected && !c->pool->introspecting)
+            start_introspection(c->pool, c);
+        else
+            pump(c->pool);
         return;
     case PGRES_POLLING_READING:
         watch(c, 0);
@@ -671,7 +681,10 @@ static void describe_addr(const char *url, char *out, size_t outsz)
     PQconninfoFree(opts);
 }
 
-sb_pg_pool_t *sb_pg_pool_create(h2o_loop_t *loop, const char *database_url, const sb_targets_t *targets, unsigned pool_size)
+static void on_reap(h2o_timeout_entry_t *entry);
+
+sb_pg_pool_t *sb_pg_pool_create(h2o_loop_t *loop, sb_reaper_t *reaper, const char *database_url, const sb_targets_t *targets,
+                                unsigned pool_size)
 {
     sb_pg_pool_t *p;
 
@@ -679,9 +692,14 @@ sb_pg_pool_t *sb_pg_pool_create(h2o_loop_t *loop, const char *database_url, cons
         return NULL;
     p = sb_mem_calloc(1, sizeof(*p));
     p->loop = loop;
+    p->refs = 1;
+    p->reaper = reaper;
+    p->reap.cb = on_reap;
+    sb_reaper__created(reaper);
     p->url = sb_mem_strdup(database_url);
     p->targets = targets;
-    p->up = -1; /* not known yet */
+    p->up = -1; /* not known yet, and counted as down */
+    __atomic_add_fetch(&pools_down, 1, __ATOMIC_SEQ_CST);
     describe_addr(database_url, p->addr, sizeof(p->addr));
     p->nconns = pool_size != 0 ? pool_size : 4;
     p->conns = sb_mem_calloc(p->nconns, sizeof(*p->conns));
@@ -697,23 +715,23 @@ sb_pg_pool_t *sb_pg_pool_create(h2o_loop_t *loop, const char *database_url, cons
     return p;
 }
 
-void sb_pg_pool_destroy(sb_pg_pool_t *p)
+/*
+ * The last reference is gone, so no job is queued or running but the
+ * introspection, which closing the connections cancels: it runs on the
+ * reaper's turn, never inside a callback of the pool's own sockets or tick.
+ */
+static void on_reap(h2o_timeout_entry_t *entry)
 {
-    if (p == NULL)
-        return;
+    sb_pg_pool_t *p = H2O_STRUCT_FROM_MEMBER(sb_pg_pool_t, reap, entry);
+    sb_reaper_t *reaper = p->reaper;
+
     /* closing a pool (a reload replaced it, or the shutdown) is not the database going down: no log line */
     for (size_t i = 0; i < p->nconns; ++i) {
         conn_drop(&p->conns[i], "shutting down", 1);
         sb_mem_free(p->conns[i].stmts);
     }
-    if (p->up == 0)
+    if (p->up != 1)
         __atomic_sub_fetch(&pools_down, 1, __ATOMIC_SEQ_CST); /* no longer a pool that is down */
-    while (!h2o_linklist_is_empty(&p->queue)) {
-        job_t *job = H2O_STRUCT_FROM_MEMBER(job_t, link, p->queue.next);
-        h2o_linklist_unlink(&job->link);
-        (void)job->cb(job, NULL, "shutting down");
-        sb_pg__free_job(job);
-    }
     if (h2o_timeout_is_linked(&p->tick))
         h2o_timeout_unlink(&p->tick);
     h2o_timeout_dispose(p->loop, &p->tick_timeout);
@@ -722,18 +740,14 @@ void sb_pg_pool_destroy(sb_pg_pool_t *p)
     sb_mem_free(p->conns);
     sb_mem_free(p->url);
     sb_mem_free(p);
+    sb_reaper__freed(reaper);
 }
 
-int sb_pg_pool_idle(const sb_pg_pool_t *p)
+void sb_pg_pool_release(sb_pg_pool_t *p)
 {
-    if (p == NULL)
-        return 1;
-    if (p->queued != 0 || p->introspecting)
-        return 0;
-    for (size_t i = 0; i < p->nconns; ++i)
-        if (p->conns[i].state == C_BUSY)
-            return 0;
-    return 1;
+    if (p == NULL || --p->refs != 0)
+        return;
+    sb_reaper__schedule(p->reaper, &p->reap);
 }
 
 int sb_pg_pool_healthy(sb_pg_pool_t *p)
@@ -753,6 +767,8 @@ const char *sb_pg_pool_problem(const sb_pg_pool_t *p)
 
 void sb_pg__enqueue(sb_pg_pool_t *p, job_t *job)
 {
+    ++p->refs;
+    job->pool = p;
     h2o_linklist_insert(&p->queue, &job->link);
     ++p->queued;
     pump(p);
