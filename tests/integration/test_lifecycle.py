@@ -228,12 +228,12 @@ class Lifecycle(sbtest.BrokerTestCase):
         connections as the drain begins, while a slow call is still in flight, so the proxy sees the
         close first and picks another connection."""
         redis = sbtest.RedisServer().start()
-        proxy = sbtest.DelayProxy(redis.port, 1.5)
-        b = sbtest.Broker(env={"SANDBOX_BROKER_THREADS": "1", "SANDBOX_BROKER_STORE_TIMEOUT_MS": "10000",
+        proxy = sbtest.DelayProxy(redis.port, 0)
+        b = sbtest.Broker(env={"SANDBOX_BROKER_THREADS": "1", "SANDBOX_BROKER_STORE_TIMEOUT_MS": "15000",
                                "SANDBOX_BROKER_TOKEN_STORE": "redis://127.0.0.1:%d" % proxy.port}).start()
         idle = []
         try:
-            self.assertTrue(b.wait_store_up(1, timeout=15), b.log())
+            self.assertTrue(b.wait_store_up(1), b.log())
             tok = b.mint_ok("run-idle-close", CAPS)
             body = b'{"method":"services.mailer.send"}'
             req = (b"POST /api/sandbox/rpc HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -243,6 +243,7 @@ class Lifecycle(sbtest.BrokerTestCase):
                 s.sendall(req)
                 self.assertTrue(s.recv(65536).startswith(b"HTTP/1.1 501 "))
                 idle.append(s)
+            proxy.delay = 6.0  # from now on the store answers 6 s late
             slow = socket.create_connection(("127.0.0.1", b.port), timeout=15)
             slow.sendall(req)  # in flight until the delayed store answers
             b.proc.send_signal(signal.SIGTERM)
