@@ -442,6 +442,7 @@ class DelayProxy:
         self.ls.listen(64)
         self.port = self.ls.getsockname()[1]
         self.socks = []
+        self.evalsha = 0  # EVALSHA commands seen on their way to the target
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
@@ -469,6 +470,8 @@ class DelayProxy:
                 wait = self.delay if delay is None else delay
                 if wait:
                     time.sleep(wait)
+                if delay is not None:
+                    self.evalsha += data.count(b"EVALSHA")
                 dst.sendall(data)
         except OSError:
             pass

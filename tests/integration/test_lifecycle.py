@@ -243,9 +243,12 @@ class Lifecycle(sbtest.BrokerTestCase):
                 s.sendall(req)
                 self.assertTrue(s.recv(65536).startswith(b"HTTP/1.1 501 "))
                 idle.append(s)
-            proxy.delay = 6.0  # from now on the store answers 6 s late
+            proxy.delay = 3.0  # from now on the store answers 3 s late
+            seen = proxy.evalsha
             slow = socket.create_connection(("127.0.0.1", b.port), timeout=15)
             slow.sendall(req)  # in flight until the delayed store answers
+            # taken by the broker (its lookup reached the store) before the shutdown begins
+            self.assertTrue(sbtest.poll(lambda: proxy.evalsha > seen, 10), b.log()[-3000:])
             b.proc.send_signal(signal.SIGTERM)
             self.assertIsNotNone(b.wait_for_event("shutdown"))
             for s in idle:
