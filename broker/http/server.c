@@ -252,11 +252,19 @@ static void apply_reload(sb_worker_t *w, const worker_msg_t *m)
     sb_fetch_ctx_t *fetch;
     const char *err = NULL;
 
-    /* egress: a fresh context (resolver, timeouts) on the new settings */
-    if ((fetch = sb_fetch_ctx_create(s->fetch_conf, w->loop, &err)) != NULL) {
-        retire_or_destroy(w, w->svc.fetch, NULL);
-        w->svc.fetch = fetch;
+    /*
+     * egress: a fresh context (resolver, timeouts, an empty pool of kept-alive connections) on the new
+     * settings; when it cannot be made, http.fetch is off on this worker as at start-up, never left
+     * running on the settings (and the parked connections) the reload replaced
+     */
+    if ((fetch = sb_fetch_ctx_create(s->fetch_conf, w->loop, &err)) == NULL) {
+        sb_logline_t l;
+        sb_log_begin(&l, SB_LOG_ERROR, "egress.disabled");
+        sb_log_cstr(&l, "reason", err != NULL ? err : "resolver setup failed");
+        sb_log_end(&l);
     }
+    retire_or_destroy(w, w->svc.fetch, NULL);
+    w->svc.fetch = fetch;
     w->svc.targets = s->targets;
     /* the database pool follows database_url and the targets' collections */
     retire_or_destroy(w, NULL, w->svc.pg);

@@ -363,6 +363,41 @@ class T4NotAfterAnUncleanEnd(ReuseCase):
 
 
 class T6Reload(ReuseCase):
+    def rewrite(self, cfg):
+        path = os.path.join(B._tmpdir, "config.json")
+        with open(path + ".new", "w") as f:
+            json.dump(cfg, f)
+        os.replace(path + ".new", path)
+
+    def hup_and_wait(self, event):
+        before = B.log().count('"event":"%s"' % event)
+        B.proc.send_signal(signal.SIGHUP)
+        self.assertTrue(sbtest.poll(lambda: B.log().count('"event":"%s"' % event) > before, 10), B.log()[-3000:])
+
+    def test_a_reload_whose_egress_cannot_start_turns_fetch_off(self):
+        # the new settings deny the upstream's address, and the worker cannot make their resolver (c-ares refuses
+        # the server list): http.fetch must stop, never go on with the old settings over the parked connection
+        tok, run = self.run_token()
+        self.fetch(tok, self.url("/"))
+        bad = json.loads(json.dumps(B.config))
+        bad["egress"].update({"dns_servers": ["not a server list"], "deny_cidrs": ["127.0.0.1/32"]})
+        try:
+            self.rewrite(bad)
+            self.hup_and_wait("reload.applied")
+            self.assertTrue(sbtest.poll(lambda: "egress.disabled" in B.log(), 5.0), B.log()[-3000:])
+            time.sleep(0.3)  # the worker switches at its next turn
+            r = B.rpc(tok, "http.fetch", {"url": self.url("/")}, timeout=20.0)
+            self.assertError(r, 501, "not_implemented")
+            time.sleep(0.2)
+            self.assertEqual(self.conn_ids("a"), [1])
+        finally:
+            self.rewrite(B.config)
+            self.hup_and_wait("reload.applied")
+            time.sleep(0.3)
+        # the good settings again: a fresh context, a fresh connection
+        self.fetch(tok, self.url("/"))
+        self.assertEqual(self.conn_ids("a"), [1, 2])
+
     def test_a_reload_starts_an_empty_pool(self):
         tok, run = self.run_token()
         self.fetch(tok, self.url("/"))
