@@ -499,6 +499,58 @@ class T7LeftoverBytes(ReuseCase):
         self.assertEqual(UP["tls"].resumed, [False, False])
 
 
+class T8Defaults(sbtest.BrokerTestCase):
+    """Reuse is on when the configuration does not name it; keepalive_pool_size 0 turns it off."""
+
+    def one_broker(self, extra):
+        egress = {"dns_servers": [DNS.server], "allow_cidrs": ["127.0.0.1/32"], "deny_local_interfaces": False}
+        egress.update(extra)
+        b = sbtest.Broker(config={"egress": egress},
+                          env={"SANDBOX_BROKER_THREADS": "1", "SANDBOX_BROKER_TOKEN_STORE": "memory"}).start()
+        self.addCleanup(lambda: _stop_broker(b, self.broker_errors))
+        return b
+
+    def setUp(self):
+        self.broker_errors = []
+        UP["a"].reset()
+        self.addCleanup(lambda: self.assertEqual(self.broker_errors, []))
+
+    def fetch(self, b, tok):
+        r = b.rpc(tok, "http.fetch", {"url": "http://ka.test:%d/" % UP["a"].port}, timeout=20.0)
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(base64.b64decode(r.body["value"]["bodyBase64"]), b"hello")
+
+    def reused(self, b, run, count):
+        evs = sbtest.poll(lambda: [e for e in b.events() if e.get("event") == "egress.response" and e.get("runId") == run]
+                          if len([e for e in b.events() if e.get("event") == "egress.response" and e.get("runId") == run])
+                          >= count else None, 5.0)
+        self.assertTrue(evs, b.log()[-3000:])
+        return [e.get("reused") for e in evs]
+
+    def test_the_default_reuses_within_a_run_and_never_across_runs(self):
+        b = self.one_broker({})
+        t1 = b.mint_ok("default-1", {"net": ["ka.test"]})
+        t2 = b.mint_ok("default-2", {"net": ["ka.test"]})
+        self.fetch(b, t1)
+        self.fetch(b, t1)
+        self.fetch(b, t2)
+        self.assertEqual(self.reused(b, "default-1", 2), [0, 1])
+        self.assertEqual(self.reused(b, "default-2", 1), [0])
+        reqs = UP["a"].snapshot()
+        self.assertEqual([r.conn_id for r in reqs], [1, 1, 2])
+        self.assertEqual([r.header_values("connection") for r in reqs], [[], [], []])
+
+    def test_a_pool_size_of_zero_turns_reuse_off(self):
+        b = self.one_broker({"keepalive_pool_size": 0})
+        tok = b.mint_ok("off-1", {"net": ["ka.test"]})
+        self.fetch(b, tok)
+        self.fetch(b, tok)
+        self.assertEqual(self.reused(b, "off-1", 2), [0, 0])
+        reqs = UP["a"].snapshot()
+        self.assertEqual([r.conn_id for r in reqs], [1, 2])
+        self.assertEqual([r.header_values("connection") for r in reqs], [["close"], ["close"]])
+
+
 class T5Resolver(sbtest.BrokerTestCase):
     def open_fds(self):
         return len(os.listdir("/proc/%d/fd" % B2.proc.pid))
