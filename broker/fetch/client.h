@@ -1,5 +1,5 @@
 /*
- * broker/fetch/client: one HTTP/1.1 exchange over a fresh, pinned connection.
+ * broker/fetch/client: one HTTP/1.1 exchange over a pinned connection, fresh or kept alive.
  *
  * The caller hands over validated IP addresses; the client connects to them
  * in order (the next one only when a connect fails) and never resolves a
