@@ -521,11 +521,11 @@ class T8Defaults(sbtest.BrokerTestCase):
         self.assertEqual(base64.b64decode(r.body["value"]["bodyBase64"]), b"hello")
 
     def reused(self, b, run, count):
-        evs = sbtest.poll(lambda: [e for e in b.events() if e.get("event") == "egress.response" and e.get("runId") == run]
-                          if len([e for e in b.events() if e.get("event") == "egress.response" and e.get("runId") == run])
-                          >= count else None, 5.0)
-        self.assertTrue(evs, b.log()[-3000:])
-        return [e.get("reused") for e in evs]
+        def lines():
+            return [e for e in b.events() if e.get("event") == "egress.response" and e.get("runId") == run]
+
+        self.assertTrue(sbtest.poll(lambda: len(lines()) >= count, 5.0), b.log()[-3000:])
+        return [e.get("reused") for e in lines()]
 
     def test_the_default_reuses_within_a_run_and_never_across_runs(self):
         b = self.one_broker({})
