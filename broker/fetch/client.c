@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <openssl/x509v3.h>
 #include "fetch/client.h"
 #include "fetch/http1.h"
@@ -166,6 +167,15 @@ static void on_handshake(h2o_socket_t *sock, const char *err)
             complete(h, "TLS handshake failed");
         return;
     }
+    /*
+     * A resumed session skips the certificate check (verify_cb does not run), and a session cached
+     * under one name could be offered for another. The context caches none (sb_http_ssl_ctx_create):
+     * should one ever be resumed all the same, the connection is refused, never trusted.
+     */
+    if (h2o_socket_get_ssl_session_reused(sock) != 0) {
+        complete(h, "TLS: unexpected session resumption");
+        return;
+    }
     h->tls_ok = 1;
     send_request(h);
 }
@@ -253,12 +263,16 @@ static void drop_parked(parked_t *c)
     sb_mem_free(c);
 }
 
-/* a parked connection is idle: a byte, the end or an error from the peer all end it */
+/*
+ * A parked connection is idle: anything from the peer ends it, a byte, the
+ * end, an error, and under TLS any record at all. A record without
+ * application data (a late session ticket, a key update) could as well be
+ * the first part of a record h2o holds back until the rest arrives, which
+ * the next exchange would then read as the start of its response.
+ */
 static void on_parked_read(h2o_socket_t *sock, const char *err)
 {
-    /* (TLS records that carry no application data, such as a late session ticket, leave it parked) */
-    if (err == NULL && sock->input->size == 0)
-        return;
+    (void)err;
     drop_parked(sock->data);
 }
 
@@ -272,8 +286,13 @@ static void park(sb_http_t *h)
     sb_http_pool_t *p = h->o.pool;
     parked_t *c;
 
-    /* TLS connections only once their certificate was verified for the key's host (the SNI name) */
-    if (p->max_idle == 0 || h->sock == NULL || h->peer_done || h->sock->input->size != 0 || (h->key.tls && !h->tls_ok))
+    /*
+     * TLS connections only once their certificate was verified for the key's host (the SNI name), and
+     * never after a request with a body (opts.may_park): an upstream that answered without reading all
+     * of it would take the rest, bytes the guest chose, for the next request on the connection.
+     */
+    if (p->max_idle == 0 || !h->o.may_park || h->sock == NULL || h->peer_done || h->sock->input->size != 0 ||
+        (h->key.tls && !h->tls_ok))
         return;
     if (p->nidle == p->max_idle)
         drop_parked(H2O_STRUCT_FROM_MEMBER(parked_t, link, p->idle.next));
@@ -291,16 +310,40 @@ static void park(sb_http_t *h)
     h2o_socket_read_start(c->sock, on_parked_read);
 }
 
+/*
+ * 1 when nothing waits to be read on a parked connection: not in h2o's
+ * buffer, not in the kernel's (bytes, or the end, that arrived after the
+ * loop last looked). Whatever is there would be read as the start of the
+ * next response: a connection with anything pending is not reused.
+ */
+static int parked_is_quiet(parked_t *c)
+{
+    char b;
+    ssize_t n;
+
+    if (c->sock->input->size != 0)
+        return 0;
+    do
+        n = recv(h2o_socket_get_fd(c->sock), &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    while (n < 0 && errno == EINTR);
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
 /* a parked connection with this exchange's key to one of the addresses just validated, in their order */
 static int take_parked(sb_http_t *h)
 {
     sb_http_pool_t *p = h->o.pool;
 
     for (size_t i = 0; i < h->o.naddrs; ++i) {
-        for (h2o_linklist_t *l = p->idle.prev; l != &p->idle; l = l->prev) {
+        for (h2o_linklist_t *l = p->idle.prev; l != &p->idle;) {
             parked_t *c = H2O_STRUCT_FROM_MEMBER(parked_t, link, l);
+            l = l->prev;
             if (!same_key(&c->key, &h->key) || !same_ip(&c->peer, &h->o.addrs[i]))
                 continue;
+            if (!parked_is_quiet(c)) {
+                drop_parked(c);
+                continue;
+            }
             unpark(c);
             h2o_socket_read_stop(c->sock);
             h->sock = c->sock;
@@ -398,6 +441,8 @@ SSL_CTX *sb_http_ssl_ctx_create(const char *ca_file, const char **err)
     }
     SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
     SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, verify_cb);
+    /* every connection verifies a full handshake: no session is kept to be resumed (on_handshake) */
+    SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
     if ((ca_file != NULL ? SSL_CTX_load_verify_locations(ctx, ca_file, NULL) : SSL_CTX_set_default_verify_paths(ctx)) != 1) {
         *err = ca_file != NULL ? "egress.ca_file: cannot load CA certificates" : "cannot load the system CA store";
         SSL_CTX_free(ctx);

@@ -1,5 +1,5 @@
 /*
- * broker/fetch/client: one HTTP/1.1 exchange over a fresh, pinned connection.
+ * broker/fetch/client: one HTTP/1.1 exchange over a pinned connection, fresh or kept alive.
  *
  * The caller hands over validated IP addresses; the client connects to them
  * in order (the next one only when a connect fails) and never resolves a
@@ -7,15 +7,17 @@
  * given and verifies the certificate chain and the name in OpenSSL itself
  * (h2o 2.2.5 skips its own name check under TLS 1.3).
  *
- * Kept-alive connections (sb_http_pool_t, one per worker loop, off unless
- * configured): a connection whose response ended cleanly (sb_http1_reusable)
- * is parked under its key: the owner (one run's token), the scheme, the host
- * name (which was the SNI name and the name its certificate was verified
- * for) and the port. An exchange takes it only for the same key and only when
- * the connected address is among the addresses the caller has just resolved
- * and validated for this exchange; anything else connects afresh. A parked
- * connection is closed when its peer sends anything or closes, after the idle
- * timeout, when the pool is full (the oldest first) and with the pool.
+ * Kept-alive connections (sb_http_pool_t, one per worker loop): a connection
+ * whose request carried no body and whose response ended cleanly
+ * (sb_http1_reusable) is parked under its key: the owner (one run's token),
+ * the scheme, the host name (which was the SNI name and the name its
+ * certificate was verified for, on a full handshake: no TLS session is ever
+ * resumed) and the port. An exchange takes it only for the same key, only
+ * when the connected address is among the addresses the caller has just
+ * resolved and validated for this exchange, and only when nothing is waiting
+ * to be read on it; anything else connects afresh. A parked connection is
+ * closed when its peer sends anything (any TLS record) or closes, after the
+ * idle timeout, when the pool is full (the oldest first) and with the pool.
  */
 #ifndef SB_FETCH_CLIENT_H
 #define SB_FETCH_CLIENT_H
@@ -75,6 +77,7 @@ typedef struct st_sb_http_opts_t {
     sb_http_pool_t *pool;           /* NULL: a fresh connection, closed after the exchange */
     const sb_http_key_t *key;       /* with pool: the exchange's key (copied) */
     int may_reuse;                  /* with pool: may take a parked connection (idempotent methods only) */
+    int may_park;                   /* with pool: may park the connection afterwards (a request without a body) */
 } sb_http_opts_t;
 
 /**

@@ -81,7 +81,8 @@ sb_status_t sb_fetch_conf_create(const json_t *egress, sb_fetch_conf_t **out, ch
     if (get_uint(egress, "max_redirects", 0, 5, 5, &u, err, errsz) != 0)
         goto Error;
     c->max_redirects = (unsigned)u;
-    if (get_uint(egress, "keepalive_pool_size", 0, 1024, 0, &u, err, errsz) != 0)
+    /* on by default: 64 parked connections per worker (docs/config.md says why); 0 turns reuse off */
+    if (get_uint(egress, "keepalive_pool_size", 0, 1024, 64, &u, err, errsz) != 0)
         goto Error;
     c->keepalive_pool_size = (size_t)u;
     if (get_uint(egress, "keepalive_idle_ms", 100, 300000, 5000, &c->keepalive_idle_ms, err, errsz) != 0)

@@ -380,7 +380,7 @@ sb_resolver_t *sb_resolver_create(h2o_loop_t *loop, const char *servers, unsigne
         ares_library_init(ARES_LIB_INIT_ALL);
     /*
      * c-ares 1.18 keys each channel's query-id generator from /dev/urandom and
-     * falls back to the C library's rand when it cannot read it (CVE-2023-31147, fixed in
+     * falls back to libc's weak generator when it cannot read it (CVE-2023-31147, fixed in
      * 1.19.1 and not in Debian's 1.18.1-3): without it the ids would be
      * guessable, so there is no resolver.
      */

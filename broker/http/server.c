@@ -225,14 +225,19 @@ static void apply_reload(sb_worker_t *w, const worker_msg_t *m)
     const char *err = NULL;
 
     /*
-     * egress: a fresh context (resolver, timeouts) on the new settings; the
-     * worker lets go of the old one, which its exchanges in flight keep
-     * until the last of them has answered (handlers.h)
+     * egress: a fresh context (resolver, timeouts, an empty pool of kept-alive connections) on the new
+     * settings; the worker lets go of the old one, which its exchanges in flight keep until the last of
+     * them has answered (handlers.h). When the new one cannot be made, http.fetch is off on this worker
+     * as at start-up, never left running on the settings (and the parked connections) the reload replaced
      */
-    if ((fetch = sb_fetch_ctx_create(s->fetch_conf, w->loop, &w->reaper, &err)) != NULL) {
-        sb_fetch_ctx_release(w->svc.fetch);
-        w->svc.fetch = fetch;
+    if ((fetch = sb_fetch_ctx_create(s->fetch_conf, w->loop, &w->reaper, &err)) == NULL) {
+        sb_logline_t l;
+        sb_log_begin(&l, SB_LOG_ERROR, "egress.disabled");
+        sb_log_cstr(&l, "reason", err != NULL ? err : "resolver setup failed");
+        sb_log_end(&l);
     }
+    sb_fetch_ctx_release(w->svc.fetch);
+    w->svc.fetch = fetch;
     w->svc.targets = s->targets;
     /* the database pool follows database_url and the targets' collections; its queued jobs keep the old one */
     sb_pg_pool_release(w->svc.pg);

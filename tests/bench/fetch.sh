@@ -50,8 +50,8 @@
 #   BENCH_WARMUP     warm-up fetches per side (default: 50)
 #   BENCH_CURL_RUNS  real curl runs           (default: 300; 0 skips)
 #   BENCH_THREADS    broker worker threads    (default: 1)
-#   BENCH_KEEPALIVE  egress.keepalive_pool_size (default: 4; 0 leaves the key out, so a broker
-#                    without it runs too: its second fetches then connect afresh)
+#   BENCH_KEEPALIVE  egress.keepalive_pool_size (default: 4; 0 turns reuse off; "omit" leaves the
+#                    key out: the broker's default, and a broker older than the key runs too)
 #   BENCH_BUILD_DIR  where the helpers are built (default: build/bench)
 #   BENCH_KEEP=1     keep the work directory (logs)
 #   BENCH_LIMIT      the watchdog, in seconds (default: 85)
@@ -156,7 +156,7 @@ done
 
 # --- the broker ---
 EGRESS="{\"dns_servers\":[\"127.0.0.1:$DNS_PORT\"],\"allow_cidrs\":[\"127.0.0.1/32\"],\"deny_local_interfaces\":false"
-[ "$KEEPALIVE" = 0 ] || EGRESS="$EGRESS,\"keepalive_pool_size\":$KEEPALIVE"
+[ "$KEEPALIVE" = omit ] || EGRESS="$EGRESS,\"keepalive_pool_size\":$KEEPALIVE"
 EGRESS="$EGRESS}"
 SANDBOX_BROKER_ADMIN_SECRET=$SECRET SANDBOX_BROKER_LISTEN=127.0.0.1:0 SANDBOX_BROKER_ADMIN_LISTEN=127.0.0.1:0 \
     SANDBOX_BROKER_THREADS=$THREADS SANDBOX_BROKER_EGRESS=$EGRESS SANDBOX_BROKER_LOG_CALLS=false \
@@ -220,7 +220,7 @@ PAIRED_K=$(sed -n 's/^paired_p50_ratio_ka=//p' "$WORK/client.out")
 [ -n "$B50" ] && [ -n "$D50" ] && [ -n "$R50" ] && [ -n "$K50" ] && [ -n "$L50" ] && [ -n "$PAIRED" ] && [ -n "$PAIRED_K" ] ||
     die "no results in $(cat "$WORK/client.out")"
 # the broker really reused: a kept-alive fetch on a parked connection says "reused":1 in its egress.response line
-[ "$KEEPALIVE" = 0 ] || grep -q '"event":"egress.response".*"reused":1' "$WORK/broker.log" ||
+[ "$KEEPALIVE" = 0 ] || [ "$KEEPALIVE" = omit ] || grep -q '"event":"egress.response".*"reused":1' "$WORK/broker.log" ||
     die "no fetch reused a parked connection"
 C50=$(printf '%s' "$CURL_STATS" | sed -n 's/.*p50_us=\([0-9.]*\).*/\1/p')
 C90=$(printf '%s' "$CURL_STATS" | sed -n 's/.*p90_us=\([0-9.]*\).*/\1/p')

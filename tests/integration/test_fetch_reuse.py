@@ -1,9 +1,9 @@
 #!/usr/bin/python3
-"""http.fetch over kept-alive upstream connections (egress.keepalive_pool_size > 0), and what the
-per-worker resolver reuses (and does not).
+"""http.fetch over kept-alive upstream connections (egress.keepalive_pool_size, on by default), and
+what the per-worker resolver reuses (and does not).
 
 One broker with one worker (so every call meets the same pool) and a pool of two parked
-connections; dnsmasq (fetchfix_dns, TTL 0) maps the test names to loopback addresses; the upstreams
+connections (two more brokers for the default and for 0); dnsmasq (fetchfix_dns, TTL 0) maps the test names to loopback addresses; the upstreams
 (fetchfix_upstream) count every TCP connection they accept and tag each request with its
 connection's number. What must hold (PROTOCOL.md section 6a):
   * a later fetch (or redirect hop) of the same run reuses the connection, after its own fresh
@@ -11,14 +11,18 @@ connection's number. What must hold (PROTOCOL.md section 6a):
   * never across runs;
   * never when the fresh answers no longer contain the connected address, or fail validation;
   * never after a response that did not end cleanly (Connection: close, HTTP/1.0, a body delimited
-    by the close, bytes after the end), nor after the peer closed the idle connection or the idle
-    timeout passed; non-idempotent methods always connect afresh;
+    by the close, bytes after the end), nor after the peer closed the idle connection, sent anything
+    on it (a TLS record too) or the idle timeout passed; never after a request with a body (an
+    upstream that left it unread would read it as the next request); non-idempotent methods always
+    connect afresh; no TLS session is resumed; a reload starts an empty pool, and one whose egress
+    cannot start turns http.fetch off rather than keep the old settings;
   * the resolver's channels are reused, but every query leaves from a socket of its own (a source
     port of its own), concurrent lookups included, and repeated answers count once (a second broker
     asking a FakeDns directly, which records the source port of every query).
 """
 
 import base64
+import json
 import os
 import signal
 import sys
@@ -359,6 +363,41 @@ class T4NotAfterAnUncleanEnd(ReuseCase):
 
 
 class T6Reload(ReuseCase):
+    def rewrite(self, cfg):
+        path = os.path.join(B._tmpdir, "config.json")
+        with open(path + ".new", "w") as f:
+            json.dump(cfg, f)
+        os.replace(path + ".new", path)
+
+    def hup_and_wait(self, event):
+        before = B.log().count('"event":"%s"' % event)
+        B.proc.send_signal(signal.SIGHUP)
+        self.assertTrue(sbtest.poll(lambda: B.log().count('"event":"%s"' % event) > before, 10), B.log()[-3000:])
+
+    def test_a_reload_whose_egress_cannot_start_turns_fetch_off(self):
+        # the new settings deny the upstream's address, and the worker cannot make their resolver (c-ares refuses
+        # the server list): http.fetch must stop, never go on with the old settings over the parked connection
+        tok, run = self.run_token()
+        self.fetch(tok, self.url("/"))
+        bad = json.loads(json.dumps(B.config))
+        bad["egress"].update({"dns_servers": ["not a server list"], "deny_cidrs": ["127.0.0.1/32"]})
+        try:
+            self.rewrite(bad)
+            self.hup_and_wait("reload.applied")
+            self.assertTrue(sbtest.poll(lambda: "egress.disabled" in B.log(), 5.0), B.log()[-3000:])
+            time.sleep(0.3)  # the worker switches at its next turn
+            r = B.rpc(tok, "http.fetch", {"url": self.url("/")}, timeout=20.0)
+            self.assertError(r, 501, "not_implemented")
+            time.sleep(0.2)
+            self.assertEqual(self.conn_ids("a"), [1])
+        finally:
+            self.rewrite(B.config)
+            self.hup_and_wait("reload.applied")
+            time.sleep(0.3)
+        # the good settings again: a fresh context, a fresh connection
+        self.fetch(tok, self.url("/"))
+        self.assertEqual(self.conn_ids("a"), [1, 2])
+
     def test_a_reload_starts_an_empty_pool(self):
         tok, run = self.run_token()
         self.fetch(tok, self.url("/"))
@@ -371,6 +410,145 @@ class T6Reload(ReuseCase):
         self.fetch(tok, self.url("/"))
         self.fetch(tok, self.url("/"))
         self.assertEqual(self.conn_ids("a"), [1, 1, 2, 2])
+
+
+class T7LeftoverBytes(ReuseCase):
+    """Nothing a previous exchange left on a connection may reach the next one (request or response)."""
+
+    def test_a_request_body_the_upstream_left_unread_never_meets_the_next_request(self):
+        # a buggy upstream answers /unread without reading its body, and would then read the body as the next
+        # request on the connection: here the head of a POST whose body is the broker's next request, which
+        # /echo would send back to the guest (with whatever headers the broker added to it)
+        port = UP["a"].port
+        nxt = b"GET /secret HTTP/1.1\r\nhost: ka.test:%d\r\nx-next: 1\r\n\r\n" % port
+        prefix = b"POST /echo HTTP/1.1\r\nHost: ka.test\r\nContent-Length: %d\r\n\r\n" % len(nxt)
+        UP["a"].unread_body.add("/unread")
+        UP["a"].route("/unread", lambda h, rec: h.reply(200, b"unread"))
+        UP["a"].route("/echo", lambda h, rec: h.reply(200, rec.body))
+        UP["a"].route("/secret", lambda h, rec: h.reply(200, b"secret"))
+        try:
+            tok, run = self.run_token()
+            self.assertEqual(self.fetch(tok, self.url("/unread"), method="PUT", body=prefix)[1], b"unread")
+            args = {"url": self.url("/secret"), "headers": {"X-Next": "1"}}
+            r = B.rpc(tok, "http.fetch", args, timeout=20.0)
+            self.assertEqual(r.status, 200, r)
+            self.assertEqual(base64.b64decode(r.body["value"]["bodyBase64"]), b"secret")
+        finally:
+            UP["a"].unread_body.discard("/unread")
+        reqs = UP["a"].snapshot()
+        self.assertEqual([(x.target, x.conn_id) for x in reqs], [("/unread", 1), ("/secret", 2)])
+        # the request with a body asked for the close: its connection is never parked
+        self.assertEqual(reqs[0].header_values("connection"), ["close"])
+        self.assertEqual(reqs[1].header_values("connection"), [])
+        self.assertEqual(self.responses(run, 2), [(0, "127.0.0.1", 0), (0, "127.0.0.1", 0)])
+
+    def test_a_response_arriving_while_parked_ends_the_connection(self):
+        def late(h, rec):
+            h.reply(200, b"ok")
+            wfile = h.wfile
+
+            def forge():
+                time.sleep(0.15)
+                try:
+                    wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nforge")
+                    wfile.flush()
+                except OSError:
+                    pass
+            threading.Thread(target=forge, daemon=True).start()
+
+        UP["a"].route("/late", late)
+        tok, run = self.run_token()
+        self.assertEqual(self.fetch(tok, self.url("/late"))[1], b"ok")
+        time.sleep(0.5)
+        self.assertEqual(self.fetch(tok, self.url("/hello"))[1], b"hello")
+        self.assertEqual(self.conn_ids("a"), [1, 2])
+
+    def test_a_tls_record_begun_while_parked_ends_the_connection(self):
+        # three bytes of a record header, below TLS: h2o holds them back, waiting for the rest; the next exchange
+        # on the connection would read its response behind them
+        def late(h, rec):
+            h.reply(200, b"ok")
+            fd = h.connection.fileno()
+
+            def begin_record():
+                time.sleep(0.15)
+                try:
+                    os.write(fd, b"\x17\x03\x03")
+                except OSError:
+                    pass
+            threading.Thread(target=begin_record, daemon=True).start()
+
+        UP["tls"].route("/late", late)
+        try:
+            tok, run = self.run_token("tls.test")
+            self.assertEqual(self.fetch(tok, self.url("/late", "tls.test", "tls", "https"))[1], b"ok")
+            time.sleep(0.5)
+            self.assertEqual(self.fetch(tok, self.url("/", "tls.test", "tls", "https"))[1], b"hello")
+        finally:
+            del UP["tls"].routes["/late"]
+        self.assertEqual([r.conn_id for r in UP["tls"].snapshot()], [1, 2])
+        self.assertEqual(self.responses(run, 2), [(0, "127.0.0.1", 0), (0, "127.0.0.1", 0)])
+
+    def test_tls_sessions_are_never_resumed(self):
+        # every TLS connection verifies the certificate in a full handshake: two runs, two handshakes, none resumed
+        for _ in range(2):
+            tok, run = self.run_token("tls.test")
+            self.assertEqual(self.fetch(tok, self.url("/", "tls.test", "tls", "https"))[1], b"hello")
+        self.assertEqual(UP["tls"].connections, 2)
+        self.assertTrue(sbtest.poll(lambda: len(UP["tls"].resumed) == 2, 5.0), UP["tls"].resumed)
+        self.assertEqual(UP["tls"].resumed, [False, False])
+
+
+class T8Defaults(sbtest.BrokerTestCase):
+    """Reuse is on when the configuration does not name it; keepalive_pool_size 0 turns it off."""
+
+    def one_broker(self, extra):
+        egress = {"dns_servers": [DNS.server], "allow_cidrs": ["127.0.0.1/32"], "deny_local_interfaces": False}
+        egress.update(extra)
+        b = sbtest.Broker(config={"egress": egress},
+                          env={"SANDBOX_BROKER_THREADS": "1", "SANDBOX_BROKER_TOKEN_STORE": "memory"}).start()
+        self.addCleanup(lambda: _stop_broker(b, self.broker_errors))
+        return b
+
+    def setUp(self):
+        self.broker_errors = []
+        UP["a"].reset()
+        self.addCleanup(lambda: self.assertEqual(self.broker_errors, []))
+
+    def fetch(self, b, tok):
+        r = b.rpc(tok, "http.fetch", {"url": "http://ka.test:%d/" % UP["a"].port}, timeout=20.0)
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(base64.b64decode(r.body["value"]["bodyBase64"]), b"hello")
+
+    def reused(self, b, run, count):
+        def lines():
+            return [e for e in b.events() if e.get("event") == "egress.response" and e.get("runId") == run]
+
+        self.assertTrue(sbtest.poll(lambda: len(lines()) >= count, 5.0), b.log()[-3000:])
+        return [e.get("reused") for e in lines()]
+
+    def test_the_default_reuses_within_a_run_and_never_across_runs(self):
+        b = self.one_broker({})
+        t1 = b.mint_ok("default-1", {"net": ["ka.test"]})
+        t2 = b.mint_ok("default-2", {"net": ["ka.test"]})
+        self.fetch(b, t1)
+        self.fetch(b, t1)
+        self.fetch(b, t2)
+        self.assertEqual(self.reused(b, "default-1", 2), [0, 1])
+        self.assertEqual(self.reused(b, "default-2", 1), [0])
+        reqs = UP["a"].snapshot()
+        self.assertEqual([r.conn_id for r in reqs], [1, 1, 2])
+        self.assertEqual([r.header_values("connection") for r in reqs], [[], [], []])
+
+    def test_a_pool_size_of_zero_turns_reuse_off(self):
+        b = self.one_broker({"keepalive_pool_size": 0})
+        tok = b.mint_ok("off-1", {"net": ["ka.test"]})
+        self.fetch(b, tok)
+        self.fetch(b, tok)
+        self.assertEqual(self.reused(b, "off-1", 2), [0, 0])
+        reqs = UP["a"].snapshot()
+        self.assertEqual([r.conn_id for r in reqs], [1, 2])
+        self.assertEqual([r.header_values("connection") for r in reqs], [["close"], ["close"]])
 
 
 class T5Resolver(sbtest.BrokerTestCase):

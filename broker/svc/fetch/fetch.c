@@ -244,6 +244,18 @@ static void take_request(fetch_t *f, const sb_call_fetch_t *c)
     f->body_len = c->body_len;
 }
 
+/*
+ * Whether the connection may be parked after this hop (fetch/client.h): the
+ * pool is on, a run owns it, and the request carries no body. A body the
+ * upstream answered without reading to its end would otherwise be the start
+ * of the next request it reads from the connection: bytes the guest chose,
+ * ahead of a request of the broker's.
+ */
+static int may_park(const fetch_t *f)
+{
+    return f->ctx->conf->keepalive_pool_size != 0 && f->tok != NULL && f->body_len == 0;
+}
+
 static void build_request(fetch_t *f)
 {
     char host[SB_URL_MAX_HOST + 16];
@@ -256,9 +268,9 @@ static void build_request(fetch_t *f)
     sb_url_host_header(&f->url, host, sizeof(host));
     free(f->request);
     f->request = sb_mem_alloc(cap);
-    /* HTTP/1.1 connections persist by default (RFC 9112 section 9.3): "close" unless the worker parks them */
+    /* HTTP/1.1 connections persist by default (RFC 9112 section 9.3): "close" unless the worker may park this one */
     len += (size_t)snprintf(f->request + len, cap - len, "%s %s HTTP/1.1\r\nhost: %s\r\n%s", f->method, f->url.target, host,
-                            f->ctx->conf->keepalive_pool_size != 0 ? "" : "connection: close\r\n");
+                            may_park(f) ? "" : "connection: close\r\n");
     for (size_t i = 0; i < f->nheaders; ++i)
         len += (size_t)snprintf(f->request + len, cap - len, "%s: %s\r\n", f->headers[i].name, f->headers[i].value);
     if (with_length)
@@ -443,7 +455,8 @@ static void on_response(void *arg, const char *err, sb_http_response_t *res)
  * when its address is among the ones this hop has just resolved and
  * validated: the client checks that against the pins. Only idempotent
  * methods take one, since a parked connection the peer closed meanwhile
- * costs a retry (RFC 9112 section 9.3.1).
+ * costs a retry (RFC 9112 section 9.3.1); only a request without a body
+ * leaves its connection parked (may_park).
  */
 static void set_reuse(fetch_t *f, sb_http_opts_t *o, sb_http_key_t *key)
 {
@@ -456,6 +469,7 @@ static void set_reuse(fetch_t *f, sb_http_opts_t *o, sb_http_key_t *key)
     snprintf(key->host, sizeof(key->host), "%s", f->url.host);
     o->pool = f->ctx->conns;
     o->key = key;
+    o->may_park = may_park(f);
     for (size_t i = 0; idempotent[i] != NULL; ++i)
         if (strcmp(f->method, idempotent[i]) == 0)
             o->may_reuse = 1;

@@ -119,8 +119,7 @@ static void note_state(sb_pg_pool_t *p, const char *why)
         sb_log_end(&l);
         return;
     }
-    if (__atomic_sub_fetch(&pools_down, 1, __ATOMIC_SEQ_CST) != 0 ||
-        __atomic_exchange_n(&outage, 0, __ATOMIC_SEQ_CST) == 0)
+    if (__atomic_sub_fetch(&pools_down, 1, __ATOMIC_SEQ_CST) != 0 || __atomic_exchange_n(&outage, 0, __ATOMIC_SEQ_CST) == 0)
         return;
     sb_log_begin(&l, SB_LOG_INFO, "pg.up");
     sb_log_cstr(&l, "addr", p->addr);
