@@ -419,23 +419,37 @@ BadArgs:
     sb_admin_send_error(req, "mint", SB_E_BAD_ARGS, err);
 }
 
-static void revoke_id(h2o_req_t *req, int by_run, const char *seg, size_t seglen)
+/*
+ * The id in the path of /admin/v1/runs/<runId> and /admin/v1/tokens/<token>,
+ * decoded into `id` (a token must be 64 lowercase hex characters), and the
+ * operation that answers it; NULL when the id was refused (answered).
+ */
+static admin_op_t *start_id_op(h2o_req_t *req, const char *opname, int by_run, const char *seg, size_t seglen,
+                               char id[SB_MAX_RUN_ID + 1])
 {
-    char id[SB_MAX_RUN_ID + 1];
     admin_op_t *op;
-    const char *opname = by_run ? "revoke_run" : "revoke_token";
 
-    if (decode_segment(seg, seglen, id, sizeof(id)) != 0) {
+    if (decode_segment(seg, seglen, id, SB_MAX_RUN_ID + 1) != 0) {
         sb_admin_send_error(req, opname, SB_E_BAD_ARGS, by_run ? "runId: malformed" : "token: malformed");
-        return;
+        return NULL;
     }
     if (!by_run && !sb_is_token_format(id, strlen(id))) {
         sb_admin_send_error(req, opname, SB_E_BAD_ARGS, "token: expected 64 lowercase hex characters");
-        return;
+        return NULL;
     }
     op = (admin_op_t *)sb_async_attach(req, sizeof(*op), op_dispose);
     op->op = opname;
     sb_async_retain(&op->super);
+    return op;
+}
+
+static void revoke_id(h2o_req_t *req, int by_run, const char *seg, size_t seglen)
+{
+    char id[SB_MAX_RUN_ID + 1];
+    admin_op_t *op;
+
+    if ((op = start_id_op(req, by_run ? "revoke_run" : "revoke_token", by_run, seg, seglen, id)) == NULL)
+        return;
     if (by_run) {
         memcpy(op->run_id, id, strlen(id) + 1);
         sb_store_revoke_run(sb_current_worker->store, op->run_id, on_revoked, op);
@@ -548,19 +562,9 @@ static void inspect_id(h2o_req_t *req, int by_run, const char *seg, size_t segle
 {
     char id[SB_MAX_RUN_ID + 1];
     admin_op_t *op;
-    const char *opname = by_run ? "inspect_run" : "inspect_token";
 
-    if (decode_segment(seg, seglen, id, sizeof(id)) != 0) {
-        sb_admin_send_error(req, opname, SB_E_BAD_ARGS, by_run ? "runId: malformed" : "token: malformed");
+    if ((op = start_id_op(req, by_run ? "inspect_run" : "inspect_token", by_run, seg, seglen, id)) == NULL)
         return;
-    }
-    if (!by_run && !sb_is_token_format(id, strlen(id))) {
-        sb_admin_send_error(req, opname, SB_E_BAD_ARGS, "token: expected 64 lowercase hex characters");
-        return;
-    }
-    op = (admin_op_t *)sb_async_attach(req, sizeof(*op), op_dispose);
-    op->op = opname;
-    sb_async_retain(&op->super);
     if (by_run) {
         memcpy(op->run_id, id, strlen(id) + 1);
         sb_store_inspect_run(sb_current_worker->store, op->run_id, SB_MAX_INSPECT_TOKENS, on_run_inspected, op);
