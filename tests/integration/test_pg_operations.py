@@ -296,9 +296,13 @@ class Privileges(sbtest.BrokerTestCase):
         b = start_broker(config(with_user(PG.url, self.role)), wait_ready=False)
         try:
             want = "posts: INSERT, UPDATE, DELETE, USAGE on sequence public.posts_id_seq"
-            r = b.public("GET", "/readyz")
+            r = b.admin("GET", "/readyz")
             self.assertEqual(r.status, 503, r)
             self.assertEqual(r.body, {"ok": False, "tokenStore": "up", "database": "missing_privileges", "missingPrivileges": want})
+            # the public listener, which the proxy exposes, names no table and no grant
+            r = b.public("GET", "/readyz")
+            self.assertEqual(r.status, 503, r)
+            self.assertEqual(r.body, {"ok": False, "tokenStore": "up", "database": "missing_privileges"})
             # two workers find them, the log says it once (log lines reach the test a little later than answers)
             self.assertTrue(poll(lambda: len(events(b, "pg.privileges_missing")) >= 1, 5), b.log()[-3000:])
             lines = events(b, "pg.privileges_missing")
@@ -373,6 +377,33 @@ class PreparedStatements(sbtest.BrokerTestCase):
         finally:
             b.stop()
             PG.sql("DROP TABLE IF EXISTS retyped")
+
+
+class QuotedColumnNames(sbtest.BrokerTestCase):
+    """The SQL builder writes field names between double quotes: a column whose name holds a quote (made by
+    someone with DDL rights on the table) is never offered to a guest, so no field can end the identifier."""
+
+    def test_a_column_with_a_quote_is_not_a_field(self):
+        odd = 'x" IS NOT NULL OR "id'
+        PG.sql('CREATE TABLE IF NOT EXISTS oddcols (id bigserial PRIMARY KEY, tenant_id text NOT NULL, title text, "%s" text)'
+               % odd.replace('"', '""'))
+        cfg = config(PG.url)
+        cfg["targets"]["app"]["collections"]["oddcols"] = {"table": "oddcols", "key": "id", "scope": {"tenant_id": "tenantId"}}
+        b = start_broker(cfg)
+        try:
+            caps = {"data": {"collections": {"oddcols": ["read", "create"]}}}
+            tok = b.mint_ok("run-" + uuid.uuid4().hex[:16], caps, target="app", scope={"tenantId": "odd"})
+            r = b.rpc(tok, "collections.oddcols.create", {"data": {"title": "t"}})
+            self.assertEqual(r.status, 200, r)
+            self.assertNotIn(odd, r.body["value"])
+            self.assertError(b.rpc(tok, "collections.oddcols.find", {"where": {odd: {"equals": "v"}}}), 400, "bad_args",
+                             'unknown field "x\" IS NOT NULL OR \"id"')
+            self.assertError(b.rpc(tok, "collections.oddcols.create", {"data": {odd: "v"}}), 400, "bad_args")
+            r = b.rpc(tok, "collections.oddcols.find", {})
+            self.assertEqual((r.status, [d["title"] for d in r.body["value"]["docs"]]), (200, ["t"]), r)
+        finally:
+            b.stop()
+            PG.sql("DROP TABLE IF EXISTS oddcols")
 
 
 # ---------------------------------------------------------------------------------------------------------------------

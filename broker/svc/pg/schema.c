@@ -63,6 +63,15 @@ static int col_allowed(const sb_collection_conf_t *cc, const char *name)
     return 0;
 }
 
+/* 1 when the name can go between double quotes unescaped: no quote, no control byte */
+static int plain_ident(const char *name)
+{
+    for (const unsigned char *p = (const unsigned char *)name; *p != '\0'; ++p)
+        if (*p == '"' || *p < 0x20 || *p == 0x7f)
+            return 0;
+    return name[0] != '\0';
+}
+
 static int fill_coll(sb_pg_coll_t *pc, const char *table, const sb_collection_conf_t *cc, PGresult *res, char *err, size_t errsz,
                      const char *path)
 {
@@ -76,7 +85,13 @@ static int fill_coll(sb_pg_coll_t *pc, const char *table, const sb_collection_co
             snprintf(err, errsz, "%s.table: no table \"%s\" in the database", path, table);
             return -1;
         }
-        if (!col_allowed(cc, PQgetvalue(res, r, I_COLUMN)))
+        /*
+         * The SQL builder writes a field name between double quotes as it is:
+         * a column whose name holds a quote or a control byte (only someone
+         * with DDL rights can make one) is never offered, so no field name
+         * can end the identifier early.
+         */
+        if (!col_allowed(cc, PQgetvalue(res, r, I_COLUMN)) || !plain_ident(PQgetvalue(res, r, I_COLUMN)))
             continue;
         pc->cols[pc->ncols].name = sb_mem_strdup(PQgetvalue(res, r, I_COLUMN));
         pc->cols[pc->ncols].oid = (unsigned)strtoul(PQgetvalue(res, r, I_OID), NULL, 10);
