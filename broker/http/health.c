@@ -1,7 +1,9 @@
 /*
  * broker/http: GET /healthz (liveness) and /readyz (the token store answers,
  * the database too when a target uses one, and the worker is not draining),
- * on both listeners.
+ * on both listeners. Which privileges the database role lacks (table names
+ * and grants) is told on the admin listener only: the public one is reachable
+ * by whoever reaches the proxy, and says just "missing_privileges".
  */
 #include <stdio.h>
 #include <string.h>
@@ -31,15 +33,16 @@ int sb_health_on_req(h2o_handler_t *self, h2o_req_t *req)
             /* the database counts only when a target uses one; a role lacking privileges the targets need is not ready */
             int store_up = sb_store_conn_healthy(w->store), db_up = w->svc.pg == NULL || sb_pg_pool_healthy(w->svc.pg);
             const char *missing = db_up ? sb_pg_pool_problem(w->svc.pg) : NULL;
-            int ok = store_up && db_up && missing == NULL;
+            int ok = store_up && db_up && missing == NULL, admin = w->index == 0 && req->conn->ctx == &w->admin_ctx;
             sb_buf_t body;
             sb_buf_init(&body, SB_MAX_NATIVE_RESULT);
             if (sb_buf_printf(&body, "{\"ok\":%s,\"tokenStore\":\"%s\"%s", ok ? "true" : "false", store_up ? "up" : "down",
                               w->svc.pg == NULL ? ""
                               : !db_up          ? ",\"database\":\"down\""
-                              : missing != NULL ? ",\"database\":\"missing_privileges\",\"missingPrivileges\":"
+                              : missing != NULL ? (admin ? ",\"database\":\"missing_privileges\",\"missingPrivileges\":"
+                                                         : ",\"database\":\"missing_privileges\"")
                                                 : ",\"database\":\"up\"") != SB_OK ||
-                (missing != NULL && sb_buf_append_json_str_lossy(&body, missing, strlen(missing)) != SB_OK) ||
+                (missing != NULL && admin && sb_buf_append_json_str_lossy(&body, missing, strlen(missing)) != SB_OK) ||
                 sb_buf_append_char(&body, '}') != SB_OK) {
                 sb_buf_free(&body);
                 sb_reply_send(req, SB_E_UNAVAILABLE, "application/json", H2O_STRLIT("{\"ok\":false}"));
