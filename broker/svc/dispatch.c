@@ -90,6 +90,9 @@ static void on_tool_counted(void *p, sb_status_t st, const char *why)
         sb_answer_error(tc->cb, tc->arg, SB_E_RATE_LIMITED, "%s", SB_TOOLS_MSG_LIMIT);
     else if (st != SB_OK)
         sb_answer_error(tc->cb, tc->arg, SB_E_UNAVAILABLE, "sandbox token store is unavailable");
+    else if (tc->env->tools == NULL)
+        /* the count came back after the worker's shutdown took its tools context (a drain that timed out) */
+        sb_answer_error(tc->cb, tc->arg, SB_E_UNAVAILABLE, "sandbox tools are unavailable: the worker is shutting down");
     else if (!refused(tc->call, tc->cb, tc->arg))
         sb_tools_handle(tc->env, tc->t, tc->tok, tc->call, tc->cb, tc->arg);
     sb_token_release(tc->tok);
