@@ -295,9 +295,11 @@ static void *worker_main(void *arg)
     sb_server_t *s = w->server;
     h2o_multithread_queue_t *q;
     uint64_t deadline;
+    unsigned long generation;
 
     sb_current_worker = w;
     sb_log_thread_buffered(1);
+    generation = s->generation; /* before the first read of the reloadable objects */
     w->loop = h2o_evloop_create();
     h2o_context_init(&w->ctx, w->loop, &s->pub_conf);
     w->accept_ctx.ctx = &w->ctx;
@@ -334,6 +336,14 @@ static void *worker_main(void *arg)
     h2o_multithread_register_receiver(q, &w->shutdown_receiver, on_shutdown_msg);
     /* published last: sb_server_stop may message the worker from now on */
     __atomic_store_n(&w->queue, q, __ATOMIC_RELEASE);
+    if (s->generation != generation) {
+        /* a reload ran while this worker started and skipped it (no queue yet): apply it now */
+        worker_msg_t m;
+        memset(&m, 0, sizeof(m));
+        m.reload = 1;
+        sb_sha256(s->conf->admin_secret, strlen(s->conf->admin_secret), m.new_secret_hash);
+        apply_reload(w, &m);
+    }
 
     while (!w->stopping) {
         h2o_evloop_run(w->loop, INT32_MAX);
@@ -467,6 +477,7 @@ void sb_server_reload(sb_server_t *s, sb_config_t *conf, sb_fetch_conf_t *fetch_
     s->fetch_conf = fetch_conf;
     s->targets = targets;
     s->conf = conf;
+    ++s->generation; /* after the objects: a worker that sees the new count reads the new objects */
     sb_log_set_level((sb_log_level_t)sb_log_parse_level(conf->log_level));
     /* the admin secret is read (and now written) by worker 0 only: it takes the new one from its message */
     sb_sha256(conf->admin_secret, strlen(conf->admin_secret), new_hash);

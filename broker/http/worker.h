@@ -51,7 +51,8 @@ struct st_sb_server_t {
     sb_store_t *store;
     sb_fetch_conf_t *_Atomic fetch_conf;
     sb_targets_t *_Atomic targets;
-    struct st_sb_retired_t *retired; /* what reloads replaced: freed by sb_server_free_retired after the workers stop */
+    struct st_sb_retired_t *retired;  /* what reloads replaced: freed by sb_server_free_retired after the workers stop */
+    _Atomic unsigned long generation; /* counts reloads, so a worker that was starting during one notices it */
     h2o_globalconf_t pub_conf, admin_conf;
     int listen_fd, admin_fd;
     uint8_t admin_secret_hash[32];
