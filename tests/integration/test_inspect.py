@@ -271,6 +271,7 @@ class InspectMemory(sbtest.BrokerTestCase):
         run = "insp-" + self.id().rsplit(".", 1)[-1]
         tok, exp = self.mint(run, CAPS, target="main", scope={"tenantId": "t9"})
         self.assertEqual(self.b.rpc(tok, "services.mailer.send", {}).status, 501)
+        self.assertTrue(sbtest.poll(lambda: self.inspect_token(tok).body.get("usage", {}).get("inFlight") == 0, 5))
         r = self.inspect_token(tok)
         self.assertEqual(r.status, 200, r)
         self.assertEqual(r.body, {"tokenHash": ref(tok), "runId": run, "expiresAt": exp, "target": "main",
