@@ -18,6 +18,7 @@
 #include <string.h>
 #include <openssl/ssl.h>
 #include "conf/config.h"
+#include "authz/secrets.h"
 #include "http/server.h"
 #include "obs/audit.h"
 #include "obs/log.h"
@@ -370,6 +371,14 @@ int main(int argc, char **argv)
         goto Exit;
     }
     log_sources(conf);
+    /* the key that seals run secrets at rest; read once at start-up (a reload keeps this one) */
+    sb_secrets_set_key(conf->has_secrets_key ? conf->secrets_key : NULL);
+    if (strcmp(sb_store_kind(the_store), "memory") != 0 && !conf->has_secrets_key) {
+        sb_logline_t l;
+        sb_log_begin(&l, SB_LOG_WARN, "secrets.disabled");
+        sb_log_cstr(&l, "reason", "the Redis token store has no secrets_key_file: mints that carry secrets are refused");
+        sb_log_end(&l);
+    }
 
     /*
      * Every thread inherits this mask, the audit writer included, so only the

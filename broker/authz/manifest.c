@@ -58,15 +58,7 @@ typedef struct st_grants_t {
     size_t n;
 } grants_t;
 
-/* one net (or import) allowlist entry: host[:port], *.suffix[:port], [v6][:port] or bare v6 */
-typedef struct st_net_entry_t {
-    char host[SB_URL_MAX_HOST + 1]; /* lowercase; for a wildcard the suffix without "*."; for v6 the inet_ntop form */
-    size_t host_len;
-    int wildcard;
-    int is_v6;
-    struct in6_addr v6;
-    uint16_t port; /* 0: any port */
-} net_entry_t;
+typedef sb_net_entry_t net_entry_t;
 
 typedef struct st_netlist_t {
     net_entry_t *v;
@@ -78,11 +70,12 @@ struct st_sb_manifest_t {
     mlist_t files_read, files_write; /* normalised globs */
     grants_t collections, globals, stores;
     mlist_t services, jobs, workflows;
-    mlist_t tools; /* globs over tool names */
+    mlist_t tools;   /* globs over tool names */
+    mlist_t secrets; /* the target secrets the run receives, by name */
     int64_t timeout_ms, memory_mb;
 };
 
-typedef enum en_list_kind_t { LIST_NAMES, LIST_FILE_GLOBS, LIST_TOOL_GLOBS } list_kind_t;
+typedef enum en_list_kind_t { LIST_NAMES, LIST_FILE_GLOBS, LIST_TOOL_GLOBS, LIST_SECRET_NAMES } list_kind_t;
 
 /* ---- small helpers ------------------------------------------------------------------------------------------------- */
 
@@ -193,6 +186,10 @@ static sb_status_t parse_list(const json_t *v, const char *path, list_kind_t kin
         case LIST_TOOL_GLOBS:
             if (!is_tool_glob(s, len))
                 return fail(err, errsz, "%s[%zu]: invalid tool glob", path, i);
+            break;
+        case LIST_SECRET_NAMES:
+            if (!sb_manifest__is_secret_name(s, len))
+                return fail(err, errsz, "%s[%zu]: expected a secret name of [A-Za-z0-9_.-]{1,64}", path, i);
             break;
         case LIST_FILE_GLOBS:
             /* a glob is normalised like a path (section 4.2); one that is not safe is refused at mint */
@@ -312,27 +309,164 @@ static const char *parse_net_entry(const char *s, size_t len, net_entry_t *e)
     return NULL;
 }
 
-static sb_status_t parse_netlist(const json_t *v, const char *path, netlist_t *out, char *err, size_t errsz)
+/* a method list: uppercase HTTP tokens */
+static int is_method_token(const char *s, size_t len)
+{
+    if (len == 0 || len > SB_MAX_FETCH_METHOD)
+        return 0;
+    for (size_t i = 0; i != len; ++i) {
+        char c = s[i];
+        if (!((c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.'))
+            return 0;
+    }
+    return 1;
+}
+
+/* a path glob: absolute, visible ASCII only (the strict parser sends nothing else) */
+static int is_path_glob(const char *s, size_t len)
+{
+    if (len == 0 || s[0] != '/')
+        return 0;
+    for (size_t i = 0; i != len; ++i)
+        if ((unsigned char)s[i] <= 0x20 || (unsigned char)s[i] >= 0x7f)
+            return 0;
+    return 1;
+}
+
+static sb_status_t parse_rule_list(const json_t *v, const char *path, int methods, char ***out, size_t *n, char *err, size_t errsz)
+{
+    sb_status_t st;
+    size_t i, cnt;
+
+    if ((st = check_array(v, path, err, errsz)) != SB_OK)
+        return st;
+    if ((cnt = json_array_size(v)) == 0)
+        return fail(err, errsz, "%s: must not be empty (omit it to allow any)", path);
+    if ((*out = calloc(cnt, sizeof(**out))) == NULL)
+        return SB_E_NOMEM;
+    for (i = 0; i != cnt; ++i) {
+        const char *s;
+        size_t len;
+        char *c;
+        if ((st = array_string(v, i, path, &s, &len, err, errsz)) != SB_OK)
+            return st;
+        if (methods ? !is_method_token(s, len) : !is_path_glob(s, len))
+            return fail(err, errsz,
+                        methods ? "%s[%zu]: expected an uppercase HTTP method" : "%s[%zu]: expected a glob starting with '/'", path,
+                        i);
+        if ((c = malloc(len + 1)) == NULL)
+            return SB_E_NOMEM;
+        memcpy(c, s, len);
+        c[len] = '\0';
+        (*out)[(*n)++] = c;
+    }
+    return SB_OK;
+}
+
+sb_status_t sb_manifest__parse_rules(const json_t *methods, const json_t *paths, const char *path, sb_http_rules_t *r, char *err,
+                                     size_t errsz)
+{
+    char sub[256];
+    sb_status_t st;
+
+    if (methods != NULL) {
+        snprintf(sub, sizeof(sub), "%s.methods", path);
+        if ((st = parse_rule_list(methods, sub, 1, &r->methods, &r->nmethods, err, errsz)) != SB_OK)
+            return st;
+    }
+    if (paths != NULL) {
+        snprintf(sub, sizeof(sub), "%s.paths", path);
+        if ((st = parse_rule_list(paths, sub, 0, &r->paths, &r->npaths, err, errsz)) != SB_OK)
+            return st;
+    }
+    return SB_OK;
+}
+
+void sb_manifest__free_rules(sb_http_rules_t *r)
+{
+    for (size_t i = 0; i != r->nmethods; ++i)
+        free(r->methods[i]);
+    free(r->methods);
+    for (size_t i = 0; i != r->npaths; ++i)
+        free(r->paths[i]);
+    free(r->paths);
+    memset(r, 0, sizeof(*r));
+}
+
+void sb_manifest__free_net(sb_net_entry_t *v, size_t n)
+{
+    if (v == NULL)
+        return;
+    for (size_t i = 0; i != n; ++i)
+        sb_manifest__free_rules(&v[i].rules);
+    free(v);
+}
+
+/* {"host": entry, "methods"?: [...], "paths"?: [...]} */
+static sb_status_t parse_net_object(const json_t *o, const char *path, net_entry_t *e, char *err, size_t errsz)
+{
+    const char *key, *why;
+    size_t klen;
+    json_t *val, *host = NULL, *methods = NULL, *paths = NULL;
+    char q[MAX_QUOTE + 1];
+
+    json_object_keylen_foreach((json_t *)o, key, klen, val)
+    {
+        if (key_is(key, klen, "host"))
+            host = val;
+        else if (key_is(key, klen, "methods"))
+            methods = val;
+        else if (key_is(key, klen, "paths"))
+            paths = val;
+        else
+            return fail(err, errsz, "%s.%s: unknown key", path, quote(key, klen, q, sizeof(q)));
+    }
+    if (!json_is_string(host) || json_string_length(host) > SB_MAX_MANIFEST_STRING)
+        return fail(err, errsz, "%s.host: must be a string", path);
+    if ((why = parse_net_entry(json_string_value(host), json_string_length(host), e)) != NULL)
+        return fail(err, errsz, "%s.host: %s", path, why);
+    return sb_manifest__parse_rules(methods, paths, path, &e->rules, err, errsz);
+}
+
+sb_status_t sb_manifest__parse_net(const json_t *v, const char *path, int objects, sb_net_entry_t **out, size_t *nout, char *err,
+                                   size_t errsz)
 {
     size_t i, n;
     sb_status_t st;
+    char epath[128];
 
+    *out = NULL;
+    *nout = 0;
     if ((st = check_array(v, path, err, errsz)) != SB_OK)
         return st;
     if ((n = json_array_size(v)) == 0)
         return SB_OK;
-    if ((out->v = calloc(n, sizeof(*out->v))) == NULL)
+    if ((*out = calloc(n, sizeof(**out))) == NULL)
         return SB_E_NOMEM;
     for (i = 0; i != n; ++i) {
+        const json_t *el = json_array_get(v, i);
         const char *s, *why;
         size_t len;
+        if (objects && json_is_object(el)) {
+            snprintf(epath, sizeof(epath), "%s[%zu]", path, i);
+            /* counted first: the entry's rules are freed with the list whatever happens */
+            ++*nout;
+            if ((st = parse_net_object(el, epath, &(*out)[i], err, errsz)) != SB_OK)
+                return st;
+            continue;
+        }
         if ((st = array_string(v, i, path, &s, &len, err, errsz)) != SB_OK)
-            return st;
-        if ((why = parse_net_entry(s, len, &out->v[i])) != NULL)
+            return objects && !json_is_string(el) ? fail(err, errsz, "%s[%zu]: must be a string or an object", path, i) : st;
+        if ((why = parse_net_entry(s, len, &(*out)[i])) != NULL)
             return fail(err, errsz, "%s[%zu]: %s", path, i, why);
-        ++out->n;
+        ++*nout;
     }
     return SB_OK;
+}
+
+static sb_status_t parse_netlist(const json_t *v, const char *path, int objects, netlist_t *out, char *err, size_t errsz)
+{
+    return sb_manifest__parse_net(v, path, objects, &out->v, &out->n, err, errsz);
 }
 
 /* ---- files and data ------------------------------------------------------------------------------------------------ */
@@ -489,9 +623,9 @@ sb_status_t sb_manifest_parse(const json_t *caps, sb_manifest_t **out, char *err
     json_object_keylen_foreach((json_t *)caps, key, klen, val)
     {
         if (key_is(key, klen, "net"))
-            st = parse_netlist(val, "capabilities.net", &m->net, err, errsz);
+            st = parse_netlist(val, "capabilities.net", 1, &m->net, err, errsz);
         else if (key_is(key, klen, "import"))
-            st = parse_netlist(val, "capabilities.import", &m->import, err, errsz);
+            st = parse_netlist(val, "capabilities.import", 0, &m->import, err, errsz);
         else if (key_is(key, klen, "files"))
             st = parse_files(val, m, err, errsz);
         else if (key_is(key, klen, "data"))
@@ -504,6 +638,8 @@ sb_status_t sb_manifest_parse(const json_t *caps, sb_manifest_t **out, char *err
             st = parse_list(val, "capabilities.workflows", LIST_NAMES, &m->workflows, err, errsz);
         else if (key_is(key, klen, "tools"))
             st = parse_list(val, "capabilities.tools", LIST_TOOL_GLOBS, &m->tools, err, errsz);
+        else if (key_is(key, klen, "secrets"))
+            st = parse_list(val, "capabilities.secrets", LIST_SECRET_NAMES, &m->secrets, err, errsz);
         else if (key_is(key, klen, "timeoutMs"))
             st = parse_int(val, "capabilities.timeoutMs", 1, MAX_TIMEOUT_MS, &m->timeout_ms, err, errsz);
         else if (key_is(key, klen, "memoryMb"))
@@ -546,8 +682,8 @@ void sb_manifest_free(sb_manifest_t *m)
 {
     if (m == NULL)
         return;
-    free(m->net.v);
-    free(m->import.v);
+    sb_manifest__free_net(m->net.v, m->net.n);
+    sb_manifest__free_net(m->import.v, m->import.n);
     free_list(&m->files_read);
     free_list(&m->files_write);
     free_grants(&m->collections);
@@ -557,6 +693,7 @@ void sb_manifest_free(sb_manifest_t *m)
     free_list(&m->jobs);
     free_list(&m->workflows);
     free_list(&m->tools);
+    free_list(&m->secrets);
     free(m);
 }
 
@@ -680,6 +817,26 @@ static int ieq_n(const char *a, const char *b, size_t n)
     return 1;
 }
 
+size_t sb_manifest_secret_count(const sb_manifest_t *m)
+{
+    return m != NULL ? m->secrets.n : 0;
+}
+
+const char *sb_manifest_secret_name(const sb_manifest_t *m, size_t i)
+{
+    return m != NULL && i < m->secrets.n ? m->secrets.v[i].p : NULL;
+}
+
+int sb_manifest__is_secret_name(const char *s, size_t len)
+{
+    if (len == 0 || len > 64)
+        return 0;
+    for (size_t i = 0; i != len; ++i)
+        if (!(is_name_char((unsigned char)s[i]) || s[i] == '.'))
+            return 0;
+    return 1;
+}
+
 /*
  * Section 6.1, with the upstream IPv6 quirk fixed: an entry port must equal the
  * effective port; IPv6 entries match IPv6 URL hosts by address (numerically,
@@ -688,25 +845,112 @@ static int ieq_n(const char *a, const char *b, size_t n)
  * address); anything else is a case-insensitive exact comparison with the
  * canonical host.
  */
-int sb_manifest__net_allows(const sb_manifest_t *m, const sb_url_t *u)
+int sb_manifest__entry_host_matches(const sb_net_entry_t *e, const sb_url_t *u)
 {
-    size_t i;
+    if (e->port != 0 && e->port != u->port)
+        return 0;
+    if (e->is_v6)
+        return u->host_kind == SB_URL_HOST_IPV6 && memcmp(&e->v6, &u->addr.v6, sizeof(e->v6)) == 0;
+    if (e->wildcard)
+        return u->host_kind == SB_URL_HOST_NAME && u->host_len > e->host_len + 1 && u->host[u->host_len - e->host_len - 1] == '.' &&
+               ieq_n(u->host + u->host_len - e->host_len, e->host, e->host_len);
+    return u->host_kind != SB_URL_HOST_IPV6 && u->host_len == e->host_len && ieq_n(u->host, e->host, e->host_len);
+}
 
-    for (i = 0; i != m->net.n; ++i) {
-        const net_entry_t *e = &m->net.v[i];
-        if (e->port != 0 && e->port != u->port)
-            continue;
-        if (e->is_v6) {
-            if (u->host_kind == SB_URL_HOST_IPV6 && memcmp(&e->v6, &u->addr.v6, sizeof(e->v6)) == 0)
-                return 1;
-        } else if (e->wildcard) {
-            if (u->host_kind == SB_URL_HOST_NAME && u->host_len > e->host_len + 1 &&
-                u->host[u->host_len - e->host_len - 1] == '.' && ieq_n(u->host + u->host_len - e->host_len, e->host, e->host_len))
-                return 1;
-        } else if (u->host_kind != SB_URL_HOST_IPV6) {
-            if (u->host_len == e->host_len && ieq_n(u->host, e->host, e->host_len))
+/* the request path: the origin-form target up to its query */
+static size_t path_len(const sb_url_t *u)
+{
+    const char *q = memchr(u->target, '?', u->target_len);
+    return q != NULL ? (size_t)(q - u->target) : u->target_len;
+}
+
+/*
+ * A path a rule checks must mean one thing to every parser between us and the
+ * application: an encoded '/', '\\' or '.' (which a server may decode before
+ * routing) or a dot segment (which it may resolve) would let one path pass a
+ * rule written for another, so such paths are refused outright.
+ */
+static int path_is_ambiguous(const char *p, size_t n)
+{
+    for (size_t i = 0; i + 2 < n; ++i) {
+        if (p[i] == '%' && (p[i + 1] == '2' || p[i + 1] == '5')) {
+            char c = ascii_lower(p[i + 2]);
+            if ((p[i + 1] == '2' && (c == 'f' || c == 'e')) || (p[i + 1] == '5' && c == 'c'))
                 return 1;
         }
     }
+    for (size_t i = 0; i < n; ++i) {
+        size_t j;
+        if (p[i] != '/')
+            continue;
+        for (j = i + 1; j < n && p[j] != '/'; ++j)
+            ;
+        if ((j - i - 1 == 1 && p[i + 1] == '.') || (j - i - 1 == 2 && p[i + 1] == '.' && p[i + 2] == '.'))
+            return 1;
+    }
+    return 0;
+}
+
+sb_net_verdict_t sb_manifest__rules_verdict(const sb_http_rules_t *r, const sb_url_t *u, const char *method)
+{
+    size_t i, plen;
+
+    if (r->nmethods != 0) {
+        for (i = 0; i != r->nmethods && strcmp(r->methods[i], method) != 0; ++i)
+            ;
+        if (i == r->nmethods)
+            return SB_NET_METHOD;
+    }
+    if (r->npaths != 0) {
+        plen = path_len(u);
+        if (path_is_ambiguous(u->target, plen))
+            return SB_NET_PATH_ENCODING;
+        for (i = 0; i != r->npaths; ++i)
+            if (sb_glob_match(r->paths[i], strlen(r->paths[i]), u->target, plen))
+                return SB_NET_OK;
+        return SB_NET_PATH;
+    }
+    return SB_NET_OK;
+}
+
+sb_net_verdict_t sb_manifest__net_verdict(const sb_manifest_t *m, const sb_url_t *u, const char *method)
+{
+    sb_net_verdict_t first = SB_NET_NO_HOST;
+    size_t i;
+
+    /* any entry that admits the host and the request grants it; else the first host entry's refusal is the reason */
+    for (i = 0; i != m->net.n; ++i) {
+        sb_net_verdict_t v;
+        if (!sb_manifest__entry_host_matches(&m->net.v[i], u))
+            continue;
+        if ((v = sb_manifest__rules_verdict(&m->net.v[i].rules, u, method)) == SB_NET_OK)
+            return SB_NET_OK;
+        if (first == SB_NET_NO_HOST)
+            first = v;
+    }
+    return first;
+}
+
+/* 1 when entry `n` admits every host and port entry `e` admits */
+static int entry_covers(const net_entry_t *n, const net_entry_t *e)
+{
+    if (n->port != 0 && n->port != e->port)
+        return 0;
+    if (n->is_v6 || e->is_v6)
+        return n->is_v6 && e->is_v6 && memcmp(&n->v6, &e->v6, sizeof(n->v6)) == 0;
+    if (!n->wildcard)
+        return !e->wildcard && n->host_len == e->host_len && memcmp(n->host, e->host, n->host_len) == 0;
+    /* *.suffix covers *.suffix, *.x.suffix and x.suffix */
+    if (e->wildcard && e->host_len == n->host_len && memcmp(e->host, n->host, n->host_len) == 0)
+        return 1;
+    return e->host_len > n->host_len + 1 && e->host[e->host_len - n->host_len - 1] == '.' &&
+           memcmp(e->host + e->host_len - n->host_len, n->host, n->host_len) == 0;
+}
+
+int sb_manifest__net_covers(const sb_manifest_t *m, const sb_net_entry_t *e)
+{
+    for (size_t i = 0; i != m->net.n; ++i)
+        if (entry_covers(&m->net.v[i], e))
+            return 1;
     return 0;
 }

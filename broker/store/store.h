@@ -50,6 +50,7 @@ typedef struct st_sb_token_t {
     int64_t expires_at_ms;
     sb_quota_t quota;
     sb_manifest_t *manifest;
+    struct st_sb_secrets_t *secrets; /* authz/secrets.h; NULL when the run has none (owned, zeroed when freed) */
 } sb_token_t;
 
 void sb_token_addref(sb_token_t *t);
@@ -65,7 +66,8 @@ SB_WARN_UNUSED sb_status_t sb_token_build(const uint8_t hash[32], const char *ru
                                           char *err, size_t errsz);
 /**
  * serialises a record to JSON for the redis backend (capabilities kept
- * verbatim, a random mint id added); NULL when no randomness is available
+ * verbatim, a random mint id added, secrets sealed: authz/secrets.h); NULL
+ * when no randomness is available, or the record has secrets and no key is set
  */
 char *sb_token_serialize(const sb_token_t *t, const json_t *capabilities);
 /** parses a serialised record; SB_E_UNAVAILABLE when it is unreadable (fail closed) */
