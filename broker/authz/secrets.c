@@ -24,7 +24,7 @@
 #include "sb/value.h"
 #include "util/util.h"
 
-#define MAX_FORMS 12
+#define MAX_FORMS 14
 #define SCHEME_BIT(s) (1u << (unsigned)(s))
 
 typedef struct st_form_t {
@@ -209,7 +209,15 @@ static void add_base64_forms(sb_secret_t *s)
 
 static void make_forms(sb_secret_t *s)
 {
+    char *lower = sb_mem_alloc(s->value_len);
+
     add_form(s, s->value, s->value_len);
+    /* response header names arrive lowercased (fetch/http1.c): a value echoed as a name is caught in that form too */
+    for (size_t i = 0; i < s->value_len; ++i)
+        lower[i] = s->value[i] >= 'A' && s->value[i] <= 'Z' ? (char)(s->value[i] - 'A' + 'a') : s->value[i];
+    add_form(s, lower, s->value_len);
+    wipe(lower, s->value_len);
+    free(lower);
     add_percent_forms(s);
     add_base64_forms(s);
 }

@@ -429,7 +429,8 @@ static void succeed(fetch_t *f, sb_http_response_t *res)
 {
     sb_result_t out;
     msgpack_packer pk;
-    size_t uniq[SB_MAX_RESPONSE_HEADERS], nuniq = 0, fetched = res->body_len;
+    size_t uniq[SB_MAX_RESPONSE_HEADERS], nuniq = 0, fetched = res->body_len, body_len = res->body_len;
+    const char *body = res->body != NULL ? (const char *)res->body : "";
     redacted_t red;
     sb_status_t rst;
 
@@ -440,9 +441,10 @@ static void succeed(fetch_t *f, sb_http_response_t *res)
                                    : "out of memory redacting the response");
         return;
     }
+    /* the exchange owns res->body (and frees it): the redacted copy is ours */
     if (red.body != NULL) {
-        res->body = (uint8_t *)red.body;
-        res->body_len = red.body_len;
+        body = red.body;
+        body_len = red.body_len;
     }
     sb_result_init(&out);
     msgpack_packer_init(&pk, &out.value, msgpack_sbuffer_write);
@@ -489,7 +491,7 @@ static void succeed(fetch_t *f, sb_http_response_t *res)
         msgpack_pack_str_with_body(&pk, "body", 4);
     else
         msgpack_pack_str_with_body(&pk, "bodyBase64", 10);
-    msgpack_pack_bin_with_body(&pk, res->body != NULL ? (const char *)res->body : "", res->body_len);
+    msgpack_pack_bin_with_body(&pk, body, body_len);
     msgpack_pack_str_with_body(&pk, "truncated", 9);
     msgpack_pack_false(&pk);
     if (f->store != NULL)
