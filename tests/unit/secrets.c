@@ -82,7 +82,8 @@ static void test_validation(void)
         {"{\"gh\": {\"value\": \"x\", \"hosts\": [\"evil.test\"]}}", "secrets.gh.hosts[0]: the host is not in capabilities.net"},
         {"{\"gh\": {\"value\": \"x\", \"hosts\": [\"api.test:8443\"]}}", NULL},
         {"{\"gh\": {\"value\": \"x\", \"hosts\": [\"port.test\"]}}", "secrets.gh.hosts[0]: the host is not in capabilities.net"},
-        {"{\"gh\": {\"value\": \"x\", \"hosts\": [\"port.test:444\"]}}", "secrets.gh.hosts[0]: the host is not in capabilities.net"},
+        {"{\"gh\": {\"value\": \"x\", \"hosts\": [\"port.test:444\"]}}",
+         "secrets.gh.hosts[0]: the host is not in capabilities.net"},
         {"{\"gh\": {\"value\": \"x\", \"hosts\": [\"port.test:443\"]}}", NULL},
         {"{\"gh\": {\"value\": \"x\", \"hosts\": [\"wild.test\"]}}", "secrets.gh.hosts[0]: the host is not in capabilities.net"},
         {"{\"gh\": {\"value\": \"x\", \"hosts\": [\"*.test\"]}}", "secrets.gh.hosts[0]: the host is not in capabilities.net"},
@@ -159,10 +160,12 @@ static void test_placeholders(void)
         int r;
         size_t start, len;
     } cases[] = {
-        {"Bearer {{secret:gh}}", 1, 7, 13},   {"{{secret:a.b-c_9}}x", 1, 0, 18}, {"no placeholder", 0, 0, 0},
-        {"{{secret:gh}", -1, 0, 0},           {"{{secret:}}", -1, 0, 0},         {"{{secret:a b}}", -1, 0, 0},
-        {"{{secret:gh}x}", -1, 0, 0},         {"{{secret", 0, 0, 0},             {"{secret:gh}}", 0, 0, 0},
-        {"{{{secret:gh}}}", 1, 1, 13},        {"{{SECRET:gh}}", 0, 0, 0},        {"{{secret:gh/x}}", -1, 0, 0},
+        {"Bearer {{secret:gh}}", 1, 7, 13}, {"{{secret:a.b-c_9}}x", 1, 0, 18},
+        {"no placeholder", 0, 0, 0},        {"{{secret:gh}", -1, 0, 0},
+        {"{{secret:}}", -1, 0, 0},          {"{{secret:a b}}", -1, 0, 0},
+        {"{{secret:gh}x}", -1, 0, 0},       {"{{secret", 0, 0, 0},
+        {"{secret:gh}}", 0, 0, 0},          {"{{{secret:gh}}}", 1, 1, 13},
+        {"{{SECRET:gh}}", 0, 0, 0},         {"{{secret:gh/x}}", -1, 0, 0},
     };
     char longname[100];
     sb_placeholder_t p;
@@ -223,7 +226,8 @@ static void test_decide(void)
         {"gh", "authorization", "https://api.test/repos/other", "GET",
          "http.fetch secret \"gh\" may not be sent to this path (secret paths rule)"},
         {"gh", "authorization", "https://api.test/repos/acme/%2e%2e/other", "GET",
-         "http.fetch secret \"gh\" may not be sent: the path has an encoded '/', '\\' or '.', or a dot segment (secret paths rule)"},
+         "http.fetch secret \"gh\" may not be sent: the path has an encoded '/', '\\' or '.', or a dot segment (secret paths "
+         "rule)"},
         {"nope", "authorization", "https://api.test/repos/acme/x", "GET", "http.fetch secret \"nope\" is not granted to this run"},
         /* host entries with their own rules, and wildcards */
         {"cdn", "x-key", "http://a.cdn.test/up", "PUT", NULL},
