@@ -19,7 +19,15 @@
  * characters; DNS answers without error); one failure ends the run with
  * exit status 1.
  *
- *   fetch_client BROKER_PORT TOKEN UPSTREAM_PORT DNS_PORT ROUNDS PER_ROUND WARMUP
+ *   fetch_client BROKER_PORT TOKEN UPSTREAM_PORT DNS_PORT ROUNDS PER_ROUND WARMUP [SECRET_TOKEN]
+ *
+ * With SECRET_TOKEN (fetch_secret.sh), the third side is "secret" instead of
+ * "resolved": the same fetch on a second keep-alive connection, with the
+ * token of a run that holds one secret for bench.test and the header
+ * "authorization: Bearer {{secret:bench}}", so the broker substitutes it on
+ * the way out and redacts the answer on the way back; it prints
+ * "paired_p50_ratio_secret=..": the median over rounds of secret p50 /
+ * broker p50.
  *
  * Prints one line per side: "<side> n=.. p50_us=.. p90_us=.. p99_us=.. mean_us=.. min_us=.. max_us=..",
  * then "paired_p50_ratio=.." and "paired_p50_ratio_resolved=..": the median over rounds of
@@ -138,8 +146,8 @@ static int read_response(int fd, const char **body, size_t *body_len)
     return status;
 }
 
-static char direct_req[512], rpc_req[2048];
-static size_t direct_req_len, rpc_req_len;
+static char direct_req[512], rpc_req[2048], rpc_req_secret[2048];
+static size_t direct_req_len, rpc_req_len, rpc_req_secret_len;
 
 static uint64_t time_direct(int up_port)
 {
@@ -239,14 +247,14 @@ static uint64_t time_resolved(int up_port, int dns_port)
     return now_ns() - t0;
 }
 
-static uint64_t time_broker(int fd)
+static uint64_t time_broker_req(int fd, const char *req, size_t req_len)
 {
     const char *body, *b64;
     size_t body_len;
     uint64_t t0 = now_ns(), t1;
     int status;
 
-    send_all(fd, rpc_req, rpc_req_len);
+    send_all(fd, req, req_len);
     status = read_response(fd, &body, &body_len);
     t1 = now_ns();
     /* {"status":200,...,"bodyBase64":"<1368 chars>",...} somewhere in the RPC answer */
@@ -258,6 +266,11 @@ static uint64_t time_broker(int fd)
         die("unexpected broker response");
     }
     return t1 - t0;
+}
+
+static uint64_t time_broker(int fd)
+{
+    return time_broker_req(fd, rpc_req, rpc_req_len);
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -307,16 +320,20 @@ static double p50_of(const uint64_t *v, size_t n, uint64_t *tmp)
 
 int main(int argc, char **argv)
 {
-    int broker_port, up_port, dns_port, rounds, per, warmup, bfd;
-    const char *token;
+    int broker_port, up_port, dns_port, rounds, per, warmup, bfd, sfd = -1;
+    const char *token, *secret_token = NULL;
     uint64_t *t[3], *tmp;
     double *ratio_d, *ratio_r;
     size_t n[3] = {0, 0, 0}, total;
     char body[256];
     int blen;
 
-    if (argc != 8) {
-        fprintf(stderr, "usage: fetch_client BROKER_PORT TOKEN UPSTREAM_PORT DNS_PORT ROUNDS PER_ROUND WARMUP\n");
+    if (argc != 8 && argc != 9) {
+        fprintf(stderr, "usage: fetch_client BROKER_PORT TOKEN UPSTREAM_PORT DNS_PORT ROUNDS PER_ROUND WARMUP [SECRET_TOKEN]\n");
+        return 2;
+    }
+    if (argc == 9 && strlen(secret_token = argv[8]) > 128) {
+        fprintf(stderr, "fetch_client: bad arguments\n");
         return 2;
     }
     broker_port = atoi(argv[1]);
@@ -340,6 +357,16 @@ int main(int argc, char **argv)
                                    "POST /api/sandbox/rpc HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
                                    "x-questpie-sandbox-token: %s\r\nContent-Length: %d\r\n\r\n%s",
                                    broker_port, token, blen, body);
+    if (secret_token != NULL) {
+        blen = snprintf(body, sizeof(body),
+                        "{\"method\":\"http.fetch\",\"args\":{\"url\":\"http://bench.test:%d/\","
+                        "\"headers\":{\"authorization\":\"Bearer {{secret:bench}}\"}}}",
+                        up_port);
+        rpc_req_secret_len = (size_t)snprintf(rpc_req_secret, sizeof(rpc_req_secret),
+                                              "POST /api/sandbox/rpc HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: "
+                                              "application/json\r\nx-questpie-sandbox-token: %s\r\nContent-Length: %d\r\n\r\n%s",
+                                              broker_port, secret_token, blen, body);
+    }
 
     total = (size_t)rounds * (size_t)per;
     for (int k = 0; k < 3; ++k)
@@ -351,11 +378,16 @@ int main(int argc, char **argv)
     if (tmp == NULL || ratio_d == NULL || ratio_r == NULL)
         die("calloc");
     bfd = connect_loopback(broker_port);
+    if (secret_token != NULL)
+        sfd = connect_loopback(broker_port);
 
     for (int i = 0; i < warmup; ++i) {
         time_broker(bfd);
         time_direct(up_port);
-        time_resolved(up_port, dns_port);
+        if (sfd >= 0)
+            time_broker_req(sfd, rpc_req_secret, rpc_req_secret_len);
+        else
+            time_resolved(up_port, dns_port);
     }
     for (int r = 0; r < rounds; ++r) {
         size_t start[3] = {n[0], n[1], n[2]};
@@ -366,19 +398,28 @@ int main(int argc, char **argv)
             for (int i = 0; i < per; ++i)
                 t[side][n[side]++] = side == 0   ? time_broker(bfd)
                                      : side == 1 ? time_direct(up_port)
+                                     : sfd >= 0  ? time_broker_req(sfd, rpc_req_secret, rpc_req_secret_len)
                                                  : time_resolved(up_port, dns_port);
         }
         for (int k = 0; k < 3; ++k)
             p[k] = p50_of(t[k] + start[k], (size_t)per, tmp);
         ratio_d[r] = p[0] / p[1];
         ratio_r[r] = p[0] / p[2];
-        fprintf(stderr, "  round %2d: p50 broker %7.1f us, direct %6.1f us, direct+dns %6.1f us: %.2fx, %.2fx\n", r + 1, p[0], p[1],
-                p[2], ratio_d[r], ratio_r[r]);
+        if (sfd >= 0)
+            ratio_r[r] = p[2] / p[0];
+        fprintf(stderr, "  round %2d: p50 broker %7.1f us, direct %6.1f us, %s %6.1f us: %.2fx, %.2fx\n", r + 1, p[0], p[1],
+                sfd >= 0 ? "secret" : "direct+dns", p[2], ratio_d[r], ratio_r[r]);
     }
     close(bfd);
     report("broker", t[0], n[0]);
     report("direct", t[1], n[1]);
-    report("resolved", t[2], n[2]);
+    report(sfd >= 0 ? "secret" : "resolved", t[2], n[2]);
+    if (sfd >= 0) {
+        close(sfd);
+        printf("paired_p50_ratio=%.3f\n", median(ratio_d, rounds));
+        printf("paired_p50_ratio_secret=%.3f\n", median(ratio_r, rounds));
+        return 0;
+    }
     /* medians of the per-round p50 ratios */
     printf("paired_p50_ratio=%.3f\n", median(ratio_d, rounds));
     printf("paired_p50_ratio_resolved=%.3f\n", median(ratio_r, rounds));
