@@ -148,7 +148,7 @@ class Docs(sbtest.BrokerTestCase):
         keys = [k.strip().rstrip("?") for k in m.group(1).split(",")]
         self.assertIn("quotas", keys)
         values = {"capabilities": {"services": ["a"]}, "target": "app", "scope": {"tenantId": "t"}, "ttlMs": 60000,
-                  "token": "cd" * 32, "quotas": {"calls": 5, "concurrent": 2, "fetchBytes": 1024}}
+                  "token": "cd" * 32, "quotas": {"calls": 5, "concurrent": 2, "fetchBytes": 1024}, "secrets": {}}
         with sbtest.Broker(env={"SANDBOX_BROKER_TARGETS": json.dumps({"app": {}})}) as b:
             for k in keys:
                 if k == "runId":
