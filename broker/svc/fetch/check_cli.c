@@ -18,6 +18,7 @@
 typedef struct st_check_state_t {
     int done;
     int allowed;
+    int show_rule; /* --method given: the method and the rule decision are printed */
     char method[SB_MAX_FETCH_METHOD + 1];
 } check_state_t;
 
@@ -25,7 +26,8 @@ static void on_decision(void *arg, const sb_egress_decision_t *d)
 {
     check_state_t *st = arg;
     printf("decision: %s\n", d->allowed ? "allow" : "deny");
-    printf("method: %s\n", st->method);
+    if (st->show_rule)
+        printf("method: %s\n", st->method);
     if (d->url.host_len != 0) {
         printf("url: %s://%s%s%s%s:%u%s\n", d->url.scheme == SB_URL_HTTPS ? "https" : "http",
                d->url.host_kind == SB_URL_HOST_IPV6 ? "[" : "", d->url.host, d->url.host_kind == SB_URL_HOST_IPV6 ? "]" : "", "",
@@ -36,7 +38,7 @@ static void on_decision(void *arg, const sb_egress_decision_t *d)
         sb_ip_format(&d->answers[i].ip, ip, sizeof(ip));
         printf("answer: %-40s %s (%s)\n", ip, d->answers[i].allowed ? "allow" : "deny", d->answers[i].rule);
     }
-    if (d->rule[0] != '\0')
+    if (st->show_rule && d->rule[0] != '\0')
         printf("rule: %s\n", d->rule);
     printf("reason: %s\n", d->reason);
     st->allowed = d->allowed;
@@ -58,7 +60,7 @@ int sb_egress_check_main(int argc, char **argv)
     sb_manifest_t *m = NULL;
     sb_fetch_ctx_t *ctx = NULL;
     h2o_loop_t *loop = NULL;
-    check_state_t st = {0, 0, "GET"};
+    check_state_t st = {0, 0, 0, "GET"};
     char errbuf[4096];
     int rc = 2;
 
@@ -81,6 +83,7 @@ int sb_egress_check_main(int argc, char **argv)
                 goto Exit;
             for (size_t k = 0; k <= n; ++k)
                 st.method[k] = mth[k] >= 'a' && mth[k] <= 'z' ? (char)(mth[k] - 'a' + 'A') : mth[k];
+            st.show_rule = 1;
         } else if (argv[i][0] == '-' || url != NULL)
             goto Exit;
         else
