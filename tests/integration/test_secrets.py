@@ -146,8 +146,8 @@ class SecretsCase(sbtest.BrokerTestCase):
         caps = fields.pop("capabilities", {"net": net})
         return (broker or B).mint("%s-%d" % (self._testMethodName, SecretsCase._n), caps, secrets=secrets, **fields)
 
-    def token(self, secrets, net, **fields):
-        r = self.mint(secrets, net, **fields)
+    def token(self, secrets, net, broker=None, **fields):
+        r = self.mint(secrets, net, broker=broker, **fields)
         self.assertEqual(r.status, 201, r)
         return r.body["token"]
 
@@ -482,6 +482,40 @@ class TargetSecrets(SecretsCase):
         r = self.mint({"filekey": {"value": "x", "hosts": net}}, net, target="app",
                       capabilities={"net": net, "secrets": ["filekey"]})
         self.assertError(r, 400, "bad_args", 'capabilities.secrets[0]: the run already has a secret named "filekey"')
+
+    def test_reload_reads_values_again_and_fails_closed(self):
+        import signal
+        keyfile = os.path.join(TMP, "rotating")
+        with open(keyfile, "w") as f:
+            f.write("first-value-0001\n")
+        cfg = config({"rot": {"value_file": keyfile, "hosts": [hp("ok.test", "a")], "schemes": ["http"]}})
+        net = [hp("ok.test", "a")]
+        with sbtest.Broker(config=cfg, env={"SECRETS_TEST_ENV": ENV_SECRET}) as b:
+            def hup(event):
+                before = b.log().count('"event":"%s"' % event)
+                b.proc.send_signal(signal.SIGHUP)
+                self.assertTrue(sbtest.poll(lambda: b.log().count('"event":"%s"' % event) > before, 10), b.log()[-3000:])
+
+            def sent_with(tok):
+                UP["a"].reset()
+                r = self.fetch(tok, origin("ok.test", "a") + "/echo", {"authorization": "{{secret:rot}}"}, broker=b)
+                self.assertEqual(r.status, 200, r)
+                return UP["a"].snapshot()[0].header("authorization")
+            caps = {"net": net, "secrets": ["rot"]}
+            old = self.token(None, net, broker=b, target="app", capabilities=caps)
+            self.assertEqual(sent_with(old), "first-value-0001")
+            with open(keyfile, "w") as f:
+                f.write("second-value-0002\n")
+            hup("reload.applied")
+            new = self.token(None, net, broker=b, target="app", capabilities=caps)
+            self.assertEqual(sent_with(new), "second-value-0002")
+            self.assertEqual(sent_with(old), "first-value-0001")  # a run keeps what it was minted with
+            os.unlink(keyfile)
+            hup("reload.rejected")
+            self.assertIn("targets.app.secrets.rot.value_file: cannot open %s" % keyfile, b.log())
+            self.assertEqual(sent_with(self.token(None, net, broker=b, target="app", capabilities=caps)), "second-value-0002")
+            for v in ("first-value-0001", "second-value-0002"):
+                self.assertNotIn(v, b.log())
 
     def test_check_config_fails_closed(self):
         cases = [
