@@ -12,6 +12,7 @@
  * valid but a backend unreachable now (not a configuration error: the broker
  * would start and report it on /readyz).
  */
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -251,6 +252,24 @@ static void invalid(const char *problems)
     fprintf(stderr, "sandbox-broker: invalid configuration:\n%s%s", problems, n != 0 && problems[n - 1] == '\n' ? "" : "\n");
 }
 
+/*
+ * jansson's memory is wiped when freed: the admin mint body and the
+ * configuration carry secret values (PROTOCOL.md section 5, "Secrets"), and
+ * the parser's own buffers hold copies of every string it read.
+ */
+static void *json_alloc(size_t n)
+{
+    return malloc(n);
+}
+
+static void json_free_wiped(void *p)
+{
+    if (p != NULL) {
+        explicit_bzero(p, malloc_usable_size(p));
+        free(p);
+    }
+}
+
 int main(int argc, char **argv)
 {
     int check_only = 0, offline = 0, backend_down = 0;
@@ -263,6 +282,7 @@ int main(int argc, char **argv)
     sigset_t set;
     pthread_t sigtid;
 
+    json_set_alloc_funcs(json_alloc, json_free_wiped);
     if (argc >= 2 && strcmp(argv[1], "egress-check") == 0)
         return sb_egress_check_main(argc - 2, argv + 2);
     for (int i = 1; i < argc; ++i) {

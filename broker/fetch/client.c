@@ -33,6 +33,10 @@ static void close_sock(sb_http_t *h)
     if (h2o_timeout_is_linked(&h->connect_timer))
         h2o_timeout_unlink(&h->connect_timer);
     if (h->sock != NULL) {
+        /* the response may echo a run's secret (PROTOCOL.md section 5): the read buffer goes back to h2o wiped */
+        h2o_buffer_t *in = h->sock->input;
+        if (in != NULL && in->bytes != NULL && in->_fd == -1)
+            explicit_bzero(in->_buf, in->capacity);
         h2o_socket_close(h->sock);
         h->sock = NULL;
     }

@@ -33,8 +33,13 @@ void sb_http1_init(sb_http1_reader_t *r, int head_request, size_t max_body)
 
 void sb_http1_dispose(sb_http1_reader_t *r)
 {
+    /* wiped: a response may echo a run's secret (PROTOCOL.md section 5) */
+    if (r->head != NULL)
+        explicit_bzero(r->head, r->head_len);
     free(r->head);
     r->head = NULL;
+    if (r->res.body != NULL)
+        explicit_bzero(r->res.body, r->body_cap);
     free(r->res.body);
     r->res.body = NULL;
 }
@@ -52,8 +57,14 @@ static int append_body(sb_http1_reader_t *r, const char *p, size_t n)
             cap *= 2;
         if (cap > r->max_body)
             cap = r->max_body;
-        if ((nb = realloc(r->res.body, cap)) == NULL)
+        /* not realloc: the old block is wiped before it is freed (a body may echo a run's secret) */
+        if ((nb = malloc(cap)) == NULL)
             return -1;
+        if (r->res.body != NULL) {
+            memcpy(nb, r->res.body, r->res.body_len);
+            explicit_bzero(r->res.body, r->body_cap);
+            free(r->res.body);
+        }
         r->res.body = nb;
         r->body_cap = cap;
     }
@@ -140,6 +151,7 @@ static const char *parse_head(sb_http1_reader_t *r, const char *buf, size_t len,
     /* copy the head: the connection's buffer is consumed as the body arrives */
     if ((r->head = malloc((size_t)rlen)) == NULL)
         return "out of memory";
+    r->head_len = (size_t)rlen;
     memcpy(r->head, in, (size_t)rlen);
     r->res.status = status;
     r->res.reason = r->head + (msg - in);

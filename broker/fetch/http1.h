@@ -33,7 +33,8 @@ typedef struct st_sb_http1_reader_t {
     size_t content_length, body_cap;
     size_t head_seen; /* bytes of the current head already seen incomplete (picohttpparser's last_len) */
     struct phr_chunked_decoder chunked;
-    char *head;             /* copy of the response head, backing res.headers */
+    char *head; /* copy of the response head, backing res.headers */
+    size_t head_len;
     sb_http_response_t res; /* the response; res.body grows as it arrives */
 } sb_http1_reader_t;
 

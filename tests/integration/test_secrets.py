@@ -351,6 +351,45 @@ class Leaks(SecretsCase):
         self.assertEqual([x["secrets"] for x in lines], ["gh", "gh", "gh,zz"])
         self.assertEqual([x["code"] for x in lines], ["ok", "forbidden", "forbidden"])
 
+    def test_memory_holding_a_value_is_wiped_when_freed(self):
+        """After a run that used a secret (with an upstream echoing it back) is revoked, no byte string of
+        the value is left anywhere in the broker's memory: the token record, the mint body, jansson's
+        buffers, the request, the response head, body and socket buffer were all wiped."""
+        value = "wipe-check-" + os.urandom(12).hex()
+
+        def mirror(h, rec):
+            a = rec.header("authorization")
+            h.reply(200, ("echo " + a).encode(), [("X-Echo", a)])
+        UP["a"].route("/mirror", mirror)
+        net = [hp("ok.test", "a")]
+        SecretsCase._n += 1
+        run = "wipe-%d" % SecretsCase._n
+        tok = B.mint_ok(run, {"net": net}, secrets={"w": {"value": value, "hosts": net, "schemes": ["http"]}})
+        r = self.fetch(tok, origin("ok.test", "a") + "/mirror", {"authorization": "Bearer {{secret:w}}"})
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(UP["a"].snapshot()[0].header("authorization"), "Bearer " + value)
+        self.assertNotIn(value.encode(), r.raw)
+        self.assertGreater(self.count_in_memory(B.proc.pid, value.encode()), 0, "the scan finds a live value")
+        self.assertEqual(B.revoke_run(run).status, 204)
+        self.assertTrue(sbtest.poll(lambda: self.count_in_memory(B.proc.pid, value.encode()) == 0, 5),
+                        "a copy of the value is left in the broker's memory")
+
+    @staticmethod
+    def count_in_memory(pid, needle):
+        n = 0
+        with open("/proc/%d/maps" % pid) as maps, open("/proc/%d/mem" % pid, "rb", 0) as mem:
+            for line in maps:
+                f = line.split()
+                if not f[1].startswith("r") or (len(f) > 5 and f[5] in ("[vvar]", "[vsyscall]")):
+                    continue
+                lo, hi = (int(x, 16) for x in f[0].split("-"))
+                try:
+                    mem.seek(lo)
+                    n += mem.read(hi - lo).count(needle)
+                except (OSError, ValueError, OverflowError):
+                    continue  # a mapping that cannot be read (guard pages)
+        return n
+
     def test_mint_validation(self):
         net = [hp("tls.test", "tls")]
         good = {"value": SECRET, "hosts": net}
