@@ -193,6 +193,26 @@ static int64_t clamp_ttl(int64_t ttl, int64_t max)
 }
 
 /*
+ * A mint body held secret values: the request's copy is wiped, and so is
+ * whatever the connection's read buffer still holds of consumed bytes (h2o
+ * may have copied the body out of it), leaving only bytes not yet read.
+ */
+static void wipe_request(h2o_req_t *req)
+{
+    h2o_socket_t *sock = req->conn->callbacks->get_socket != NULL ? req->conn->callbacks->get_socket(req->conn) : NULL;
+
+    if (req->entity.base != NULL)
+        explicit_bzero(req->entity.base, req->entity.len);
+    if (sock != NULL && sock->input != NULL && sock->input->bytes != NULL && sock->input->_fd == -1) {
+        h2o_buffer_t *in = sock->input;
+        size_t head = (size_t)(in->bytes - in->_buf), used = head + in->size;
+        explicit_bzero(in->_buf, head);
+        if (used < in->capacity)
+            explicit_bzero(in->_buf + used, in->capacity - used);
+    }
+}
+
+/*
  * The run's secrets (PROTOCOL.md section 5, "Secrets"): the mint body's, then
  * the target's that the manifest names. The body's copies of the values are
  * wiped as soon as they are parsed.
@@ -386,14 +406,14 @@ static void mint(h2o_req_t *req)
     json_decref(body);
     /* the request's bytes held the values too */
     if (tok->secrets != NULL)
-        explicit_bzero(req->entity.base, req->entity.len);
+        wipe_request(req);
     sb_async_retain(&op->super);
     sb_store_put(sb_current_worker->store, tok, op->caps, on_stored, op);
     return;
 
 BadArgs:
     if (json_object_get(body, "secrets") != NULL)
-        explicit_bzero(req->entity.base, req->entity.len);
+        wipe_request(req);
     json_decref(body);
     sb_admin_send_error(req, "mint", SB_E_BAD_ARGS, err);
 }
