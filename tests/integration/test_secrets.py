@@ -14,7 +14,6 @@ import os
 import sys
 import tempfile
 import time
-import unittest
 import urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
