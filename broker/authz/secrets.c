@@ -30,6 +30,8 @@
 typedef struct st_form_t {
     char *p;
     size_t len;
+    char *tail; /* base64 at alignment 0: the rest of the value's own padded encoding, consumed too when it follows */
+    size_t tail_len;
 } form_t;
 
 struct st_sb_secret_t {
@@ -90,6 +92,8 @@ static void free_secret(sb_secret_t *s)
     for (size_t i = 0; i < s->nforms; ++i) {
         wipe(s->forms[i].p, s->forms[i].len);
         free(s->forms[i].p);
+        wipe(s->forms[i].tail, s->forms[i].tail_len);
+        free(s->forms[i].tail);
     }
     sb_manifest__free_net(s->hosts, s->nhosts);
     for (size_t i = 0; i < s->nheaders; ++i)
@@ -174,18 +178,19 @@ static void add_percent_forms(sb_secret_t *s)
 }
 
 /*
- * base64 forms: the value alone, padded; and at each alignment k (the value
- * starting k bytes after a 3-byte group boundary), the characters that depend
- * on value bits only, in the standard and the URL-safe alphabets
+ * base64 forms: at each alignment k (the value starting k bytes after a
+ * 3-byte group boundary), the characters that depend on value bits only, in
+ * the standard and the URL-safe alphabets; at alignment 0 the rest of the
+ * value's own padded encoding is a tail consumed with them when it follows,
+ * so the value encoded alone is replaced whole in the same scan. A value too
+ * short for that has its padded encoding as a form of its own.
  */
 static void add_base64_forms(sb_secret_t *s)
 {
-    size_t n = s->value_len + 2, enc_len = sb_b64_encoded_len(n);
+    size_t n = s->value_len + 2, enc_len = sb_b64_encoded_len(n), full_len = sb_b64_encoded_len(s->value_len);
     uint8_t *raw = sb_mem_alloc(n);
     char *enc = sb_mem_alloc(enc_len + 1);
 
-    sb_b64_encode((const uint8_t *)s->value, s->value_len, enc);
-    add_form(s, enc, sb_b64_encoded_len(s->value_len));
     for (size_t k = 0; k < 3; ++k) {
         size_t total = k + s->value_len, j0 = (8 * k + 5) / 6, j1;
         memset(raw, 0, k);
@@ -194,12 +199,26 @@ static void add_base64_forms(sb_secret_t *s)
         if (8 * total < 6)
             continue;
         j1 = (8 * total - 6) / 6; /* the last character whose six bits are all value bits */
-        if (j1 < j0 || j1 - j0 + 1 < 4)
+        if (j1 < j0 || j1 - j0 + 1 < 4) {
+            if (k == 0) {
+                sb_b64_encode((const uint8_t *)s->value, s->value_len, enc);
+                add_form(s, enc, full_len);
+            }
             continue;
-        add_form(s, enc + j0, j1 - j0 + 1);
-        for (size_t i = j0; i <= j1; ++i)
-            enc[i] = enc[i] == '+' ? '-' : enc[i] == '/' ? '_' : enc[i];
-        add_form(s, enc + j0, j1 - j0 + 1);
+        }
+        for (int alphabet = 0; alphabet < 2; ++alphabet) {
+            size_t before = s->nforms;
+            if (alphabet == 1)
+                for (size_t i = j0; i < full_len; ++i)
+                    enc[i] = enc[i] == '+' ? '-' : enc[i] == '/' ? '_' : enc[i];
+            add_form(s, enc + j0, j1 - j0 + 1);
+            if (k == 0 && s->nforms != before && full_len > j1 + 1) {
+                form_t *f = &s->forms[s->nforms - 1];
+                f->tail_len = full_len - (j1 + 1);
+                f->tail = sb_mem_alloc(f->tail_len);
+                memcpy(f->tail, enc + j1 + 1, f->tail_len);
+            }
+        }
     }
     wipe(raw, n);
     wipe(enc, enc_len);
@@ -212,14 +231,17 @@ static void make_forms(sb_secret_t *s)
     char *lower = sb_mem_alloc(s->value_len);
 
     add_form(s, s->value, s->value_len);
-    /* response header names arrive lowercased (fetch/http1.c): a value echoed as a name is caught in that form too */
+    add_percent_forms(s);
+    add_base64_forms(s);
+    /*
+     * lowercased: response header names arrive so (fetch/http1.c), and an upstream that folds case (a hex
+     * key, for one, means the same in either case) must not hand the value back that way
+     */
     for (size_t i = 0; i < s->value_len; ++i)
         lower[i] = s->value[i] >= 'A' && s->value[i] <= 'Z' ? (char)(s->value[i] - 'A' + 'a') : s->value[i];
     add_form(s, lower, s->value_len);
     wipe(lower, s->value_len);
     free(lower);
-    add_percent_forms(s);
-    add_base64_forms(s);
 }
 
 static int cmp_pattern(const void *a, const void *b)
@@ -603,7 +625,6 @@ sb_status_t sb_secrets_decide(const sb_secrets_t *s, const char *name, size_t le
     if ((sec->schemes & SCHEME_BIT(u->scheme)) == 0)
         return refuse(sec, reason, reasonsz, "may not be sent over %s (secret schemes rule)",
                       u->scheme == SB_URL_HTTPS ? "https" : "http");
-    sb_url_hostport(u, hp, sizeof(hp));
     for (i = 0; i < sec->nhosts; ++i) {
         if (!sb_manifest__entry_host_matches(&sec->hosts[i], u))
             continue;
@@ -611,6 +632,7 @@ sb_status_t sb_secrets_decide(const sb_secrets_t *s, const char *name, size_t le
             break;
     }
     if (i == sec->nhosts) {
+        sb_url_hostport(u, hp, sizeof(hp));
         if (v == SB_NET_NO_HOST)
             return refuse(sec, reason, reasonsz, "may not be sent to host \"%s\" (secret hosts rule)", hp);
         return refuse(sec, reason, reasonsz, "may not be sent to host \"%s\" with this %s (secret hosts rule)", hp,
@@ -643,14 +665,27 @@ void sb_secret_value(const sb_secret_t *sec, const char **value, size_t *len)
 
 /* ---- redaction ------------------------------------------------------------------------------------------------------- */
 
-static size_t count_hits(const char *in, size_t len, const form_t *f)
+/* the bytes a hit of f at `at` replaces: the form, and its tail when that follows */
+static size_t hit_len(const char *in, size_t len, size_t at, const form_t *f)
+{
+    size_t end = at + f->len;
+    if (f->tail_len != 0 && len - end >= f->tail_len && memcmp(in + end, f->tail, f->tail_len) == 0)
+        return f->len + f->tail_len;
+    return f->len;
+}
+
+/* hits of f, and the bytes they replace */
+static size_t count_hits(const char *in, size_t len, const form_t *f, size_t *bytes)
 {
     size_t n = 0, at = 0;
     const char *hit;
 
+    *bytes = 0;
     while (at + f->len <= len && (hit = memmem(in + at, len - at, f->p, f->len)) != NULL) {
+        size_t h = hit_len(in, len, (size_t)(hit - in), f);
         ++n;
-        at = (size_t)(hit - in) + f->len;
+        *bytes += h;
+        at = (size_t)(hit - in) + h;
     }
     return n;
 }
@@ -668,9 +703,9 @@ sb_status_t sb_secrets_redact(const sb_secrets_t *s, const char *in, size_t len,
     for (size_t p = 0; p < s->norder; ++p) {
         const form_t *f = s->order[p].form;
         const sb_secret_t *sec = s->order[p].sec;
-        size_t hits, newlen, at = 0, o = 0;
+        size_t hits, replaced, newlen, at = 0, o = 0;
         char *next;
-        if (curlen < f->len || (hits = count_hits(cur, curlen, f)) == 0)
+        if (curlen < f->len || (hits = count_hits(cur, curlen, f, &replaced)) == 0)
             continue;
         /* bounded before allocating: a short value repeated many times grows by the placeholder's length each time */
         if (sec->placeholder_len > f->len && hits > (cap - (curlen < cap ? curlen : cap)) / (sec->placeholder_len - f->len)) {
@@ -680,7 +715,7 @@ sb_status_t sb_secrets_redact(const sb_secrets_t *s, const char *in, size_t len,
             }
             return SB_E_TOO_LARGE;
         }
-        newlen = curlen - hits * f->len + hits * sec->placeholder_len;
+        newlen = curlen - replaced + hits * sec->placeholder_len;
         if (newlen > cap) {
             if (owned != NULL) {
                 wipe(owned, curlen);
@@ -705,7 +740,7 @@ sb_status_t sb_secrets_redact(const sb_secrets_t *s, const char *in, size_t len,
                 break;
             memcpy(next + o, sec->placeholder, sec->placeholder_len);
             o += sec->placeholder_len;
-            at += f->len;
+            at += hit_len(cur, curlen, at, f);
         }
         if (owned != NULL) {
             wipe(owned, curlen);

@@ -72,9 +72,9 @@ SB_WARN_UNUSED sb_status_t sb_secrets_decide(const sb_secrets_t *s, const char *
 void sb_secret_value(const sb_secret_t *sec, const char **value, size_t *len);
 
 /**
- * Replaces every occurrence of every secret's value, raw, base64 (standard
- * and URL-safe, at every byte alignment) and percent-encoded, by its
- * placeholder.
+ * Replaces every occurrence of every secret's value, raw, lowercased, base64
+ * (standard and URL-safe, at every byte alignment) and percent-encoded, by
+ * its placeholder.
  * @param cap the largest output allowed
  * @param out NULL when nothing was found (the input stands), else a new buffer owned by the caller
  * @return SB_OK, SB_E_TOO_LARGE (the redacted text would exceed cap) or SB_E_NOMEM

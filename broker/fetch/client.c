@@ -24,6 +24,7 @@ struct st_sb_http_t {
     int starting;       /* inside sb_http_start */
     int finished_early; /* every connect failed synchronously */
     const char *early_err;
+    size_t input_used; /* o.wipe: how far into the read buffer response bytes have been written */
 };
 
 static void try_connect(sb_http_t *h);
@@ -35,8 +36,8 @@ static void close_sock(sb_http_t *h)
     if (h->sock != NULL) {
         /* the response may echo a run's secret (PROTOCOL.md section 5): the read buffer goes back to h2o wiped */
         h2o_buffer_t *in = h->sock->input;
-        if (in != NULL && in->bytes != NULL && in->_fd == -1)
-            explicit_bzero(in->_buf, in->capacity);
+        if (h->o.wipe && in != NULL && in->bytes != NULL && in->_fd == -1)
+            explicit_bzero(in->_buf, h->input_used < in->capacity ? h->input_used : in->capacity);
         h2o_socket_close(h->sock);
         h->sock = NULL;
     }
@@ -67,7 +68,14 @@ static void on_read(h2o_socket_t *sock, const char *err)
     sb_http_t *h = sock->data;
     size_t consumed;
     int done;
-    const char *perr = sb_http1_feed(&h->rd, sock->input->bytes, sock->input->size, err != NULL, &consumed, &done);
+    const char *perr;
+
+    if (h->o.wipe && sock->input->bytes != NULL) {
+        size_t used = (size_t)(sock->input->bytes - sock->input->_buf) + sock->input->size;
+        if (used > h->input_used)
+            h->input_used = used;
+    }
+    perr = sb_http1_feed(&h->rd, sock->input->bytes, sock->input->size, err != NULL, &consumed, &done);
 
     if (perr != NULL) {
         complete(h, perr);
@@ -182,6 +190,7 @@ sb_http_t *sb_http_start(const sb_http_opts_t *opts, sb_http_cb cb, void *arg)
     h->cb = cb;
     h->arg = arg;
     sb_http1_init(&h->rd, opts->head_request, opts->max_body);
+    h->rd.wipe = opts->wipe;
     h->connect_timer.cb = on_connect_timeout;
     h->starting = 1;
     try_connect(h);

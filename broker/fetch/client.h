@@ -53,6 +53,7 @@ typedef struct st_sb_http_opts_t {
     int head_request; /* a HEAD request: the response has no body */
     size_t max_body;
     h2o_timeout_t *connect_timeout; /* per connect attempt */
+    int wipe;                       /* the run holds secrets: every buffer that held response bytes is wiped before it is freed */
 } sb_http_opts_t;
 
 /**

@@ -34,12 +34,12 @@ void sb_http1_init(sb_http1_reader_t *r, int head_request, size_t max_body)
 void sb_http1_dispose(sb_http1_reader_t *r)
 {
     /* wiped: a response may echo a run's secret (PROTOCOL.md section 5) */
-    if (r->head != NULL)
+    if (r->wipe && r->head != NULL)
         explicit_bzero(r->head, r->head_len);
     free(r->head);
     r->head = NULL;
-    if (r->res.body != NULL)
-        explicit_bzero(r->res.body, r->body_cap);
+    if (r->wipe && r->res.body != NULL)
+        explicit_bzero(r->res.body, r->res.body_len);
     free(r->res.body);
     r->res.body = NULL;
 }
@@ -57,13 +57,18 @@ static int append_body(sb_http1_reader_t *r, const char *p, size_t n)
             cap *= 2;
         if (cap > r->max_body)
             cap = r->max_body;
-        /* not realloc: the old block is wiped before it is freed (a body may echo a run's secret) */
-        if ((nb = malloc(cap)) == NULL)
-            return -1;
-        if (r->res.body != NULL) {
-            memcpy(nb, r->res.body, r->res.body_len);
-            explicit_bzero(r->res.body, r->body_cap);
-            free(r->res.body);
+        if (!r->wipe) {
+            if ((nb = realloc(r->res.body, cap)) == NULL)
+                return -1;
+        } else {
+            /* not realloc: the old block is wiped before it is freed (a body may echo a run's secret) */
+            if ((nb = malloc(cap)) == NULL)
+                return -1;
+            if (r->res.body != NULL) {
+                memcpy(nb, r->res.body, r->res.body_len);
+                explicit_bzero(r->res.body, r->res.body_len);
+                free(r->res.body);
+            }
         }
         r->res.body = nb;
         r->body_cap = cap;

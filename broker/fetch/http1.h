@@ -29,6 +29,7 @@ struct phr_chunked_decoder {
 typedef struct st_sb_http1_reader_t {
     int state;
     int head_request; /* a HEAD request: the response has no body */
+    int wipe;         /* set after init: the head copy and the body are wiped before they are freed (a run's secrets) */
     size_t max_body;
     size_t content_length, body_cap;
     size_t head_seen; /* bytes of the current head already seen incomplete (picohttpparser's last_len) */

@@ -19,13 +19,15 @@
  * characters; DNS answers without error); one failure ends the run with
  * exit status 1.
  *
- *   fetch_client BROKER_PORT TOKEN UPSTREAM_PORT DNS_PORT ROUNDS PER_ROUND WARMUP [SECRET_TOKEN]
+ *   fetch_client BROKER_PORT TOKEN UPSTREAM_PORT DNS_PORT ROUNDS PER_ROUND WARMUP [SECRET_TOKEN VALUE]
  *
  * With SECRET_TOKEN (fetch_secret.sh), the third side is "secret" instead of
  * "resolved": the same fetch on a second keep-alive connection, with the
  * token of a run that holds one secret for bench.test and the header
  * "authorization: Bearer {{secret:bench}}", so the broker substitutes it on
- * the way out and redacts the answer on the way back; it prints
+ * the way out and redacts the answer on the way back, while the "broker" side
+ * sends "authorization: Bearer VALUE" itself (the same request bytes on the
+ * wire, without the feature); it prints
  * "paired_p50_ratio_secret=..": the median over rounds of secret p50 /
  * broker p50.
  *
@@ -321,18 +323,18 @@ static double p50_of(const uint64_t *v, size_t n, uint64_t *tmp)
 int main(int argc, char **argv)
 {
     int broker_port, up_port, dns_port, rounds, per, warmup, bfd, sfd = -1;
-    const char *token, *secret_token = NULL;
+    const char *token, *secret_token = NULL, *literal = NULL;
     uint64_t *t[3], *tmp;
     double *ratio_d, *ratio_r;
     size_t n[3] = {0, 0, 0}, total;
     char body[256];
     int blen;
 
-    if (argc != 8 && argc != 9) {
-        fprintf(stderr, "usage: fetch_client BROKER_PORT TOKEN UPSTREAM_PORT DNS_PORT ROUNDS PER_ROUND WARMUP [SECRET_TOKEN]\n");
+    if (argc != 8 && argc != 10) {
+        fprintf(stderr, "usage: fetch_client BROKER_PORT TOKEN UPSTREAM_PORT DNS_PORT ROUNDS PER_ROUND WARMUP [SECRET_TOKEN VALUE]\n");
         return 2;
     }
-    if (argc == 9 && strlen(secret_token = argv[8]) > 128) {
+    if (argc == 10 && (strlen(secret_token = argv[8]) > 128 || strlen(literal = argv[9]) > 128)) {
         fprintf(stderr, "fetch_client: bad arguments\n");
         return 2;
     }
@@ -352,7 +354,13 @@ int main(int argc, char **argv)
     direct_req_len =
         (size_t)snprintf(direct_req, sizeof(direct_req),
                          "GET / HTTP/1.1\r\nHost: bench.test:%d\r\nUser-Agent: curl/7.88.1\r\nAccept: */*\r\n\r\n", up_port);
-    blen = snprintf(body, sizeof(body), "{\"method\":\"http.fetch\",\"args\":{\"url\":\"http://bench.test:%d/\"}}", up_port);
+    if (literal != NULL)
+        blen = snprintf(body, sizeof(body),
+                        "{\"method\":\"http.fetch\",\"args\":{\"url\":\"http://bench.test:%d/\","
+                        "\"headers\":{\"authorization\":\"Bearer %s\"}}}",
+                        up_port, literal);
+    else
+        blen = snprintf(body, sizeof(body), "{\"method\":\"http.fetch\",\"args\":{\"url\":\"http://bench.test:%d/\"}}", up_port);
     rpc_req_len = (size_t)snprintf(rpc_req, sizeof(rpc_req),
                                    "POST /api/sandbox/rpc HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
                                    "x-questpie-sandbox-token: %s\r\nContent-Length: %d\r\n\r\n%s",

@@ -11,6 +11,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -46,7 +47,8 @@ def echo_route(h, rec):
         "basic": base64.b64encode(("user:" + val).encode()).decode(),
         "b64url": base64.urlsafe_b64encode(("xy" + val).encode()).decode(),
         "pct": urllib.parse.quote(val + "/?&", safe=""),
-        "pct_lower": urllib.parse.quote(val + "/", safe="").lower(),
+        "pct_lower": re.sub("%[0-9A-F]{2}", lambda m: m.group(0).lower(), urllib.parse.quote(val + "/", safe="")),
+        "folded": ("Bearer " + val).lower(),
     }).encode()
     h.reply(200, body, [("Content-Type", "application/json"), ("X-Echo", "Bearer " + val),
                         ("X-" + (val if val != "none" else "Plain"), "name")], reason="OK " + val)
@@ -196,6 +198,7 @@ class Injection(SecretsCase):
         self.assertIn(PH, body["b64url"])
         self.assertTrue(body["pct"].startswith(PH), body["pct"])
         self.assertTrue(body["pct_lower"].startswith(PH), body["pct_lower"])
+        self.assertEqual(body["folded"], "bearer " + PH)
 
     def test_msgpack_too(self):
         tok = self.token(self.gh(), [hp("tls.test", "tls")])

@@ -318,7 +318,7 @@ static void test_redact(void)
     expect_redacted(s, "nothing here", "nothing here");
     expect_redacted(s, VALUE, "{{secret:gh}}");
     expect_redacted(s, "a" VALUE "b" VALUE "c", "a{{secret:gh}}b{{secret:gh}}c");
-    expect_redacted(s, "s3cr3t-v4lue_0123", "{{secret:gh}}"); /* a lowercased header name */
+    expect_redacted(s, "x-s3cr3t-v4lue_0123", "x-{{secret:gh}}"); /* lowercased: a header name, or a case-folding upstream */
     /* base64 of the value alone, and inside a longer text at every alignment */
     sb_b64_encode((const uint8_t *)VALUE, strlen(VALUE), b64);
     snprintf(buf, sizeof(buf), "x=%s;", b64);

@@ -98,7 +98,8 @@ typedef struct st_fetch_t {
     sb_ip_t pins[2 * SB_MAX_DNS_ANSWERS];
     size_t npins;
     char *request;
-    size_t request_len, request_cap; /* the request may hold secret values: wiped before it is freed */
+    size_t request_len;
+    int request_secret; /* the request holds a secret value: wiped before it is freed */
     /* egress-check mode */
     sb_egress_check_cb check_cb;
     sb_egress_decision_t *decision;
@@ -114,8 +115,8 @@ static void free_header(req_header_t *h)
 
 static void wipe_request(fetch_t *f)
 {
-    if (f->request != NULL)
-        explicit_bzero(f->request, f->request_cap);
+    if (f->request != NULL && f->request_secret)
+        explicit_bzero(f->request, f->request_len);
     free(f->request);
     f->request = NULL;
 }
@@ -290,12 +291,13 @@ static void build_request(fetch_t *f)
     sb_url_host_header(&f->url, host, sizeof(host));
     wipe_request(f);
     f->request = sb_mem_alloc(cap);
-    f->request_cap = cap;
     len += (size_t)snprintf(f->request + len, cap - len, "%s %s HTTP/1.1\r\nhost: %s\r\nconnection: close\r\n", f->method,
                             f->url.target, host);
+    f->request_secret = 0;
     for (size_t i = 0; i < f->nheaders; ++i) {
         len += (size_t)snprintf(f->request + len, cap - len, "%s: ", f->headers[i].name);
         len += write_value(f->request + len, &f->headers[i]);
+        f->request_secret |= f->headers[i].nph != 0;
         memcpy(f->request + len, "\r\n", 2);
         len += 2;
     }
@@ -617,6 +619,7 @@ static void connect_pins(fetch_t *f)
     o.head_request = strcmp(f->method, "HEAD") == 0;
     o.max_body = f->ctx->conf->max_body;
     o.connect_timeout = &f->ctx->connect_timeout;
+    o.wipe = f->tok != NULL && sb_secrets_count(f->tok->secrets) != 0;
     {
         /* NULL means the callback already ran (and may have freed f): touch nothing */
         sb_http_t *h = sb_http_start(&o, on_response, f);
