@@ -652,8 +652,12 @@ static sb_status_t find_placeholders(dec_t *d, sb_call_fetch_t *f, sb_call_heade
         if (*total + n + 1 > SB_CALL_MAX_FETCH_PLACEHOLDERS)
             return fail(d, SB_CALL_ERR_ARGS, SB_E_BAD_ARGS, "http.fetch headers hold more than %u secret placeholders",
                         SB_CALL_MAX_FETCH_PLACEHOLDERS);
-        if (names == NULL && (names = *namesp = alloc(d, SB_CALL_MAX_FETCH_PLACEHOLDERS * sizeof(*names))) == NULL)
-            return nomem(d);
+        if (names == NULL) {
+            if ((names = *namesp = alloc(d, SB_CALL_MAX_FETCH_PLACEHOLDERS * sizeof(*names))) == NULL)
+                return nomem(d);
+            /* published at once: a later refusal leaves the call with the names found so far (the audit line lists them) */
+            f->secrets = names;
+        }
         for (j = 0; j < f->nsecrets && !(names[j].len == found[n].name_len && memcmp(names[j].name, nm, names[j].len) == 0); ++j)
             ;
         if (j == f->nsecrets) {
@@ -721,7 +725,6 @@ static sb_status_t decode_headers(dec_t *d, sb_call_fetch_t *f, const msgpack_ob
     }
     f->headers = v;
     f->nheaders = n;
-    f->secrets = names;
     return SB_OK;
 }
 

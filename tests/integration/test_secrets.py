@@ -339,18 +339,21 @@ class Leaks(SecretsCase):
         self.fetch(tok, origin("tls.test", "tls") + "/echo", {"authorization": PH})
         self.fetch(tok, origin("other.test", "other") + "/echo", {"authorization": PH})
         self.fetch(tok, origin("tls.test", "tls") + "/nope", {"authorization": "{{secret:gh}}{{secret:zz}}"})
+        # refused while its args are decoded, after one placeholder was found: the audit line still names it
+        r = self.fetch(tok, origin("tls.test", "tls") + "/echo", {"authorization": PH, "x-bad": "{{secret:"})
+        self.assertError(r, 400, "bad_args", 'http.fetch header "x-bad" has a malformed secret placeholder')
         metrics = sbtest.http_request(B.admin_port, "GET", "/metrics")
         self.assertNoValue(metrics.raw)
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and len(self.audit_lines()) < before + 3:
+        while time.monotonic() < deadline and len(self.audit_lines()) < before + 4:
             time.sleep(0.05)
         with open(AUDIT) as f:
             self.assertNoValue(f.read())
         self.assertNoValue(B.log())
         lines = [json.loads(x) for x in self.audit_lines()[before:]]
-        self.assertEqual(len(lines), 3, lines)
-        self.assertEqual([x["secrets"] for x in lines], ["gh", "gh", "gh,zz"])
-        self.assertEqual([x["code"] for x in lines], ["ok", "forbidden", "forbidden"])
+        self.assertEqual(len(lines), 4, lines)
+        self.assertEqual([x["secrets"] for x in lines], ["gh", "gh", "gh,zz", "gh"])
+        self.assertEqual([x["code"] for x in lines], ["ok", "forbidden", "forbidden", "bad_args"])
 
     def test_memory_holding_a_value_is_wiped_when_freed(self):
         """After a run that used a secret (with an upstream echoing it back) is revoked, no byte string of
