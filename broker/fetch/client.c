@@ -85,6 +85,9 @@ static void on_read(h2o_socket_t *sock, const char *err)
         complete(h, NULL);
         return;
     }
+    /* the reader keeps its own copies (wiped at dispose); h2o may free a wholly consumed buffer at once */
+    if (h->o.wipe && consumed != 0)
+        explicit_bzero(sock->input->bytes, consumed);
     h2o_buffer_consume(&sock->input, consumed);
 }
 

