@@ -365,7 +365,7 @@ class Leaks(SecretsCase):
         value = "wipe-check-" + os.urandom(12).hex()
 
         def mirror(h, rec):
-            # one write: a response the broker reads in one piece (see the report on split reads below)
+            # one write: a response the broker reads in one piece (see the docstring)
             a = rec.header("authorization").encode()
             body = b"echo " + a
             h.raw(b"HTTP/1.1 200 OK\r\nX-Echo: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (a, len(body), body))
