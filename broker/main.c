@@ -29,6 +29,7 @@
 #include "svc/target.h"
 #include "svc/handlers.h"
 #include "util/util.h"
+#include "sb/mem.h"
 #include "sb_build_info.h"
 
 int sb_egress_check_main(int argc, char **argv);
@@ -168,20 +169,20 @@ static void reload(void)
                    "listen, admin_listen, threads, token_store, redis_prefix, the redis passwords, rpc_path, audit, log_file and "
                    "max_tokens change only on restart");
     /* keep what cannot change now, so the published configuration describes what runs */
-    free(conf->listen);
+    sb_mem_free(conf->listen);
     conf->listen = sb_mem_strdup(cur->listen);
-    free(conf->admin_listen);
+    sb_mem_free(conf->admin_listen);
     conf->admin_listen = sb_mem_strdup(cur->admin_listen);
     conf->threads = cur->threads;
-    free(conf->token_store);
+    sb_mem_free(conf->token_store);
     conf->token_store = sb_mem_strdup(cur->token_store);
-    free(conf->redis_prefix);
+    sb_mem_free(conf->redis_prefix);
     conf->redis_prefix = sb_mem_strdup(cur->redis_prefix);
-    free(conf->rpc_path);
+    sb_mem_free(conf->rpc_path);
     conf->rpc_path = sb_mem_strdup(cur->rpc_path);
-    free(conf->audit);
+    sb_mem_free(conf->audit);
     conf->audit = sb_mem_strdup(cur->audit != NULL ? cur->audit : "off");
-    free(conf->log_file);
+    sb_mem_free(conf->log_file);
     conf->log_file = sb_mem_strdup(cur->log_file);
     conf->max_tokens = cur->max_tokens;
     log_sources(conf);
@@ -259,15 +260,13 @@ static void invalid(const char *problems)
  */
 static void *json_alloc(size_t n)
 {
-    return malloc(n);
+    return sb_mem_try_alloc(n);
 }
 
 static void json_free_wiped(void *p)
 {
-    if (p != NULL) {
-        explicit_bzero(p, malloc_usable_size(p));
-        free(p);
-    }
+    if (p != NULL)
+        sb_mem_free_secret(p, malloc_usable_size(p));
 }
 
 int main(int argc, char **argv)
@@ -340,11 +339,18 @@ int main(int argc, char **argv)
         sb_status_t st = SB_OK;
         if (!offline || conf->database_url == NULL)
             st = sb_pg_check_schema(conf->database_url, targets, &reachable, errbuf, sizeof(errbuf));
-        if (st == SB_E_BAD_ARGS) {
+        /*
+         * A role without the privileges the targets need: the check fails; a
+         * start goes on and reports it (the pools' introspection logs it once,
+         * /readyz answers 503 naming it) until a GRANT fixes it.
+         */
+        if (st == SB_E_BAD_ARGS || (st == SB_E_FORBIDDEN && check_only)) {
             invalid(errbuf);
             goto Exit;
         }
-        if (st != SB_OK && check_only) {
+        if (st == SB_E_FORBIDDEN) {
+            /* reported by the pools */
+        } else if (st != SB_OK && check_only) {
             fprintf(stderr, "sandbox-broker: a backend is unreachable now:\n%s\n", errbuf);
             backend_down = 1;
         } else if (st != SB_OK) {

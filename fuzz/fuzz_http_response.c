@@ -45,7 +45,10 @@
  *    so the verdict and the body are the same whatever the split;
  *  - a complete response has the oracle's status, reason and headers (names
  *    lowercased, non-empty), a status outside 1xx, and a body never above the
- *    cap; a waiting one holds exactly the body bytes received so far.
+ *    cap; a waiting one holds exactly the body bytes received so far;
+ *  - a complete response leaves the connection reusable only when it is
+ *    HTTP/1.1, no Connection field lists "close" and its end was framed (not
+ *    the close); delivered whole, exactly when moreover no byte follows it.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -192,6 +195,8 @@ typedef struct {
     const uint8_t *body; /* the expected body (complete) or body so far (waiting) */
     size_t body_len;
     char *decoded; /* owns body when chunked */
+    int may_reuse; /* complete: HTTP/1.1, no "close" token, framed end */
+    size_t left;   /* complete, delivered whole: bytes after the end of the response */
 } oracle_t;
 
 static int ieq(const char *a, size_t alen, const char *b)
@@ -209,11 +214,33 @@ static int ieq(const char *a, size_t alen, const char *b)
     return 1;
 }
 
+/* a Connection value lists "close": comma-separated, spaces and tabs around, any case (RFC 9110 section 7.6.1) */
+static int oracle_lists_close(const char *v, size_t len)
+{
+    size_t i = 0;
+    while (i <= len) {
+        size_t j = i, b, e;
+        while (j < len && v[j] != ',')
+            ++j;
+        b = i;
+        e = j;
+        while (b < e && (v[b] == ' ' || v[b] == '\t'))
+            ++b;
+        while (e > b && (v[e - 1] == ' ' || v[e - 1] == '\t'))
+            --e;
+        if (ieq(v + b, e - b, "close"))
+            return 1;
+        i = j + 1;
+    }
+    return 0;
+}
+
 static void oracle(oracle_t *o, const uint8_t *msg, size_t len, int eof, int head_request, size_t cap)
 {
     size_t off = 0, rest, cl = 0;
     int minor, rlen, have_cl = 0, chunked = 0;
     const char *p;
+    int conn_close = 0;
 
     memset(o, 0, sizeof(*o));
     o->verdict = V_REFUSED;
@@ -275,14 +302,18 @@ static void oracle(oracle_t *o, const uint8_t *msg, size_t len, int eof, int hea
             if (!ieq(h->value, h->value_len, "chunked") || chunked)
                 return; /* anything but one chunked is refused */
             chunked = 1;
+        } else if (ieq(h->name, h->name_len, "connection") && oracle_lists_close(h->value, h->value_len)) {
+            conn_close = 1;
         }
     }
+    o->may_reuse = minor == 1 && !conn_close;
     off += (size_t)rlen;
     rest = len - off;
     o->body = msg + off;
     if (head_request || o->status == 204 || o->status == 304) {
         o->body_len = 0;
         o->verdict = V_DONE;
+        o->left = rest;
     } else if (chunked) {
         struct phr_chunked_decoder d;
         size_t n = rest;
@@ -298,12 +329,14 @@ static void oracle(oracle_t *o, const uint8_t *msg, size_t len, int eof, int hea
         if (rv == -1 || n > cap || (rv == -2 && eof))
             return;
         o->verdict = rv >= 0 ? V_DONE : V_WAIT;
+        o->left = rv >= 0 ? (size_t)rv : 0;
     } else if (have_cl) {
         if (cl > cap)
             return;
         if (rest >= cl) {
             o->body_len = cl;
             o->verdict = V_DONE;
+            o->left = rest - cl;
         } else {
             o->body_len = rest;
             if (!eof)
@@ -311,6 +344,7 @@ static void oracle(oracle_t *o, const uint8_t *msg, size_t len, int eof, int hea
         }
     } else {
         o->body_len = rest;
+        o->may_reuse = 0; /* the body ends with the connection */
         if (rest > cap)
             return;
         o->verdict = eof ? V_DONE : V_WAIT;
@@ -366,6 +400,14 @@ static void check(const char *how, const sb_http1_reader_t *r, outcome_t got, co
     }
     SB_FUZZ_ASSERT(res->body_len == o->body_len && (o->body_len == 0 || memcmp(res->body, o->body, o->body_len) == 0),
                    "%s delivery (%s): body of %zu bytes, expected %zu", how, vname(got.verdict), res->body_len, o->body_len);
+    if (got.verdict == V_DONE) {
+        int reusable = sb_http1_reusable(r);
+        SB_FUZZ_ASSERT(!reusable || o->may_reuse, "%s delivery: reusable, but HTTP/1.0, Connection: close or close-delimited", how);
+        /* split, the bytes after the end may come in a later read, which the client's idle watch refuses */
+        if (strncmp(how, "whole", 5) == 0)
+            SB_FUZZ_ASSERT(reusable == (o->may_reuse && o->left == 0), "%s delivery: reusable %d, expected %d (%zu bytes after)",
+                           how, reusable, o->may_reuse && o->left == 0, o->left);
+    }
 }
 
 static uint8_t msgbuf[MAX_MSG];

@@ -190,6 +190,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     sb_manifest_t *m = NULL, *empty = NULL;
     char err[256];
     sb_status_t st;
+    size_t interned;
 
     if (size > 65536)
         return 0;
@@ -209,7 +210,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (root == NULL)
         return 0;
     memset(err, 0x7f, sizeof(err));
+    interned = sb_manifest_interned_count();
     st = sb_manifest_parse(root, &m, err, sizeof(err));
+    if (st == SB_OK) {
+        /* manifests are interned: the same input again is the same object */
+        sb_manifest_t *again = NULL;
+        SB_FUZZ_ASSERT(sb_manifest_parse(root, &again, err, sizeof(err)) == SB_OK && again == m, "a second parse is not shared");
+        sb_manifest_free(again);
+    }
     json_decref(root);
     if (st != SB_OK) {
         SB_FUZZ_ASSERT(st == SB_E_BAD_ARGS, "sb_manifest_parse status %d (%s)", (int)st, err);
@@ -255,5 +263,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     sb_manifest_free(m);
     sb_manifest_free(empty);
+    SB_FUZZ_ASSERT(sb_manifest_interned_count() == interned, "a manifest outlived its last reference");
     return 0;
 }

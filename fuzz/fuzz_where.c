@@ -77,6 +77,7 @@ static const char *const operators[] = {"equals", "not_equals", "gt",       "gte
                                         "not_in", "like",       "contains", "exists", "and", "or",  NULL};
 
 static sb_token_t tok;
+static sb_scope_kv_t tok_scope[] = {{"tenantId", "t1"}};
 
 /* ASCII classes (no locale) */
 static int is_alpha(unsigned char ch)
@@ -351,8 +352,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint8_t *copy;
 
     if (tok.scope_len == 0) {
-        tok.scope[0].key = "tenantId";
-        tok.scope[0].value = "t1";
+        tok.scope = tok_scope;
         tok.scope_len = 1;
     }
     msgpack_zone_init(&z, 1024);

@@ -1,28 +1,19 @@
 /*
- * Allocation helpers (see sb/mem.h): the only place in proto/ that calls the
- * libc allocator.
- *
- * The four abort-on-failure helpers (sb_mem__alloc, sb_mem__calloc,
- * sb_mem__strdup, sb_fatal) are also defined, identically, in
- * broker/util/util.c, which predates this file. They are weak here so that a
- * program linking both (the broker) takes util.c's copy and one linking only
- * proto/ (the shim, the fuzzers) takes this one; once broker/util includes
- * sb/mem.h instead of declaring its own, its copies go and so does `weak`.
+ * Allocation helpers (see sb/mem.h): the only file of the tree that calls the
+ * C library's allocator (scripts/checksrc refuses it anywhere else).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "sb/mem.h"
 
-#define SB_MEM_TRANSITIONAL __attribute__((weak))
-
-SB_MEM_TRANSITIONAL void sb_fatal(const char *file, int line, const char *msg)
+void sb_fatal(const char *file, int line, const char *msg)
 {
     fprintf(stderr, "{\"level\":\"fatal\",\"msg\":\"%s\",\"file\":\"%s\",\"line\":%d}\n", msg, file, line);
     abort();
 }
 
-SB_MEM_TRANSITIONAL void *sb_mem__alloc(size_t sz, const char *file, int line)
+void *sb_mem__alloc(size_t sz, const char *file, int line)
 {
     void *p = malloc(sz != 0 ? sz : 1);
     if (p == NULL)
@@ -30,7 +21,7 @@ SB_MEM_TRANSITIONAL void *sb_mem__alloc(size_t sz, const char *file, int line)
     return p;
 }
 
-SB_MEM_TRANSITIONAL void *sb_mem__calloc(size_t n, size_t sz, const char *file, int line)
+void *sb_mem__calloc(size_t n, size_t sz, const char *file, int line)
 {
     void *p = calloc(n != 0 ? n : 1, sz != 0 ? sz : 1);
     if (p == NULL)
@@ -38,7 +29,7 @@ SB_MEM_TRANSITIONAL void *sb_mem__calloc(size_t n, size_t sz, const char *file, 
     return p;
 }
 
-SB_MEM_TRANSITIONAL char *sb_mem__strdup(const char *s, const char *file, int line)
+char *sb_mem__strdup(const char *s, const char *file, int line)
 {
     size_t n = strlen(s) + 1;
     char *p = sb_mem__alloc(n, file, line);
@@ -128,7 +119,17 @@ char *sb_mem_try_strndup(const char *s, size_t n)
     return p;
 }
 
+char *sb_mem_try_strdup(const char *s)
+{
+    return sb_mem_try_strndup(s, strlen(s));
+}
+
 void sb_mem_free(void *p)
+{
+    free(p);
+}
+
+void sb_mem_free_foreign(void *p)
 {
     free(p);
 }

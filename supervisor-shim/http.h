@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "sb/status.h"
-#include "buf.h"
+#include "sb/buf.h"
 #include "url.h"
 
 /* the largest response head (status line and headers) we accept */
@@ -28,10 +28,10 @@ typedef struct st_sb_shim_http_head_t {
 /**
  * Appends a whole request (head and body) to `out`.
  * @param token the 64-hex token (checked by the caller; never logged)
- * @return SB_OK, SB_E_TOO_LARGE or SB_E_NOMEM (as sb_shim_buf_append)
+ * @return SB_OK, SB_E_TOO_LARGE or SB_E_NOMEM (as sb_buf_append)
  */
-SB_WARN_UNUSED sb_status_t sb_shim_http_build_request(sb_shim_buf_t *out, const sb_shim_url_t *u, const char *token,
-                                                      const uint8_t *body, size_t body_len);
+SB_WARN_UNUSED sb_status_t sb_shim_http_build_request(sb_buf_t *out, const sb_shim_url_t *u, const char *token, const uint8_t *body,
+                                                      size_t body_len);
 
 /**
  * Parses a response head from the start of `p`.

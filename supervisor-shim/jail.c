@@ -45,6 +45,7 @@
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <seccomp.h>
+#include "sb/mem.h"
 #include "child.h"
 #include "jail.h"
 
@@ -323,7 +324,7 @@ static int build_filter(sb_shim_jail_t *j, char *err, size_t errsz)
         snprintf(err, errsz, "jail: the exported seccomp filter has an unexpected size");
         goto Exit;
     }
-    if ((j->prog.filter = malloc((size_t)st.st_size)) == NULL) {
+    if ((j->prog.filter = sb_mem_try_alloc((size_t)st.st_size)) == NULL) {
         snprintf(err, errsz, "jail: out of memory");
         goto Exit;
     }
@@ -435,7 +436,7 @@ static int open_cgroup(sb_shim_jail_t *j, const char *path, char *err, size_t er
         snprintf(err, errsz, "jail: cannot create cgroups in %s: %s", path, strerror(errno));
         return -1;
     }
-    if ((j->cgroup_path = strdup(path)) == NULL) {
+    if ((j->cgroup_path = sb_mem_try_strdup(path)) == NULL) {
         snprintf(err, errsz, "jail: out of memory");
         return -1;
     }
@@ -470,7 +471,7 @@ static int open_lock_file(const char *path, char *err, size_t errsz)
 
 sb_shim_jail_t *sb_shim_jail_new(const sb_shim_jail_config_t *cfg, char *err, size_t errsz)
 {
-    sb_shim_jail_t *j = calloc(1, sizeof(*j));
+    sb_shim_jail_t *j = sb_mem_try_calloc(1, sizeof(*j));
     int fd;
 
     if (j == NULL) {
@@ -504,7 +505,7 @@ sb_shim_jail_t *sb_shim_jail_new(const sb_shim_jail_config_t *cfg, char *err, si
         if ((fd = open_lock_file(cfg->lock_file, err, errsz)) < 0)
             goto Fail;
         close(fd);
-        if ((j->lock_file = strdup(cfg->lock_file)) == NULL) {
+        if ((j->lock_file = sb_mem_try_strdup(cfg->lock_file)) == NULL) {
             snprintf(err, errsz, "jail: out of memory");
             goto Fail;
         }
@@ -546,10 +547,10 @@ void sb_shim_jail_free(sb_shim_jail_t *j)
         return;
     if (j->cgroup_dir >= 0)
         close(j->cgroup_dir);
-    free(j->cgroup_path);
-    free(j->lock_file);
-    free(j->prog.filter);
-    free(j);
+    sb_mem_free(j->cgroup_path);
+    sb_mem_free(j->lock_file);
+    sb_mem_free(j->prog.filter);
+    sb_mem_free(j);
 }
 
 int sb_shim_jail_enabled(const sb_shim_jail_t *j)

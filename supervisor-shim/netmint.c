@@ -11,7 +11,8 @@
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
-#include "buf.h"
+#include "sb/mem.h"
+#include "sb/buf.h"
 #include "http.h"
 #include "netmint.h"
 
@@ -47,10 +48,10 @@ static int wait_fd(int fd, short events, int64_t deadline)
  * its end. The secret goes into the Authorization header and nowhere else.
  */
 static sb_status_t exchange(const sb_shim_netmint_t *nm, const char *method, const char *path, const char *body, int *status,
-                            sb_shim_buf_t *answer, size_t *body_off, char *err, size_t errsz)
+                            sb_buf_t *answer, size_t *body_off, char *err, size_t errsz)
 {
     int64_t deadline = now_ms() + SB_SHIM_NETMINT_TIMEOUT_MS;
-    sb_shim_buf_t req;
+    sb_buf_t req;
     sb_shim_http_head_t head;
     char cl[32];
     const char *why = NULL;
@@ -59,17 +60,18 @@ static sb_status_t exchange(const sb_shim_netmint_t *nm, const char *method, con
     socklen_t el = sizeof(e);
     sb_status_t st = SB_E_UNAVAILABLE;
 
-    sb_shim_buf_init(&req, 4096 + blen);
+    /* the request carries the secret and the answer a token: both buffers zero what they held */
+    sb_buf_init_secret(&req, 4096 + blen);
     snprintf(cl, sizeof(cl), "%zu", blen);
-    if (sb_shim_buf_appends(&req, method) != SB_OK || sb_shim_buf_appends(&req, " ") != SB_OK ||
-        sb_shim_buf_appends(&req, path) != SB_OK || sb_shim_buf_appends(&req, " HTTP/1.1\r\nHost: ") != SB_OK ||
-        sb_shim_buf_appends(&req, nm->url.host_header) != SB_OK ||
-        sb_shim_buf_appends(&req, "\r\nConnection: close\r\nContent-Type: application/json\r\nAuthorization: Bearer ") != SB_OK ||
-        sb_shim_buf_appends(&req, nm->secret) != SB_OK || sb_shim_buf_appends(&req, "\r\nContent-Length: ") != SB_OK ||
-        sb_shim_buf_appends(&req, cl) != SB_OK || sb_shim_buf_appends(&req, "\r\n\r\n") != SB_OK ||
-        (blen != 0 && sb_shim_buf_append(&req, body, blen) != SB_OK)) {
+    if (sb_buf_append_str(&req, method) != SB_OK || sb_buf_append_str(&req, " ") != SB_OK ||
+        sb_buf_append_str(&req, path) != SB_OK || sb_buf_append_str(&req, " HTTP/1.1\r\nHost: ") != SB_OK ||
+        sb_buf_append_str(&req, nm->url.host_header) != SB_OK ||
+        sb_buf_append_str(&req, "\r\nConnection: close\r\nContent-Type: application/json\r\nAuthorization: Bearer ") != SB_OK ||
+        sb_buf_append_str(&req, nm->secret) != SB_OK || sb_buf_append_str(&req, "\r\nContent-Length: ") != SB_OK ||
+        sb_buf_append_str(&req, cl) != SB_OK || sb_buf_append_str(&req, "\r\n\r\n") != SB_OK ||
+        (blen != 0 && sb_buf_append(&req, body, blen) != SB_OK)) {
         snprintf(err, errsz, "out of memory");
-        sb_shim_buf_dispose(&req);
+        sb_buf_free(&req);
         return SB_E_UNAVAILABLE;
     }
     if ((fd = socket(nm->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)) < 0) {
@@ -84,7 +86,7 @@ static sb_status_t exchange(const sb_shim_netmint_t *nm, const char *method, con
         goto Exit;
     }
     while (off < req.len) {
-        ssize_t n = send(fd, req.p + off, req.len - off, MSG_NOSIGNAL);
+        ssize_t n = send(fd, req.base + off, req.len - off, MSG_NOSIGNAL);
         if (n > 0) {
             off += (size_t)n;
         } else if (n < 0 && errno == EINTR) {
@@ -96,12 +98,12 @@ static sb_status_t exchange(const sb_shim_netmint_t *nm, const char *method, con
             goto Exit;
         }
     }
-    sb_shim_buf_init(answer, MAX_ANSWER);
+    sb_buf_init_secret(answer, MAX_ANSWER);
     for (;;) {
         uint8_t tmp[4096];
         ssize_t n = recv(fd, tmp, sizeof(tmp), 0);
         if (n > 0) {
-            if (sb_shim_buf_append(answer, tmp, (size_t)n) != SB_OK) {
+            if (sb_buf_append(answer, tmp, (size_t)n) != SB_OK) {
                 snprintf(err, errsz, "the broker's admin answer is too large");
                 goto Exit;
             }
@@ -116,7 +118,7 @@ static sb_status_t exchange(const sb_shim_netmint_t *nm, const char *method, con
             goto Exit;
         }
     }
-    if (sb_shim_http_parse_head(answer->p, answer->len, MAX_ANSWER, &head, &why) != SB_OK ||
+    if (sb_shim_http_parse_head((const uint8_t *)answer->base, answer->len, MAX_ANSWER, &head, &why) != SB_OK ||
         (head.content_length >= 0 && answer->len - head.head_len < (size_t)head.content_length)) {
         snprintf(err, errsz, "the broker's admin answer is malformed");
         goto Exit;
@@ -124,20 +126,19 @@ static sb_status_t exchange(const sb_shim_netmint_t *nm, const char *method, con
     *status = head.status;
     *body_off = head.head_len;
     if (head.content_length >= 0)
-        answer->len = head.head_len + (size_t)head.content_length;
+        sb_buf_truncate(answer, head.head_len + (size_t)head.content_length);
     st = SB_OK;
 Exit:
     if (fd >= 0)
         close(fd);
-    explicit_bzero(req.p, req.len);
-    sb_shim_buf_dispose(&req);
+    sb_buf_free(&req);
     return st;
 }
 
 /* the broker's error message from {"ok":false,"error":{"code","message"}}, or "" */
-static void error_message(const sb_shim_buf_t *answer, size_t off, char *out, size_t outsz)
+static void error_message(const sb_buf_t *answer, size_t off, char *out, size_t outsz)
 {
-    json_t *o = json_loadb((const char *)answer->p + off, answer->len - off, 0, NULL);
+    json_t *o = json_loadb(answer->base + off, answer->len - off, 0, NULL);
     const char *m = json_string_value(json_object_get(json_object_get(o, "error"), "message"));
 
     snprintf(out, outsz, "%.200s", m != NULL ? m : "");
@@ -151,7 +152,7 @@ sb_status_t sb_shim_netmint_mint(const sb_shim_netmint_t *nm, const json_t *net,
     char run_id[64], msg[256];
     json_t *body;
     char *text;
-    sb_shim_buf_t answer;
+    sb_buf_t answer;
     size_t off = 0;
     int status = 0;
     sb_status_t st;
@@ -172,11 +173,11 @@ sb_status_t sb_shim_netmint_mint(const sb_shim_netmint_t *nm, const json_t *net,
         return SB_E_UNAVAILABLE;
     }
     st = exchange(nm, "POST", "/admin/v1/tokens", text, &status, &answer, &off, err, errsz);
-    free(text);
+    sb_mem_free_foreign(text);
     if (st != SB_OK)
         goto Exit;
     if (status == 201) {
-        json_t *o = json_loadb((const char *)answer.p + off, answer.len - off, 0, NULL);
+        json_t *o = json_loadb(answer.base + off, answer.len - off, 0, NULL);
         const char *t = json_string_value(json_object_get(o, "token"));
         int good = t != NULL && strlen(t) == 64;
         for (size_t i = 0; good && i < 64; ++i)
@@ -193,16 +194,14 @@ sb_status_t sb_shim_netmint_mint(const sb_shim_netmint_t *nm, const json_t *net,
     snprintf(err, errsz, "the broker refused a network token (HTTP %d%s%s)", status, msg[0] != '\0' ? ": " : "", msg);
     st = status >= 400 && status < 500 ? SB_E_FORBIDDEN : SB_E_UNAVAILABLE;
 Exit:
-    if (answer.p != NULL)
-        explicit_bzero(answer.p, answer.len);
-    sb_shim_buf_dispose(&answer);
+    sb_buf_free(&answer);
     return st;
 }
 
 sb_status_t sb_shim_netmint_revoke(const sb_shim_netmint_t *nm, const char *token, char *err, size_t errsz)
 {
     char path[128];
-    sb_shim_buf_t answer;
+    sb_buf_t answer;
     size_t off = 0;
     int status = 0;
     sb_status_t st;
@@ -211,7 +210,7 @@ sb_status_t sb_shim_netmint_revoke(const sb_shim_netmint_t *nm, const char *toke
     snprintf(path, sizeof(path), "/admin/v1/tokens/%s", token);
     st = exchange(nm, "DELETE", path, NULL, &status, &answer, &off, err, errsz);
     explicit_bzero(path, sizeof(path));
-    sb_shim_buf_dispose(&answer);
+    sb_buf_free(&answer);
     if (st == SB_OK && status != 204) {
         snprintf(err, errsz, "the broker did not revoke the network token (HTTP %d)", status);
         st = SB_E_UNAVAILABLE;

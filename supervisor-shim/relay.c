@@ -26,11 +26,12 @@
 #include <unistd.h>
 #include <msgpack.h>
 #include <openssl/err.h>
+#include "sb/mem.h"
 #include "sb/frame.h"
 #include "sb/limits.h"
 #include "sb/method.h"
 #include "sb/value.h"
-#include "buf.h"
+#include "sb/buf.h"
 #include "frames.h"
 #include "http.h"
 #include "relay.h"
@@ -47,10 +48,10 @@ struct st_call_t;
 typedef struct st_conn_t {
     int fd;
     conn_state_t state;
-    int reused;        /* a previous exchange completed on this connection */
-    sb_shim_buf_t out; /* the request */
-    size_t out_off;    /* bytes of it written */
-    sb_shim_buf_t in;  /* the response so far */
+    int reused;     /* a previous exchange completed on this connection */
+    sb_buf_t out;   /* the request */
+    size_t out_off; /* bytes of it written */
+    sb_buf_t in;    /* the response so far */
     int head_done;
     sb_shim_http_head_t head;
     struct st_call_t *call;
@@ -95,7 +96,7 @@ typedef struct st_relay_t {
     unsigned ncalls; /* calls accepted */
 
     /* stderr */
-    sb_shim_buf_t err;
+    sb_buf_t err;
     int err_eof;
 
     /* lifecycle */
@@ -165,8 +166,8 @@ static void conn_close(conn_t *c)
     c->head_done = 0;
     c->out_off = 0;
     c->call = NULL;
-    sb_shim_buf_dispose(&c->out);
-    sb_shim_buf_dispose(&c->in);
+    sb_buf_free(&c->out);
+    sb_buf_free(&c->in);
 }
 
 static void call_free(relay_t *r, call_t *c)
@@ -360,7 +361,7 @@ static int valid_corr(const msgpack_object *o)
 static char *dup_str(const msgpack_object *o, size_t max)
 {
     size_t n = o->via.str.size < max ? o->via.str.size : max;
-    char *s = malloc(n + 1);
+    char *s = sb_mem_try_alloc(n + 1);
     if (s == NULL)
         return NULL;
     if (n != 0)
@@ -425,8 +426,8 @@ static void on_response(relay_t *r, call_t *c, int status, const uint8_t *body, 
         const char *wire = sb_status_code(sb_status_from_code(code->via.str.ptr, code->via.str.size));
         char *m = dup_str(msg, 1024), *cid = corr != NULL ? dup_str(corr, SB_MAX_CORRELATION_ID) : NULL;
         if (m == NULL || (corr != NULL && cid == NULL)) {
-            free(m);
-            free(cid);
+            sb_mem_free(m);
+            sb_mem_free(cid);
             run_fail(r, 0, "out of memory");
             goto Exit;
         }
@@ -437,8 +438,8 @@ static void on_response(relay_t *r, call_t *c, int status, const uint8_t *body, 
                 snprintf(d + dl - 1, sizeof(d) - dl + 1, "%s)", cid);
         }
         call_error(r, c, wire, m, cid, d);
-        free(m);
-        free(cid);
+        sb_mem_free(m);
+        sb_mem_free(cid);
     }
 Exit:
     msgpack_zone_destroy(&zone);
@@ -461,7 +462,7 @@ static void conn_failed(relay_t *r, conn_t *cn, const char *what, int err)
         return;
     }
     if (cn->reused && cn->in.len == 0 && !c->retried) {
-        sb_shim_buf_t req = cn->out;
+        sb_buf_t req = cn->out;
         memset(&cn->out, 0, sizeof(cn->out));
         conn_close(cn);
         c->retried = 1;
@@ -511,7 +512,7 @@ static void conn_write(relay_t *r, conn_t *cn)
             int k, e;
             ERR_clear_error();
             errno = 0;
-            k = SSL_write(cn->ssl, cn->out.p + cn->out_off, left > INT_MAX ? INT_MAX : (int)left);
+            k = SSL_write(cn->ssl, cn->out.base + cn->out_off, left > INT_MAX ? INT_MAX : (int)left);
             e = errno;
             if (k <= 0) {
                 if (!tls_would_block(cn, k))
@@ -521,7 +522,7 @@ static void conn_write(relay_t *r, conn_t *cn)
             cn->out_off += (size_t)k;
             continue;
         }
-        n = send(cn->fd, cn->out.p + cn->out_off, left, MSG_NOSIGNAL);
+        n = send(cn->fd, cn->out.base + cn->out_off, left, MSG_NOSIGNAL);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -702,12 +703,12 @@ static void conn_readable(relay_t *r, conn_t *cn)
             conn_failed(r, cn, "broker closed the connection before the response was complete", 0);
             return;
         }
-        if ((st = sb_shim_buf_append(&cn->in, tmp, (size_t)n)) != SB_OK) {
+        if ((st = sb_buf_append(&cn->in, tmp, (size_t)n)) != SB_OK) {
             call_invalid_response(r, c, st == SB_E_TOO_LARGE ? "response above the method's cap" : "out of memory");
             return;
         }
         if (!cn->head_done) {
-            st = sb_shim_http_parse_head(cn->in.p, cn->in.len, response_cap(c->method), &cn->head, &why);
+            st = sb_shim_http_parse_head((const uint8_t *)cn->in.base, cn->in.len, response_cap(c->method), &cn->head, &why);
             if (st == SB_E_AGAIN)
                 continue;
             if (st != SB_OK) {
@@ -729,22 +730,22 @@ static void conn_readable(relay_t *r, conn_t *cn)
     }
     {
         /* detach the exchange from the connection, keep the connection if allowed */
-        sb_shim_buf_t in = cn->in;
+        sb_buf_t in = cn->in;
         sb_shim_http_head_t head = cn->head;
         memset(&cn->in, 0, sizeof(cn->in));
         c->conn = NULL;
         if (head.must_close) {
             conn_close(cn);
         } else {
-            sb_shim_buf_dispose(&cn->out);
+            sb_buf_free(&cn->out);
             cn->ssl_want = 0;
             cn->state = CONN_IDLE;
             cn->reused = 1;
             cn->call = NULL;
             cn->head_done = 0;
         }
-        on_response(r, c, head.status, in.p + head.head_len, (size_t)head.content_length);
-        sb_shim_buf_dispose(&in);
+        on_response(r, c, head.status, (const uint8_t *)in.base + head.head_len, (size_t)head.content_length);
+        sb_buf_free(&in);
     }
 }
 
@@ -822,8 +823,9 @@ static void on_call(relay_t *r, const sb_shim_msg_t *m)
     /* body: {method, args?} (PROTOCOL.md section 3) */
     msgpack_sbuffer_init(&body);
     st = sb_shim_call_body(m, &body);
-    sb_shim_buf_init(&cn->out, SB_MAX_RPC_WIRE + 4096);
-    sb_shim_buf_init(&cn->in, SB_SHIM_MAX_RESPONSE_HEAD + response_cap(c->method));
+    /* the request carries the run's token: the buffer zeroes what it held on growth and on release */
+    sb_buf_init_secret(&cn->out, SB_MAX_RPC_WIRE + 4096);
+    sb_buf_init(&cn->in, SB_SHIM_MAX_RESPONSE_HEAD + response_cap(c->method));
     if (st != SB_OK) {
         msgpack_sbuffer_destroy(&body);
         run_fail(r, 0, "out of memory");
@@ -832,7 +834,7 @@ static void on_call(relay_t *r, const sb_shim_msg_t *m)
     st = sb_shim_http_build_request(&cn->out, &r->cfg->url, r->cfg->token, (const uint8_t *)body.data, body.size);
     msgpack_sbuffer_destroy(&body);
     if (st != SB_OK) {
-        sb_shim_buf_dispose(&cn->out);
+        sb_buf_free(&cn->out);
         run_fail(r, 0, "cannot build the broker request: %s", st == SB_E_TOO_LARGE ? "too large" : "out of memory");
         return;
     }
@@ -1008,13 +1010,13 @@ static void stderr_readable(relay_t *r)
             return;
         }
         /* past the cap the bytes are read and dropped, so the guest never blocks on stderr */
-        size_t room = r->err.cap - r->err.len;
+        size_t room = sb_buf_room(&r->err);
         if ((size_t)n > room && r->cfg->stderr_cap_fails) {
             run_fail(r, 0, "sandbox output limit exceeded");
             room = 0;
         }
-        if (room != 0 && sb_shim_buf_append(&r->err, tmp, (size_t)n < room ? (size_t)n : room) != SB_OK)
-            r->err.cap = r->err.len; /* out of memory: keep what we have */
+        if (room != 0 && sb_buf_append(&r->err, tmp, (size_t)n < room ? (size_t)n : room) != SB_OK)
+            sb_buf_set_cap(&r->err, r->err.len); /* out of memory: keep what we have */
     }
 }
 
@@ -1054,21 +1056,22 @@ static void reap(relay_t *r)
 /* the last STDERR_TAIL bytes of stderr as valid UTF-8 (invalid bytes become '?') */
 static void stderr_tail(relay_t *r, char *out, size_t outsz)
 {
+    const uint8_t *e = (const uint8_t *)r->err.base;
     size_t start = r->err.len > STDERR_TAIL ? r->err.len - STDERR_TAIL : 0, o = 0;
 
-    while (start < r->err.len && (r->err.p[start] & 0xC0) == 0x80)
+    while (start < r->err.len && (e[start] & 0xC0) == 0x80)
         ++start;
     for (size_t i = start; i < r->err.len && o + 5 < outsz;) {
         size_t n = 1;
-        uint8_t b = r->err.p[i];
+        uint8_t b = e[i];
         if (b >= 0xF0)
             n = 4;
         else if (b >= 0xE0)
             n = 3;
         else if (b >= 0xC0)
             n = 2;
-        if (i + n <= r->err.len && sb_utf8_valid(r->err.p + i, n) && b != 0) {
-            memcpy(out + o, r->err.p + i, n);
+        if (i + n <= r->err.len && sb_utf8_valid(e + i, n) && b != 0) {
+            memcpy(out + o, e + i, n);
             o += n;
             i += n;
         } else {
@@ -1146,10 +1149,10 @@ sb_status_t sb_shim_relay_run(const sb_shim_config_t *cfg, sb_shim_child_t *chil
     r.start = now_ms();
     r.deadline = r.start + cfg->timeout_ms;
     sb_frame_reader_init(&r.reader, SB_MAX_FRAME);
-    sb_shim_buf_init(&r.err, SB_SHIM_MAX_STDERR);
-    if ((r.rbuf = malloc(GUEST_READ_CHUNK)) == NULL || (r.calls = calloc(n, sizeof(*r.calls))) == NULL ||
-        (r.conns = calloc(n, sizeof(*r.conns))) == NULL || (pfds = calloc(PFD_FIXED + n, sizeof(*pfds))) == NULL ||
-        (pconn = calloc(n, sizeof(*pconn))) == NULL)
+    sb_buf_init(&r.err, SB_SHIM_MAX_STDERR);
+    if ((r.rbuf = sb_mem_try_alloc(GUEST_READ_CHUNK)) == NULL || (r.calls = sb_mem_try_calloc(n, sizeof(*r.calls))) == NULL ||
+        (r.conns = sb_mem_try_calloc(n, sizeof(*r.conns))) == NULL ||
+        (pfds = sb_mem_try_calloc(PFD_FIXED + n, sizeof(*pfds))) == NULL || (pconn = sb_mem_try_calloc(n, sizeof(*pconn))) == NULL)
         goto Exit;
     for (unsigned i = 0; i < n; ++i)
         r.conns[i].fd = -1;
@@ -1286,11 +1289,11 @@ Exit:
     json_decref(r.logs);
     json_decref(r.result_error);
     sb_frame_reader_dispose(&r.reader);
-    sb_shim_buf_dispose(&r.err);
-    free(pconn);
-    free(pfds);
-    free(r.conns);
-    free(r.calls);
-    free(r.rbuf);
+    sb_buf_free(&r.err);
+    sb_mem_free(pconn);
+    sb_mem_free(pfds);
+    sb_mem_free(r.conns);
+    sb_mem_free(r.calls);
+    sb_mem_free(r.rbuf);
     return st;
 }

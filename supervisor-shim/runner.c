@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "sb/mem.h"
 #include "sb/value.h"
 #include "hooks.h"
 #include "runner.h"
@@ -19,7 +20,7 @@
 char *sb_shim_runtime_url(void)
 {
     size_t pre = sizeof(RUNTIME_URL_PREFIX) - 1, n = sb_b64_encoded_len(sizeof(sb_shim_runtime_js));
-    char *url = malloc(pre + n + 1);
+    char *url = sb_mem_try_alloc(pre + n + 1);
 
     if (url == NULL)
         return NULL;
@@ -34,10 +35,10 @@ char *sb_shim_find_exe(const char *name)
     char *buf;
 
     if (strchr(name, '/') != NULL)
-        return strdup(name);
+        return sb_mem_try_strdup(name);
     if (path == NULL)
         path = "/usr/local/bin:/usr/bin:/bin";
-    if ((buf = malloc(PATH_MAX)) == NULL)
+    if ((buf = sb_mem_try_alloc(PATH_MAX)) == NULL)
         return NULL;
     while (*path != '\0') {
         const char *end = strchr(path, ':');
@@ -53,7 +54,7 @@ char *sb_shim_find_exe(const char *name)
         if (*path == ':')
             ++path;
     }
-    free(buf);
+    sb_mem_free(buf);
     return NULL;
 }
 

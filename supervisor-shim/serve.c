@@ -32,6 +32,8 @@
 #include <h2o.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include "sb/buf.h"
+#include "sb/mem.h"
 #include "serve.h"
 #include "serve_int.h"
 #include "tls.h"
@@ -60,6 +62,8 @@ static const char *const OUTCOMES[] = {"ok",           "failed", "timeout", "can
 static const double BUCKETS[] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60};
 #define NBUCKETS (sizeof(BUCKETS) / sizeof(BUCKETS[0]))
 #define NOUTCOMES (sizeof(OUTCOMES) / sizeof(OUTCOMES[0]) - 1)
+/* the /metrics text: a fixed set of counters, about 2 kB; past this the scrape is a 500, never a cut text */
+#define SERVE_METRICS_MAX 65536u
 
 typedef struct st_conn_t {
     struct st_conn_t *next, *prev;
@@ -150,7 +154,7 @@ static void log_event(const char *level, const char *event, json_t *fields)
         fputs(text, stderr);
         fputc('\n', stderr);
         fflush(stderr);
-        free(text);
+        sb_mem_free_foreign(text);
     }
     json_decref(o);
 }
@@ -227,7 +231,7 @@ static void answer_failure(h2o_req_t *req, const char *outcome, const char *erro
         send_json(req, 200, "OK", text, strlen(text));
     else
         SEND_LIT(req, 500, "Internal Server Error", "{\"ok\":false,\"error\":\"sandbox IO error: out of memory\",\"logs\":[]}");
-    free(text);
+    sb_mem_free_foreign(text);
     json_decref(o);
     account(outcome, 200, ms, NULL);
 }
@@ -315,7 +319,7 @@ static void reap_zombies(void)
         if (reap_run((*z)->pid, 0)) {
             zombie_t *dead = *z;
             *z = dead->next;
-            free(dead);
+            sb_mem_free(dead);
         } else {
             z = &(*z)->next;
         }
@@ -327,7 +331,7 @@ static void reap_later(pid_t pid)
     zombie_t *z;
     if (reap_run(pid, 0))
         return;
-    if ((z = calloc(1, sizeof(*z))) == NULL) {
+    if ((z = sb_mem_try_calloc(1, sizeof(*z))) == NULL) {
         (void)reap_run(pid, 1); /* out of memory: wait now rather than leak a zombie */
         return;
     }
@@ -415,7 +419,7 @@ static void run_answer(run_t *r, const char *why)
         text = o != NULL ? json_dumps(o, JSON_COMPACT) : NULL;
         if (req != NULL && text != NULL)
             send_json(req, 200, "OK", text, strlen(text));
-        free(text);
+        sb_mem_free_foreign(text);
         json_decref(o);
         json_object_set_new(fields, "reason", json_string(why != NULL ? why : "no outcome"));
     }
@@ -450,8 +454,8 @@ static void run_finish(run_t *r, const char *why)
     reap_later(r->pid);
     run_unlink(r);
     json_decref(r->meta);
-    free(r->body);
-    free(r);
+    sb_mem_free(r->body);
+    sb_mem_free(r);
 }
 
 static uint32_t be32(const uint8_t *p)
@@ -484,7 +488,7 @@ static int take_records(run_t *r)
             if (nl == NULL || (r->meta = json_loadb(p, (size_t)(nl - p), 0, NULL)) == NULL || !json_is_object(r->meta))
                 return -1;
             r->body_len = len - (size_t)(nl + 1 - p);
-            if ((r->body = malloc(r->body_len + 1)) == NULL)
+            if ((r->body = sb_mem_try_alloc(r->body_len + 1)) == NULL)
                 return -1;
             memcpy(r->body, nl + 1, r->body_len);
             r->have_result = 1;
@@ -545,14 +549,14 @@ static int client_fd(h2o_req_t *req)
 
 static void start_run(h2o_req_t *req, sb_serve_job_t *job)
 {
-    run_t *r = calloc(1, sizeof(*r)), **slot;
+    run_t *r = sb_mem_try_calloc(1, sizeof(*r)), **slot;
     int sv[2] = {-1, -1}, cfd = client_fd(req);
     pid_t pid;
     char e[160];
 
     if (r == NULL || socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
         snprintf(e, sizeof(e), "failed to spawn sandbox subprocess: %s", r == NULL ? "out of memory" : strerror(errno));
-        free(r);
+        sb_mem_free(r);
         answer_failure(req, "spawn_failed", e, job->started_ms);
         return;
     }
@@ -561,7 +565,7 @@ static void start_run(h2o_req_t *req, sb_serve_job_t *job)
         snprintf(e, sizeof(e), "failed to spawn sandbox subprocess: fork: %s", strerror(errno));
         close(sv[0]);
         close(sv[1]);
-        free(r);
+        sb_mem_free(r);
         answer_failure(req, "spawn_failed", e, job->started_ms);
         return;
     }
@@ -720,48 +724,43 @@ static void handle_health(h2o_req_t *req)
 static void handle_metrics(h2o_req_t *req)
 {
     static h2o_generator_t generator = {NULL, NULL};
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f;
+    sb_buf_t t;
+    sb_status_t st;
     h2o_iovec_t buf;
 
     if (!admitted(req, 1)) {
         SEND_LIT(req, 403, "Forbidden", "{\"ok\":false,\"error\":\"" MSG_DENIED "\",\"logs\":[]}");
         return;
     }
-    if ((f = open_memstream(&text, &len)) == NULL) {
+    /* the first append that fails sticks: the scrape gets the whole text or a 500, never a cut one */
+    sb_buf_init(&t, SERVE_METRICS_MAX);
+    st = sb_buf_append_str(&t, "# HELP sb_serve_runs_total POST /run requests by outcome.\n# TYPE sb_serve_runs_total counter\n");
+    for (size_t i = 0; i < NOUTCOMES && st == SB_OK; ++i)
+        st = sb_buf_printf(&t, "sb_serve_runs_total{outcome=\"%s\"} %llu\n", OUTCOMES[i], S.outcomes[i]);
+    if (st == SB_OK)
+        st = sb_buf_append_str(&t, "# HELP sb_serve_run_duration_seconds Wall time of runs that got a process.\n"
+                                   "# TYPE sb_serve_run_duration_seconds histogram\n");
+    for (size_t i = 0; i < NBUCKETS && st == SB_OK; ++i) /* observe() counts each run in every bucket it fits: cumulative */
+        st = sb_buf_printf(&t, "sb_serve_run_duration_seconds_bucket{le=\"%g\"} %llu\n", BUCKETS[i], S.buckets[i]);
+    if (st == SB_OK)
+        st = sb_buf_printf(&t,
+                           "sb_serve_run_duration_seconds_bucket{le=\"+Inf\"} %llu\n"
+                           "sb_serve_run_duration_seconds_sum %.6f\nsb_serve_run_duration_seconds_count %llu\n"
+                           "# HELP sb_serve_runs_in_flight Runs with a process.\n# TYPE sb_serve_runs_in_flight gauge\n"
+                           "sb_serve_runs_in_flight %u\n"
+                           "# HELP sb_serve_guests_alive Guest processes running.\n# TYPE sb_serve_guests_alive gauge\n"
+                           "sb_serve_guests_alive %u\n"
+                           "# HELP sb_serve_jail_setup_failures_total Guests not started because their jail could not be set up.\n"
+                           "# TYPE sb_serve_jail_setup_failures_total counter\nsb_serve_jail_setup_failures_total %llu\n"
+                           "# HELP sb_serve_max_runs The --max-runs cap.\n# TYPE sb_serve_max_runs gauge\nsb_serve_max_runs %u\n",
+                           S.hist_count, S.hist_sum, S.hist_count, S.nruns, S.guests, S.jail_failures, S.max_runs);
+    if (st != SB_OK) {
+        sb_buf_free(&t);
         SEND_LIT(req, 500, "Internal Server Error", "{\"ok\":false,\"error\":\"out of memory\",\"logs\":[]}");
         return;
     }
-    fputs("# HELP sb_serve_runs_total POST /run requests by outcome.\n# TYPE sb_serve_runs_total counter\n", f);
-    for (size_t i = 0; i < NOUTCOMES; ++i)
-        fprintf(f, "sb_serve_runs_total{outcome=\"%s\"} %llu\n", OUTCOMES[i], S.outcomes[i]);
-    fputs("# HELP sb_serve_run_duration_seconds Wall time of runs that got a process.\n"
-          "# TYPE sb_serve_run_duration_seconds histogram\n",
-          f);
-    for (size_t i = 0; i < NBUCKETS; ++i) /* observe() counts each run in every bucket it fits: cumulative */
-        fprintf(f, "sb_serve_run_duration_seconds_bucket{le=\"%g\"} %llu\n", BUCKETS[i], S.buckets[i]);
-    fprintf(f, "sb_serve_run_duration_seconds_bucket{le=\"+Inf\"} %llu\n", S.hist_count);
-    fprintf(f, "sb_serve_run_duration_seconds_sum %.6f\nsb_serve_run_duration_seconds_count %llu\n", S.hist_sum, S.hist_count);
-    fprintf(
-        f,
-        "# HELP sb_serve_runs_in_flight Runs with a process.\n# TYPE sb_serve_runs_in_flight gauge\nsb_serve_runs_in_flight %u\n",
-        S.nruns);
-    fprintf(f,
-            "# HELP sb_serve_guests_alive Guest processes running.\n# TYPE sb_serve_guests_alive gauge\nsb_serve_guests_alive %u\n",
-            S.guests);
-    fprintf(f,
-            "# HELP sb_serve_jail_setup_failures_total Guests not started because their jail could not be set up.\n"
-            "# TYPE sb_serve_jail_setup_failures_total counter\nsb_serve_jail_setup_failures_total %llu\n",
-            S.jail_failures);
-    fprintf(f, "# HELP sb_serve_max_runs The --max-runs cap.\n# TYPE sb_serve_max_runs gauge\nsb_serve_max_runs %u\n", S.max_runs);
-    if (fclose(f) != 0 || text == NULL) {
-        free(text);
-        SEND_LIT(req, 500, "Internal Server Error", "{\"ok\":false,\"error\":\"out of memory\",\"logs\":[]}");
-        return;
-    }
-    buf = h2o_strdup(&req->pool, text, len);
-    free(text);
+    buf = h2o_strdup(&req->pool, t.base, t.len);
+    sb_buf_free(&t);
     req->res.status = 200;
     req->res.reason = "OK";
     req->res.content_length = buf.len;
@@ -799,7 +798,7 @@ static void on_conn_close(void *data)
     if (c->next != NULL)
         c->next->prev = c->prev;
     --S.nconns;
-    free(c);
+    sb_mem_free(c);
 }
 
 static void on_accept(h2o_socket_t *listener, const char *err)
@@ -811,7 +810,7 @@ static void on_accept(h2o_socket_t *listener, const char *err)
     for (int i = 0; i < 16 && (sock = h2o_evloop_socket_accept(listener)) != NULL; ++i) {
         conn_t *c;
         /* connections are bounded like everything else: past the cap a new one is closed at once */
-        if (S.nconns >= S.max_connections || (c = calloc(1, sizeof(*c))) == NULL) {
+        if (S.nconns >= S.max_connections || (c = sb_mem_try_calloc(1, sizeof(*c))) == NULL) {
             h2o_socket_close(sock);
             continue;
         }
@@ -1113,12 +1112,12 @@ static int configure(int argc, char **argv, char *admission, size_t admsz)
     if (broker == NULL && (env = getenv("SANDBOX_BROKER_URL")) != NULL && *env != '\0')
         broker = env;
     if (broker != NULL) {
-        char *dup = strdup(broker), *b = dup != NULL ? trim(dup) : NULL;
+        char *dup = sb_mem_try_strdup(broker), *b = dup != NULL ? trim(dup) : NULL;
         if (b == NULL || sb_shim_url_parse(b, &S.conf.broker, &why) != SB_OK) {
-            free(dup);
+            sb_mem_free(dup);
             return fail_usage("SANDBOX_BROKER_URL: %s", why != NULL ? why : "out of memory");
         }
-        free(dup);
+        sb_mem_free(dup);
         if (sb_shim_url_resolve(&S.conf.broker, &S.conf.broker_addr, &S.conf.broker_addr_len, &why) != SB_OK)
             return fail_usage("cannot resolve the broker host: %s", why);
         if (S.conf.broker.https && (S.conf.tls = sb_shim_tls_ctx_new(ca, err, sizeof(err))) == NULL)
@@ -1301,13 +1300,13 @@ int sb_shim_serve_main(int argc, char **argv)
         zombie_t *z = S.zombies;
         S.zombies = z->next;
         (void)reap_run(z->pid, 1);
-        free(z);
+        sb_mem_free(z);
     }
     log_event("info", "stopped", NULL);
     SSL_CTX_free(S.conf.tls);
     explicit_bzero(S.conf.netmint.secret, sizeof(S.conf.netmint.secret));
-    free((char *)S.conf.deno.exe);
-    free((char *)S.conf.deno.runtime_url);
+    sb_mem_free((char *)S.conf.deno.exe);
+    sb_mem_free((char *)S.conf.deno.runtime_url);
     sb_shim_jail_free(S.conf.deno.jail);
     return 0;
 }

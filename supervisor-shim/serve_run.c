@@ -19,6 +19,7 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+#include "sb/mem.h"
 #include "hooks.h"
 #include "serve_int.h"
 
@@ -245,7 +246,7 @@ Answer:
     body = json_dumps(answer, JSON_COMPACT);
     if (body == NULL || strlen(body) > SB_SERVE_MAX_ANSWER) {
         /* an answer the upstream adapter could not read (it stops at 2 MiB) is replaced, whole */
-        free(body);
+        sb_mem_free_foreign(body);
         answer = json_pack("{s:b, s:s, s:[], s:I}", "ok", 0, "error", "sandbox output limit exceeded", "logs", "ms",
                            (json_int_t)(sb_serve_now_ms() - job->started_ms));
         body = answer != NULL ? json_dumps(answer, JSON_COMPACT) : NULL;

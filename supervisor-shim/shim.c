@@ -23,10 +23,11 @@
 #include <unistd.h>
 #include <jansson.h>
 #include <msgpack.h>
+#include "sb/mem.h"
 #include "sb/frame.h"
 #include "sb/limits.h"
 #include "sb/value.h"
-#include "buf.h"
+#include "sb/buf.h"
 #include "child.h"
 #include "jail.h"
 #include "relay.h"
@@ -284,14 +285,14 @@ static int parse_args(int argc, char **argv, opts_t *o, sb_shim_config_t *cfg)
 }
 
 /* reads a whole file of at most `cap` bytes into `out` */
-static int read_file(const char *path, size_t cap, sb_shim_buf_t *out, const char *what)
+static int read_file(const char *path, size_t cap, sb_buf_t *out, const char *what)
 {
     uint8_t tmp[65536];
     int fd = open(path, O_RDONLY | O_CLOEXEC), rc = 0;
 
     if (fd < 0)
         return fail_usage("cannot open %s", path);
-    sb_shim_buf_init(out, cap);
+    sb_buf_init(out, cap);
     for (;;) {
         ssize_t n = read(fd, tmp, sizeof(tmp));
         if (n < 0 && errno == EINTR)
@@ -302,7 +303,7 @@ static int read_file(const char *path, size_t cap, sb_shim_buf_t *out, const cha
         }
         if (n == 0)
             break;
-        if (sb_shim_buf_append(out, tmp, (size_t)n) != SB_OK) {
+        if (sb_buf_append(out, tmp, (size_t)n) != SB_OK) {
             fprintf(stderr, "sandbox-shim: %s %s is larger than %zu bytes\n", what, path, cap);
             rc = EXIT_USAGE;
             break;
@@ -332,7 +333,7 @@ static void pack_cstr(msgpack_packer *pk, const char *s)
 /* init frame: {t:"init", source?: str, input: any} (proto/PROTOCOL.md section 2) */
 static int build_init(const opts_t *o, msgpack_sbuffer *frame)
 {
-    sb_shim_buf_t src, in;
+    sb_buf_t src, in;
     msgpack_zone zone;
     msgpack_object input;
     int has_input = 0;
@@ -346,7 +347,7 @@ static int build_init(const opts_t *o, msgpack_sbuffer *frame)
     msgpack_sbuffer_init(frame);
     if (o->source != NULL && read_file(o->source, SB_SHIM_MAX_SOURCE, &src, "source") != 0)
         goto Exit;
-    if (o->source != NULL && !sb_utf8_valid(src.p, src.len)) {
+    if (o->source != NULL && !sb_utf8_valid((const uint8_t *)src.base, src.len)) {
         fail_usage("source %s is not valid UTF-8", o->source);
         goto Exit;
     }
@@ -357,14 +358,14 @@ static int build_init(const opts_t *o, msgpack_sbuffer *frame)
             fail_usage("--input is larger than 1 MiB%s", "");
             goto Exit;
         }
-        if (sb_shim_buf_init(&in, SB_SHIM_MAX_INPUT), sb_shim_buf_appends(&in, o->input) != SB_OK) {
+        if (sb_buf_init(&in, SB_SHIM_MAX_INPUT), sb_buf_append_str(&in, o->input) != SB_OK) {
             fail_usage("out of memory%s", "");
             goto Exit;
         }
     }
     if (o->input != NULL || o->input_file != NULL) {
         /* the tree points into `in`, which lives until the frame is packed */
-        if (sb_json_parse((const char *)in.p, in.len, &zone, &input, &why) != SB_OK) {
+        if (sb_json_parse(in.base, in.len, &zone, &input, &why) != SB_OK) {
             fail_usage("input is not valid JSON (%s)", why != NULL ? why : "parse error");
             goto Exit;
         }
@@ -378,7 +379,7 @@ static int build_init(const opts_t *o, msgpack_sbuffer *frame)
     if (o->source != NULL) {
         pack_cstr(&pk, "source");
         (void)msgpack_pack_str(&pk, src.len);
-        (void)msgpack_pack_str_body(&pk, src.len != 0 ? (const char *)src.p : "", src.len);
+        (void)msgpack_pack_str_body(&pk, src.len != 0 ? src.base : "", src.len);
     }
     pack_cstr(&pk, "input");
     if (has_input)
@@ -393,8 +394,8 @@ static int build_init(const opts_t *o, msgpack_sbuffer *frame)
     rc = 0;
 Exit:
     msgpack_zone_destroy(&zone);
-    sb_shim_buf_dispose(&src);
-    sb_shim_buf_dispose(&in);
+    sb_buf_free(&src);
+    sb_buf_free(&in);
     return rc;
 }
 
@@ -440,7 +441,7 @@ static char **relay_env(const char *token)
 
     while (environ[n] != NULL)
         ++n;
-    if ((env = calloc(n + 1, sizeof(*env))) == NULL)
+    if ((env = sb_mem_try_calloc(n + 1, sizeof(*env))) == NULL)
         return NULL;
     for (size_t i = 0; i < n; ++i)
         if (strstr(environ[i], token) == NULL)
@@ -566,11 +567,11 @@ Exit:
     sb_shim_jail_free(jail);
     explicit_bzero(cfg.token, sizeof(cfg.token));
     SSL_CTX_free(cfg.tls);
-    free(dump);
+    sb_mem_free_foreign(dump);
     json_decref(outcome);
-    free(env);
-    free(exe);
-    free(runtime_url);
+    sb_mem_free(env);
+    sb_mem_free(exe);
+    sb_mem_free(runtime_url);
     msgpack_sbuffer_destroy(&init);
     return rc;
 }

@@ -22,15 +22,29 @@ typedef struct st_sb_manifest_t sb_manifest_t;
 /**
  * Parses and validates a capability manifest (proto/PROTOCOL.md, "Manifest").
  * Unknown keys, wrong types, bad verbs, unsafe globs, malformed net entries and
- * oversized lists are errors.
+ * oversized lists are errors. Thread-safe.
  * @param caps the JSON object (NULL or JSON null means the empty manifest)
- * @param out receives a new manifest owned by the caller (free with sb_manifest_free)
+ * @param out receives a reference the caller owns (release with
+ *        sb_manifest_free). Manifests are interned: a parse that yields
+ *        what an earlier, still referenced parse yielded returns that same
+ *        object, so identical manifests take memory once.
  * @param err receives a message naming the offending path, e.g.
  *        "capabilities.data.collections.posts[1]: unknown verb \"drop\""
  * @return SB_OK, SB_E_BAD_ARGS (err filled) or SB_E_NOMEM
  */
 SB_WARN_UNUSED sb_status_t sb_manifest_parse(const json_t *caps, sb_manifest_t **out, char *err, size_t errsz);
+/** releases a reference from sb_manifest_parse (NULL is fine); the last one frees the manifest */
 void sb_manifest_free(sb_manifest_t *m);
+/**
+ * The manifest as the broker enforces it, for the admin inspection routes:
+ * the parsed form written back as a manifest that parses to the same grants
+ * (globs normalised, hosts lowercased, IPv6 entries in their canonical form,
+ * verbs in a fixed order, empty axes left out).
+ * @return a new JSON object owned by the caller; aborts when out of memory
+ */
+json_t *sb_manifest_to_json(const sb_manifest_t *m);
+/** how many distinct manifests are alive (tests and the token benchmark) */
+size_t sb_manifest_interned_count(void);
 /** capabilities.timeoutMs, or -1 when absent */
 int64_t sb_manifest_timeout_ms(const sb_manifest_t *m);
 /** capabilities.secrets: how many target secrets the run receives, and the i-th name (NUL-terminated, owned by m) */

@@ -8,9 +8,11 @@
  * verbs, unsafe globs and malformed net entries are mint-time errors that
  * name the offending path.
  *
- * The parsed form is plain C arrays holding our own copies (no jansson
- * reference survives the parse) and is immutable afterwards, so one manifest
- * may be read from every worker thread. Names are compared as exact bytes over
+ * The parse builds a tree of our own copies (no jansson reference survives
+ * the parse), then packs it into one pointer-free allocation (see "the packed
+ * form" below) and interns it: identical manifests are one shared,
+ * reference-counted object. It is immutable afterwards, so one manifest may be
+ * read from every worker thread. Names are compared as exact bytes over
  * our own entries only: "__proto__", "constructor" or "toString" are ordinary
  * names that grant something only when the manifest literally lists them
  * (upstream needed hasOwnProperty for that; we have no prototype chain).
@@ -19,11 +21,14 @@
  * bottom of this file (declared once, in manifest_int.h).
  */
 #include <arpa/inet.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "sb/limits.h"
+#include "sb/mem.h"
 #include "authz/manifest_int.h"
 #include "call/path.h"
 #include "call/url.h"
@@ -65,7 +70,8 @@ typedef struct st_netlist_t {
     size_t n;
 } netlist_t;
 
-struct st_sb_manifest_t {
+/* the parse tree: what the parse builds before it is packed (and freed) */
+typedef struct st_mtree_t {
     netlist_t net, import;
     mlist_t files_read, files_write; /* normalised globs */
     grants_t collections, globals, stores;
@@ -73,7 +79,7 @@ struct st_sb_manifest_t {
     mlist_t tools;   /* globs over tool names */
     mlist_t secrets; /* the target secrets the run receives, by name */
     int64_t timeout_ms, memory_mb;
-};
+} mtree_t;
 
 typedef enum en_list_kind_t { LIST_NAMES, LIST_FILE_GLOBS, LIST_TOOL_GLOBS, LIST_SECRET_NAMES } list_kind_t;
 
@@ -127,7 +133,7 @@ static char ascii_lower(char c)
 
 static sb_status_t copy_str(mstr_t *dst, const char *s, size_t len)
 {
-    if ((dst->p = malloc(len + 1)) == NULL)
+    if ((dst->p = sb_mem_try_alloc(len + 1)) == NULL)
         return SB_E_NOMEM;
     memcpy(dst->p, s, len);
     dst->p[len] = '\0';
@@ -170,7 +176,7 @@ static sb_status_t parse_list(const json_t *v, const char *path, list_kind_t kin
         return st;
     if ((n = json_array_size(v)) == 0)
         return SB_OK;
-    if ((out->v = calloc(n, sizeof(*out->v))) == NULL)
+    if ((out->v = sb_mem_try_calloc(n, sizeof(*out->v))) == NULL)
         return SB_E_NOMEM;
     for (i = 0; i != n; ++i) {
         const char *s;
@@ -342,7 +348,7 @@ static sb_status_t parse_rule_list(const json_t *v, const char *path, int method
         return st;
     if ((cnt = json_array_size(v)) == 0)
         return fail(err, errsz, "%s: must not be empty (omit it to allow any)", path);
-    if ((*out = calloc(cnt, sizeof(**out))) == NULL)
+    if ((*out = sb_mem_try_calloc(cnt, sizeof(**out))) == NULL)
         return SB_E_NOMEM;
     for (i = 0; i != cnt; ++i) {
         const char *s;
@@ -354,7 +360,7 @@ static sb_status_t parse_rule_list(const json_t *v, const char *path, int method
             return fail(err, errsz,
                         methods ? "%s[%zu]: expected an uppercase HTTP method" : "%s[%zu]: expected a glob starting with '/'", path,
                         i);
-        if ((c = malloc(len + 1)) == NULL)
+        if ((c = sb_mem_try_alloc(len + 1)) == NULL)
             return SB_E_NOMEM;
         memcpy(c, s, len);
         c[len] = '\0';
@@ -385,11 +391,11 @@ sb_status_t sb_manifest__parse_rules(const json_t *methods, const json_t *paths,
 void sb_manifest__free_rules(sb_http_rules_t *r)
 {
     for (size_t i = 0; i != r->nmethods; ++i)
-        free(r->methods[i]);
-    free(r->methods);
+        sb_mem_free(r->methods[i]);
+    sb_mem_free(r->methods);
     for (size_t i = 0; i != r->npaths; ++i)
-        free(r->paths[i]);
-    free(r->paths);
+        sb_mem_free(r->paths[i]);
+    sb_mem_free(r->paths);
     memset(r, 0, sizeof(*r));
 }
 
@@ -399,7 +405,7 @@ void sb_manifest__free_net(sb_net_entry_t *v, size_t n)
         return;
     for (size_t i = 0; i != n; ++i)
         sb_manifest__free_rules(&v[i].rules);
-    free(v);
+    sb_mem_free(v);
 }
 
 /* {"host": entry, "methods"?: [...], "paths"?: [...]} */
@@ -441,7 +447,7 @@ sb_status_t sb_manifest__parse_net(const json_t *v, const char *path, int object
         return st;
     if ((n = json_array_size(v)) == 0)
         return SB_OK;
-    if ((*out = calloc(n, sizeof(**out))) == NULL)
+    if ((*out = sb_mem_try_calloc(n, sizeof(**out))) == NULL)
         return SB_E_NOMEM;
     for (i = 0; i != n; ++i) {
         const json_t *el = json_array_get(v, i);
@@ -471,7 +477,7 @@ static sb_status_t parse_netlist(const json_t *v, const char *path, int objects,
 
 /* ---- files and data ------------------------------------------------------------------------------------------------ */
 
-static sb_status_t parse_files(const json_t *v, sb_manifest_t *m, char *err, size_t errsz)
+static sb_status_t parse_files(const json_t *v, mtree_t *m, char *err, size_t errsz)
 {
     const char *key;
     size_t klen;
@@ -535,7 +541,7 @@ static sb_status_t parse_grants(const json_t *v, const char *path, int collectio
         return fail(err, errsz, "%s: too many entries (max %u)", path, SB_MAX_MANIFEST_ENTRIES);
     if (n == 0)
         return SB_OK;
-    if ((out->v = calloc(n, sizeof(*out->v))) == NULL)
+    if ((out->v = sb_mem_try_calloc(n, sizeof(*out->v))) == NULL)
         return SB_E_NOMEM;
     json_object_keylen_foreach((json_t *)v, key, klen, val)
     {
@@ -561,7 +567,7 @@ static sb_status_t parse_grants(const json_t *v, const char *path, int collectio
     return SB_OK;
 }
 
-static sb_status_t parse_data(const json_t *v, sb_manifest_t *m, char *err, size_t errsz)
+static sb_status_t parse_data(const json_t *v, mtree_t *m, char *err, size_t errsz)
 {
     const char *key;
     size_t klen;
@@ -595,11 +601,415 @@ static sb_status_t parse_int(const json_t *v, const char *path, json_int_t lo, j
     return SB_OK;
 }
 
+/* ---- the packed form ----------------------------------------------------------------------------------------------- */
+
+/*
+ * A parsed manifest is one allocation: a small header, then the body, which
+ * holds everything the check reads. The body has no pointers: entries name
+ * their strings by offset from the body's start, and every byte (padding
+ * included) is written by pack(), so two manifests that grant the same things
+ * in the same order have identical bodies. That makes the body the canonical
+ * form the intern table compares: identical manifests are one object, shared
+ * by every token that names it, and freed when the last one goes.
+ *
+ * Adding an axis: a value in axis_t, a field in mtree_t filled by the parse,
+ * a case in pack() (an existing entry type when one fits, else a new
+ * fixed-size struct of uint32_t/uint16_t/uint8_t fields with explicit
+ * padding), and an accessor reading the span.
+ */
+typedef enum en_axis_t {
+    AX_NET,         /* mnet_t */
+    AX_IMPORT,      /* mnet_t */
+    AX_FILES_READ,  /* mref_t, normalised globs */
+    AX_FILES_WRITE, /* mref_t, normalised globs */
+    AX_COLLECTIONS, /* mgrant_t */
+    AX_GLOBALS,     /* mgrant_t */
+    AX_STORES,      /* mgrant_t */
+    AX_SERVICES,    /* mref_t */
+    AX_JOBS,        /* mref_t */
+    AX_WORKFLOWS,   /* mref_t */
+    AX_TOOLS,       /* mref_t, globs over tool names */
+    AX_SECRETS,     /* mref_t, target secret names */
+    AX_COUNT_
+} axis_t;
+
+/* `n` entries of the axis' type starting `off` bytes into the body */
+typedef struct st_mspan_t {
+    uint32_t off, n;
+} mspan_t;
+
+/* a string: `len` bytes at `off`, followed by a NUL */
+typedef struct st_mref_t {
+    uint32_t off, len;
+} mref_t;
+
+typedef struct st_mgrant_t {
+    uint32_t off;   /* the name, NUL-terminated */
+    uint16_t len;   /* <= MAX_NAME_LEN */
+    uint16_t verbs; /* VERB_BIT(SB_OP_READ) | ... */
+} mgrant_t;
+
+enum { NET_NAME, NET_WILDCARD, NET_V6 };
+
+typedef struct st_mnet_t {
+    uint32_t off;  /* NET_V6: the 16 address bytes; else the lowercase host (for a wildcard the suffix), NUL-terminated */
+    uint16_t len;  /* host bytes (16 for NET_V6) */
+    uint16_t port; /* 0: any port */
+    uint8_t kind;  /* NET_NAME, NET_WILDCARD, NET_V6 */
+    uint8_t _pad[3];
+    uint32_t rules;            /* nmethods then npaths mref_t entries at this offset (0 when both are 0) */
+    uint16_t nmethods, npaths; /* <= SB_MAX_MANIFEST_ENTRIES; 0: any method, any path */
+} mnet_t;
+
+typedef struct st_mbody_t {
+    int64_t timeout_ms, memory_mb; /* -1 when absent */
+    mspan_t axis[AX_COUNT_];
+} mbody_t;
+
+struct st_sb_manifest_t {
+    _Atomic uint32_t refcnt;
+    uint32_t hash;                    /* of the body */
+    uint32_t size;                    /* body bytes */
+    int interned;                     /* 1 while the intern table holds it */
+    sb_manifest_t *next;              /* the intern table's chain */
+    _Alignas(8) unsigned char body[]; /* starts with an mbody_t */
+};
+
+_Static_assert(SB_OP_COUNT_ <= 16, "verb bits fit mgrant_t.verbs");
+_Static_assert(sizeof(mbody_t) % 8 == 0 && sizeof(mnet_t) == 20 && sizeof(mgrant_t) == 8 && sizeof(mref_t) == 8,
+               "the body has no implicit padding");
+_Static_assert(MAX_NAME_LEN <= UINT16_MAX && SB_URL_MAX_HOST <= UINT16_MAX && SB_MAX_MANIFEST_ENTRIES <= UINT16_MAX,
+               "lengths and rule counts fit 16 bits");
+
+static const mbody_t *body_of(const sb_manifest_t *m)
+{
+    return (const mbody_t *)(const void *)m->body;
+}
+
+static const void *entries(const sb_manifest_t *m, axis_t a, size_t *n)
+{
+    const mspan_t *sp = &body_of(m)->axis[a];
+    *n = sp->n;
+    return m->body + sp->off;
+}
+
+static const char *str_at(const sb_manifest_t *m, uint32_t off)
+{
+    return (const char *)m->body + off;
+}
+
+/* the bytes the tree's strings take in the body (each with its NUL) */
+static size_t list_bytes(const mlist_t *l)
+{
+    size_t n = 0;
+    for (size_t i = 0; i != l->n; ++i)
+        n += l->v[i].len + 1;
+    return n;
+}
+
+static size_t grants_bytes(const grants_t *g)
+{
+    size_t n = 0;
+    for (size_t i = 0; i != g->n; ++i)
+        n += g->v[i].name.len + 1;
+    return n;
+}
+
+static size_t net_bytes(const netlist_t *l)
+{
+    size_t n = 0;
+    for (size_t i = 0; i != l->n; ++i) {
+        const sb_http_rules_t *r = &l->v[i].rules;
+        n += l->v[i].is_v6 ? sizeof(l->v[i].v6) : l->v[i].host_len + 1;
+        for (size_t j = 0; j != r->nmethods; ++j)
+            n += strlen(r->methods[j]) + 1;
+        for (size_t j = 0; j != r->npaths; ++j)
+            n += strlen(r->paths[j]) + 1;
+    }
+    return n;
+}
+
+/* the entry bytes of a net list: its entries, then the mref_t of every rule */
+static size_t net_entry_bytes(const netlist_t *l)
+{
+    size_t n = l->n * sizeof(mnet_t);
+    for (size_t i = 0; i != l->n; ++i)
+        n += (l->v[i].rules.nmethods + l->v[i].rules.npaths) * sizeof(mref_t);
+    return n;
+}
+
+typedef struct st_packer_t {
+    unsigned char *body;
+    size_t ent; /* next entry byte */
+    size_t str; /* next string byte */
+} packer_t;
+
+static uint32_t put_bytes(packer_t *p, const void *s, size_t len, int nul)
+{
+    uint32_t off = (uint32_t)p->str;
+    memcpy(p->body + p->str, s, len);
+    p->str += len;
+    if (nul)
+        p->body[p->str++] = '\0';
+    return off;
+}
+
+static void pack_list(packer_t *p, mbody_t *b, axis_t a, const mlist_t *l)
+{
+    mref_t *e = (mref_t *)(void *)(p->body + p->ent);
+
+    b->axis[a].off = l->n != 0 ? (uint32_t)p->ent : 0;
+    b->axis[a].n = (uint32_t)l->n;
+    for (size_t i = 0; i != l->n; ++i) {
+        e[i].len = (uint32_t)l->v[i].len;
+        e[i].off = put_bytes(p, l->v[i].p, l->v[i].len, 1);
+    }
+    p->ent += l->n * sizeof(*e);
+}
+
+static void pack_grants(packer_t *p, mbody_t *b, axis_t a, const grants_t *g)
+{
+    mgrant_t *e = (mgrant_t *)(void *)(p->body + p->ent);
+
+    b->axis[a].off = g->n != 0 ? (uint32_t)p->ent : 0;
+    b->axis[a].n = (uint32_t)g->n;
+    for (size_t i = 0; i != g->n; ++i) {
+        e[i].len = (uint16_t)g->v[i].name.len;
+        e[i].verbs = (uint16_t)g->v[i].verbs;
+        e[i].off = put_bytes(p, g->v[i].name.p, g->v[i].name.len, 1);
+    }
+    p->ent += g->n * sizeof(*e);
+}
+
+static void pack_net(packer_t *p, mbody_t *b, axis_t a, const netlist_t *l)
+{
+    mnet_t *e = (mnet_t *)(void *)(p->body + p->ent);
+
+    b->axis[a].off = l->n != 0 ? (uint32_t)p->ent : 0;
+    b->axis[a].n = (uint32_t)l->n;
+    for (size_t i = 0; i != l->n; ++i) {
+        const net_entry_t *ne = &l->v[i];
+        e[i].port = ne->port;
+        if (ne->is_v6) {
+            e[i].kind = NET_V6;
+            e[i].len = (uint16_t)sizeof(ne->v6);
+            e[i].off = put_bytes(p, &ne->v6, sizeof(ne->v6), 0);
+        } else {
+            e[i].kind = ne->wildcard ? NET_WILDCARD : NET_NAME;
+            e[i].len = (uint16_t)ne->host_len;
+            e[i].off = put_bytes(p, ne->host, ne->host_len, 1);
+        }
+    }
+    p->ent += l->n * sizeof(*e);
+    /* the rules of every entry follow the entries, methods first */
+    for (size_t i = 0; i != l->n; ++i) {
+        const sb_http_rules_t *r = &l->v[i].rules;
+        mref_t *rr = (mref_t *)(void *)(p->body + p->ent);
+        if (r->nmethods + r->npaths == 0)
+            continue;
+        e[i].rules = (uint32_t)p->ent;
+        e[i].nmethods = (uint16_t)r->nmethods;
+        e[i].npaths = (uint16_t)r->npaths;
+        for (size_t j = 0; j != r->nmethods; ++j) {
+            rr[j].len = (uint32_t)strlen(r->methods[j]);
+            rr[j].off = put_bytes(p, r->methods[j], rr[j].len, 1);
+        }
+        for (size_t j = 0; j != r->npaths; ++j) {
+            rr[r->nmethods + j].len = (uint32_t)strlen(r->paths[j]);
+            rr[r->nmethods + j].off = put_bytes(p, r->paths[j], rr[r->nmethods + j].len, 1);
+        }
+        p->ent += (r->nmethods + r->npaths) * sizeof(*rr);
+    }
+}
+
+/* FNV-1a: manifests come from the host's mint, not from the guest */
+static uint32_t body_hash(const unsigned char *p, size_t n)
+{
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i != n; ++i)
+        h = (h ^ p[i]) * 16777619u;
+    return h;
+}
+
+/* the tree in one allocation (refcount 1, not interned); NULL when allocation fails */
+static sb_manifest_t *pack(const mtree_t *t)
+{
+    const mlist_t *lists[] = {&t->files_read, &t->files_write, &t->services, &t->jobs, &t->workflows, &t->tools, &t->secrets};
+    const grants_t *grants[] = {&t->collections, &t->globals, &t->stores};
+    size_t nent = 0, nstr = 0, size;
+    sb_manifest_t *m;
+    mbody_t *b;
+    packer_t p;
+
+    /* entry counts are capped at SB_MAX_MANIFEST_ENTRIES and strings at SB_MAX_MANIFEST_STRING by the parse */
+    nent += net_entry_bytes(&t->net) + net_entry_bytes(&t->import);
+    nstr += net_bytes(&t->net) + net_bytes(&t->import);
+    for (size_t i = 0; i != sizeof(lists) / sizeof(lists[0]); ++i) {
+        nent += lists[i]->n * sizeof(mref_t);
+        nstr += list_bytes(lists[i]);
+    }
+    for (size_t i = 0; i != sizeof(grants) / sizeof(grants[0]); ++i) {
+        nent += grants[i]->n * sizeof(mgrant_t);
+        nstr += grants_bytes(grants[i]);
+    }
+    size = sizeof(mbody_t) + nent + nstr;
+    if (size > UINT32_MAX || (m = sb_mem_try_calloc(1, sizeof(*m) + size)) == NULL)
+        return NULL;
+    atomic_init(&m->refcnt, 1);
+    m->size = (uint32_t)size;
+    b = (mbody_t *)(void *)m->body;
+    b->timeout_ms = t->timeout_ms;
+    b->memory_mb = t->memory_mb;
+    p.body = m->body;
+    p.ent = sizeof(mbody_t);
+    p.str = sizeof(mbody_t) + nent;
+    /* a fixed order, whatever the order of the keys in the JSON text */
+    pack_net(&p, b, AX_NET, &t->net);
+    pack_net(&p, b, AX_IMPORT, &t->import);
+    pack_list(&p, b, AX_FILES_READ, &t->files_read);
+    pack_list(&p, b, AX_FILES_WRITE, &t->files_write);
+    pack_grants(&p, b, AX_COLLECTIONS, &t->collections);
+    pack_grants(&p, b, AX_GLOBALS, &t->globals);
+    pack_grants(&p, b, AX_STORES, &t->stores);
+    pack_list(&p, b, AX_SERVICES, &t->services);
+    pack_list(&p, b, AX_JOBS, &t->jobs);
+    pack_list(&p, b, AX_WORKFLOWS, &t->workflows);
+    pack_list(&p, b, AX_TOOLS, &t->tools);
+    pack_list(&p, b, AX_SECRETS, &t->secrets);
+    m->hash = body_hash(m->body, size);
+    return m;
+}
+
+/* ---- the intern table ---------------------------------------------------------------------------------------------- */
+
+/*
+ * Process-wide, behind one mutex taken at parse and when a manifest's last
+ * reference goes (never on the call path of the memory store, where tokens
+ * hold their manifest). A reference count only drops to 0 under the mutex, so
+ * a manifest found in the table is always alive.
+ */
+#define INTERN_MIN_BUCKETS 64
+/* past this many references a parse gets a private copy: the count never wraps */
+#define INTERN_MAX_REFS (UINT32_MAX / 2)
+
+static struct {
+    pthread_mutex_t mu;
+    sb_manifest_t **buckets;
+    size_t nbuckets; /* a power of two, or 0 before the first parse */
+    size_t count;
+} intern = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0};
+
+/* doubles the table when it is full (load factor 1); called with the lock held */
+static void intern_grow_locked(void)
+{
+    size_t n = intern.nbuckets != 0 ? intern.nbuckets * 2 : INTERN_MIN_BUCKETS;
+    sb_manifest_t **nb;
+
+    if (intern.count < intern.nbuckets || (nb = sb_mem_try_calloc(n, sizeof(*nb))) == NULL)
+        return; /* a table that cannot grow still works, with longer chains */
+    for (size_t i = 0; i != intern.nbuckets; ++i) {
+        sb_manifest_t *m = intern.buckets[i];
+        while (m != NULL) {
+            sb_manifest_t *next = m->next;
+            m->next = nb[m->hash & (n - 1)];
+            nb[m->hash & (n - 1)] = m;
+            m = next;
+        }
+    }
+    sb_mem_free(intern.buckets);
+    intern.buckets = nb;
+    intern.nbuckets = n;
+}
+
+/* the interned manifest equal to `m` (and `m` freed), or `m` itself, now interned */
+static sb_manifest_t *intern_manifest(sb_manifest_t *m)
+{
+    pthread_mutex_lock(&intern.mu);
+    intern_grow_locked();
+    if (intern.nbuckets == 0) {
+        pthread_mutex_unlock(&intern.mu);
+        return m; /* no table at all: an unshared manifest */
+    }
+    for (sb_manifest_t *e = intern.buckets[m->hash & (intern.nbuckets - 1)]; e != NULL; e = e->next) {
+        if (e->hash == m->hash && e->size == m->size && memcmp(e->body, m->body, m->size) == 0 &&
+            atomic_load_explicit(&e->refcnt, memory_order_relaxed) < INTERN_MAX_REFS) {
+            atomic_fetch_add_explicit(&e->refcnt, 1, memory_order_relaxed);
+            pthread_mutex_unlock(&intern.mu);
+            sb_mem_free(m);
+            return e;
+        }
+    }
+    {
+        size_t b = m->hash & (intern.nbuckets - 1);
+        m->interned = 1;
+        m->next = intern.buckets[b];
+        intern.buckets[b] = m;
+        ++intern.count;
+    }
+    pthread_mutex_unlock(&intern.mu);
+    return m;
+}
+
+static void intern_unlink_locked(sb_manifest_t *m)
+{
+    for (sb_manifest_t **pp = &intern.buckets[m->hash & (intern.nbuckets - 1)]; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == m) {
+            *pp = m->next;
+            --intern.count;
+            return;
+        }
+    }
+}
+
+size_t sb_manifest_interned_count(void)
+{
+    size_t n;
+    pthread_mutex_lock(&intern.mu);
+    n = intern.count;
+    pthread_mutex_unlock(&intern.mu);
+    return n;
+}
+
 /* ---- public API ---------------------------------------------------------------------------------------------------- */
+
+static void free_list(mlist_t *l)
+{
+    size_t i;
+
+    for (i = 0; i != l->n; ++i)
+        sb_mem_free(l->v[i].p);
+    sb_mem_free(l->v);
+}
+
+static void free_grants(grants_t *g)
+{
+    size_t i;
+
+    /* a grant whose array was allocated but not yet named has a NULL name, which sb_mem_free takes */
+    for (i = 0; i != g->n; ++i)
+        sb_mem_free(g->v[i].name.p);
+    sb_mem_free(g->v);
+}
+
+static void tree_free(mtree_t *m)
+{
+    sb_manifest__free_net(m->net.v, m->net.n);
+    sb_manifest__free_net(m->import.v, m->import.n);
+    free_list(&m->files_read);
+    free_list(&m->files_write);
+    free_grants(&m->collections);
+    free_grants(&m->globals);
+    free_grants(&m->stores);
+    free_list(&m->services);
+    free_list(&m->jobs);
+    free_list(&m->workflows);
+    free_list(&m->tools);
+    free_list(&m->secrets);
+}
 
 sb_status_t sb_manifest_parse(const json_t *caps, sb_manifest_t **out, char *err, size_t errsz)
 {
-    sb_manifest_t *m;
+    mtree_t tree, *m = &tree;
     const char *key;
     size_t klen;
     json_t *val;
@@ -609,8 +1019,7 @@ sb_status_t sb_manifest_parse(const json_t *caps, sb_manifest_t **out, char *err
     *out = NULL;
     if (err != NULL && errsz != 0)
         err[0] = '\0';
-    if ((m = calloc(1, sizeof(*m))) == NULL)
-        return SB_E_NOMEM;
+    memset(m, 0, sizeof(*m));
     m->timeout_ms = -1;
     m->memory_mb = -1;
 
@@ -650,143 +1059,279 @@ sb_status_t sb_manifest_parse(const json_t *caps, sb_manifest_t **out, char *err
             goto Exit;
     }
 
-Done:
-    *out = m;
+Done : {
+    sb_manifest_t *packed = pack(m);
+    if (packed == NULL) {
+        st = SB_E_NOMEM;
+        goto Exit;
+    }
+    tree_free(m);
+    *out = intern_manifest(packed);
     return SB_OK;
+}
 Exit:
     if (st == SB_E_NOMEM && err != NULL && errsz != 0)
         snprintf(err, errsz, "capabilities: out of memory");
-    sb_manifest_free(m);
+    tree_free(m);
     return st;
-}
-
-static void free_list(mlist_t *l)
-{
-    size_t i;
-
-    for (i = 0; i != l->n; ++i)
-        free(l->v[i].p);
-    free(l->v);
-}
-
-static void free_grants(grants_t *g)
-{
-    size_t i;
-
-    for (i = 0; i != g->n; ++i)
-        free(g->v[i].name.p);
-    free(g->v);
 }
 
 void sb_manifest_free(sb_manifest_t *m)
 {
+    uint32_t c;
+
     if (m == NULL)
         return;
-    sb_manifest__free_net(m->net.v, m->net.n);
-    sb_manifest__free_net(m->import.v, m->import.n);
-    free_list(&m->files_read);
-    free_list(&m->files_write);
-    free_grants(&m->collections);
-    free_grants(&m->globals);
-    free_grants(&m->stores);
-    free_list(&m->services);
-    free_list(&m->jobs);
-    free_list(&m->workflows);
-    free_list(&m->tools);
-    free_list(&m->secrets);
-    free(m);
+    /* the common case, another reference remains: no lock */
+    c = atomic_load_explicit(&m->refcnt, memory_order_relaxed);
+    while (c > 1)
+        if (atomic_compare_exchange_weak_explicit(&m->refcnt, &c, c - 1, memory_order_release, memory_order_relaxed))
+            return;
+    if (!m->interned) {
+        if (atomic_fetch_sub_explicit(&m->refcnt, 1, memory_order_acq_rel) == 1)
+            sb_mem_free(m);
+        return;
+    }
+    /* maybe the last one: decide under the lock, so that no parse finds it in between */
+    pthread_mutex_lock(&intern.mu);
+    if (atomic_fetch_sub_explicit(&m->refcnt, 1, memory_order_acq_rel) != 1) {
+        pthread_mutex_unlock(&intern.mu);
+        return;
+    }
+    intern_unlink_locked(m);
+    pthread_mutex_unlock(&intern.mu);
+    sb_mem_free(m);
 }
 
 int64_t sb_manifest_timeout_ms(const sb_manifest_t *m)
 {
-    return m->timeout_ms;
+    return body_of(m)->timeout_ms;
+}
+
+/* ---- the parsed form, written back (sb_manifest_to_json) ---------------------------------------------------------- */
+
+static json_t *checked(json_t *v)
+{
+    if (v == NULL)
+        sb_fatal(__FILE__, __LINE__, "out of memory");
+    return v;
+}
+
+static void put(json_t *obj, const char *key, json_t *v)
+{
+    if (json_object_set_new(obj, key, checked(v)) != 0)
+        sb_fatal(__FILE__, __LINE__, "out of memory");
+}
+
+static void append(json_t *arr, json_t *v)
+{
+    if (json_array_append_new(arr, checked(v)) != 0)
+        sb_fatal(__FILE__, __LINE__, "out of memory");
+}
+
+static void put_list(json_t *obj, const char *key, const sb_manifest_t *m, axis_t ax)
+{
+    size_t n;
+    const mref_t *l = entries(m, ax, &n);
+    json_t *a;
+
+    if (n == 0)
+        return;
+    a = checked(json_array());
+    for (size_t i = 0; i != n; ++i)
+        append(a, json_stringn(str_at(m, l[i].off), l[i].len));
+    put(obj, key, a);
+}
+
+static void put_netlist(json_t *obj, const char *key, const sb_manifest_t *m, axis_t ax)
+{
+    size_t n;
+    const mnet_t *l = entries(m, ax, &n);
+    json_t *a;
+
+    if (n == 0)
+        return;
+    a = checked(json_array());
+    for (size_t i = 0; i != n; ++i) {
+        const mnet_t *e = &l[i];
+        char host[INET6_ADDRSTRLEN], text[SB_URL_MAX_HOST + 16];
+        const char *h = str_at(m, e->off), *pre = "", *post = "";
+        if (e->kind == NET_V6) {
+            if (inet_ntop(AF_INET6, h, host, sizeof(host)) == NULL)
+                sb_fatal(__FILE__, __LINE__, "inet_ntop failed on a parsed IPv6 entry");
+            h = host;
+            pre = "[";
+            post = "]";
+        } else if (e->kind == NET_WILDCARD) {
+            pre = "*.";
+        }
+        if (e->port != 0)
+            snprintf(text, sizeof(text), "%s%s%s:%u", pre, h, post, (unsigned)e->port);
+        else
+            snprintf(text, sizeof(text), "%s%s%s", pre, h, post);
+        if (e->nmethods + e->npaths == 0) {
+            append(a, json_string(text));
+        } else {
+            /* an entry with rules is written as the object form it was minted as */
+            const mref_t *rr = (const mref_t *)(const void *)(m->body + e->rules);
+            json_t *eo = checked(json_object());
+            put(eo, "host", json_string(text));
+            if (e->nmethods != 0) {
+                json_t *ma = checked(json_array());
+                for (size_t j = 0; j != e->nmethods; ++j)
+                    append(ma, json_stringn(str_at(m, rr[j].off), rr[j].len));
+                put(eo, "methods", ma);
+            }
+            if (e->npaths != 0) {
+                json_t *pa = checked(json_array());
+                for (size_t j = 0; j != e->npaths; ++j)
+                    append(pa, json_stringn(str_at(m, rr[e->nmethods + j].off), rr[e->nmethods + j].len));
+                put(eo, "paths", pa);
+            }
+            append(a, eo);
+        }
+    }
+    put(obj, key, a);
+}
+
+static void put_grants(json_t *obj, const char *key, const sb_manifest_t *m, axis_t ax)
+{
+    size_t n;
+    const mgrant_t *g = entries(m, ax, &n);
+    json_t *o;
+
+    if (n == 0)
+        return;
+    o = checked(json_object());
+    for (size_t i = 0; i != n; ++i) {
+        json_t *verbs = checked(json_array());
+        for (size_t j = 0; j != sizeof(verb_table) / sizeof(verb_table[0]); ++j)
+            if (g[i].verbs & VERB_BIT(verb_table[j].op))
+                append(verbs, json_string(verb_table[j].name));
+        put(o, str_at(m, g[i].off), verbs);
+    }
+    put(obj, key, o);
+}
+
+json_t *sb_manifest_to_json(const sb_manifest_t *m)
+{
+    const mbody_t *b = body_of(m);
+    json_t *o = checked(json_object()), *files = checked(json_object()), *data = checked(json_object());
+
+    put_netlist(o, "net", m, AX_NET);
+    put_netlist(o, "import", m, AX_IMPORT);
+    put_list(files, "read", m, AX_FILES_READ);
+    put_list(files, "write", m, AX_FILES_WRITE);
+    if (json_object_size(files) != 0)
+        put(o, "files", json_incref(files));
+    json_decref(files);
+    put_grants(data, "collections", m, AX_COLLECTIONS);
+    put_grants(data, "globals", m, AX_GLOBALS);
+    put_grants(data, "stores", m, AX_STORES);
+    if (json_object_size(data) != 0)
+        put(o, "data", json_incref(data));
+    json_decref(data);
+    put_list(o, "services", m, AX_SERVICES);
+    put_list(o, "jobs", m, AX_JOBS);
+    put_list(o, "workflows", m, AX_WORKFLOWS);
+    put_list(o, "tools", m, AX_TOOLS);
+    put_list(o, "secrets", m, AX_SECRETS);
+    if (b->timeout_ms >= 0)
+        put(o, "timeoutMs", json_integer((json_int_t)b->timeout_ms));
+    if (b->memory_mb >= 0)
+        put(o, "memoryMb", json_integer((json_int_t)b->memory_mb));
+    return o;
 }
 
 /* ---- accessors for check.c (manifest_int.h) ------------------------------------------------------------------------ */
 
-static unsigned grant_verbs(const grants_t *g, const char *name, size_t len)
+static unsigned grant_verbs(const sb_manifest_t *m, axis_t a, const char *name, size_t len)
 {
-    size_t i;
+    size_t n;
+    const mgrant_t *g = entries(m, a, &n);
 
-    for (i = 0; i != g->n; ++i)
-        if (g->v[i].name.len == len && memcmp(g->v[i].name.p, name, len) == 0)
-            return g->v[i].verbs;
+    for (size_t i = 0; i != n; ++i)
+        if (g[i].len == len && memcmp(str_at(m, g[i].off), name, len) == 0)
+            return g[i].verbs;
     return 0;
 }
 
-static int list_has(const mlist_t *l, const char *name, size_t len)
+static int list_has(const sb_manifest_t *m, axis_t a, const char *name, size_t len)
 {
-    size_t i;
+    size_t n;
+    const mref_t *l = entries(m, a, &n);
 
-    for (i = 0; i != l->n; ++i)
-        if (l->v[i].len == len && memcmp(l->v[i].p, name, len) == 0)
+    for (size_t i = 0; i != n; ++i)
+        if (l[i].len == len && memcmp(str_at(m, l[i].off), name, len) == 0)
             return 1;
     return 0;
 }
 
-static int list_glob_any(const mlist_t *l, const char *s, size_t len)
+static int list_glob_any(const sb_manifest_t *m, axis_t a, const char *s, size_t len)
 {
-    size_t i;
+    size_t n;
+    const mref_t *l = entries(m, a, &n);
 
-    for (i = 0; i != l->n; ++i)
-        if (sb_glob_match(l->v[i].p, l->v[i].len, s, len))
+    for (size_t i = 0; i != n; ++i)
+        if (sb_glob_match(str_at(m, l[i].off), l[i].len, s, len))
             return 1;
     return 0;
 }
 
 unsigned sb_manifest__collection_verbs(const sb_manifest_t *m, const char *name, size_t len)
 {
-    return grant_verbs(&m->collections, name, len);
+    return grant_verbs(m, AX_COLLECTIONS, name, len);
 }
 
 unsigned sb_manifest__global_verbs(const sb_manifest_t *m, const char *name, size_t len)
 {
-    return grant_verbs(&m->globals, name, len);
+    return grant_verbs(m, AX_GLOBALS, name, len);
 }
 
 unsigned sb_manifest__store_verbs(const sb_manifest_t *m, const char *name, size_t len)
 {
-    return grant_verbs(&m->stores, name, len);
+    return grant_verbs(m, AX_STORES, name, len);
 }
 
 int sb_manifest__has_service(const sb_manifest_t *m, const char *name, size_t len)
 {
-    return list_has(&m->services, name, len);
+    return list_has(m, AX_SERVICES, name, len);
 }
 
 int sb_manifest__has_job(const sb_manifest_t *m, const char *name, size_t len)
 {
-    return list_has(&m->jobs, name, len);
+    return list_has(m, AX_JOBS, name, len);
 }
 
 int sb_manifest__has_workflow(const sb_manifest_t *m, const char *name, size_t len)
 {
-    return list_has(&m->workflows, name, len);
+    return list_has(m, AX_WORKFLOWS, name, len);
 }
 
 size_t sb_manifest__files_read_count(const sb_manifest_t *m)
 {
-    return m->files_read.n;
+    return body_of(m)->axis[AX_FILES_READ].n;
 }
 
 int sb_manifest__files_read_match(const sb_manifest_t *m, const char *path, size_t len)
 {
-    return list_glob_any(&m->files_read, path, len);
+    return list_glob_any(m, AX_FILES_READ, path, len);
 }
 
 int sb_manifest__files_write_match(const sb_manifest_t *m, const char *path, size_t len)
 {
-    return list_glob_any(&m->files_write, path, len);
+    return list_glob_any(m, AX_FILES_WRITE, path, len);
 }
 
 /* upstream's files.list rule: some read glob, as a string, starts with dir + "/" */
 int sb_manifest__files_read_under(const sb_manifest_t *m, const char *dir, size_t len)
 {
-    size_t i;
+    size_t n;
+    const mref_t *l = entries(m, AX_FILES_READ, &n);
 
-    for (i = 0; i != m->files_read.n; ++i) {
-        const mstr_t *g = &m->files_read.v[i];
-        if (g->len > len && memcmp(g->p, dir, len) == 0 && g->p[len] == '/')
+    for (size_t i = 0; i != n; ++i) {
+        const char *g = str_at(m, l[i].off);
+        if (l[i].len > len && memcmp(g, dir, len) == 0 && g[len] == '/')
             return 1;
     }
     return 0;
@@ -794,17 +1339,17 @@ int sb_manifest__files_read_under(const sb_manifest_t *m, const char *dir, size_
 
 size_t sb_manifest__tools_count(const sb_manifest_t *m)
 {
-    return m->tools.n;
+    return body_of(m)->axis[AX_TOOLS].n;
 }
 
 int sb_manifest__tools_match(const sb_manifest_t *m, const char *name, size_t len)
 {
-    return list_glob_any(&m->tools, name, len);
+    return list_glob_any(m, AX_TOOLS, name, len);
 }
 
 size_t sb_manifest__net_count(const sb_manifest_t *m)
 {
-    return m->net.n;
+    return body_of(m)->axis[AX_NET].n;
 }
 
 static int ieq_n(const char *a, const char *b, size_t n)
@@ -819,12 +1364,18 @@ static int ieq_n(const char *a, const char *b, size_t n)
 
 size_t sb_manifest_secret_count(const sb_manifest_t *m)
 {
-    return m != NULL ? m->secrets.n : 0;
+    return m != NULL ? body_of(m)->axis[AX_SECRETS].n : 0;
 }
 
 const char *sb_manifest_secret_name(const sb_manifest_t *m, size_t i)
 {
-    return m != NULL && i < m->secrets.n ? m->secrets.v[i].p : NULL;
+    size_t n;
+    const mref_t *l;
+
+    if (m == NULL)
+        return NULL;
+    l = entries(m, AX_SECRETS, &n);
+    return i < n ? str_at(m, l[i].off) : NULL;
 }
 
 int sb_manifest__is_secret_name(const char *s, size_t len)
@@ -843,18 +1394,32 @@ int sb_manifest__is_secret_name(const char *s, size_t len)
  * so "[0:0::1]" and "[::1]" are the same entry); "*.suffix" matches names that
  * end in ".suffix" and are longer (subdomains only, never the apex, never an
  * address); anything else is a case-insensitive exact comparison with the
- * canonical host.
+ * canonical host. `host` is the 16 address bytes for NET_V6.
  */
+static int host_matches(int kind, const char *host, size_t len, uint16_t port, const sb_url_t *u)
+{
+    if (port != 0 && port != u->port)
+        return 0;
+    switch (kind) {
+    case NET_V6:
+        return u->host_kind == SB_URL_HOST_IPV6 && memcmp(host, &u->addr.v6, sizeof(u->addr.v6)) == 0;
+    case NET_WILDCARD:
+        return u->host_kind == SB_URL_HOST_NAME && u->host_len > len + 1 && u->host[u->host_len - len - 1] == '.' &&
+               ieq_n(u->host + u->host_len - len, host, len);
+    default:
+        return u->host_kind != SB_URL_HOST_IPV6 && u->host_len == len && ieq_n(u->host, host, len);
+    }
+}
+
+static int tree_kind(const sb_net_entry_t *e)
+{
+    return e->is_v6 ? NET_V6 : e->wildcard ? NET_WILDCARD : NET_NAME;
+}
+
 int sb_manifest__entry_host_matches(const sb_net_entry_t *e, const sb_url_t *u)
 {
-    if (e->port != 0 && e->port != u->port)
-        return 0;
-    if (e->is_v6)
-        return u->host_kind == SB_URL_HOST_IPV6 && memcmp(&e->v6, &u->addr.v6, sizeof(e->v6)) == 0;
-    if (e->wildcard)
-        return u->host_kind == SB_URL_HOST_NAME && u->host_len > e->host_len + 1 && u->host[u->host_len - e->host_len - 1] == '.' &&
-               ieq_n(u->host + u->host_len - e->host_len, e->host, e->host_len);
-    return u->host_kind != SB_URL_HOST_IPV6 && u->host_len == e->host_len && ieq_n(u->host, e->host, e->host_len);
+    return e->is_v6 ? host_matches(NET_V6, (const char *)&e->v6, sizeof(e->v6), e->port, u)
+                    : host_matches(tree_kind(e), e->host, e->host_len, e->port, u);
 }
 
 /* the request path: the origin-form target up to its query */
@@ -891,39 +1456,92 @@ static int path_is_ambiguous(const char *p, size_t n)
     return 0;
 }
 
-sb_net_verdict_t sb_manifest__rules_verdict(const sb_http_rules_t *r, const sb_url_t *u, const char *method)
-{
-    size_t i, plen;
+/* the verdict of a paths rule (npaths != 0) whose i-th glob path_at gives */
+typedef const char *(*rule_at_t)(const void *ctx, size_t i, size_t *len);
 
-    if (r->nmethods != 0) {
-        for (i = 0; i != r->nmethods && strcmp(r->methods[i], method) != 0; ++i)
-            ;
-        if (i == r->nmethods)
+static sb_net_verdict_t rules_verdict(const void *ctx, rule_at_t method_at, size_t nmethods, rule_at_t path_at, size_t npaths,
+                                      const sb_url_t *u, const char *method)
+{
+    size_t i, plen, mlen = strlen(method);
+
+    if (nmethods != 0) {
+        for (i = 0; i != nmethods; ++i) {
+            size_t len;
+            const char *s = method_at(ctx, i, &len);
+            if (len == mlen && memcmp(s, method, mlen) == 0)
+                break;
+        }
+        if (i == nmethods)
             return SB_NET_METHOD;
     }
-    if (r->npaths != 0) {
+    if (npaths != 0) {
         plen = path_len(u);
         if (path_is_ambiguous(u->target, plen))
             return SB_NET_PATH_ENCODING;
-        for (i = 0; i != r->npaths; ++i)
-            if (sb_glob_match(r->paths[i], strlen(r->paths[i]), u->target, plen))
+        for (i = 0; i != npaths; ++i) {
+            size_t len;
+            const char *g = path_at(ctx, i, &len);
+            if (sb_glob_match(g, len, u->target, plen))
                 return SB_NET_OK;
+        }
         return SB_NET_PATH;
     }
     return SB_NET_OK;
 }
 
+static const char *tree_method_at(const void *ctx, size_t i, size_t *len)
+{
+    const char *s = ((const sb_http_rules_t *)ctx)->methods[i];
+    *len = strlen(s);
+    return s;
+}
+
+static const char *tree_path_at(const void *ctx, size_t i, size_t *len)
+{
+    const char *s = ((const sb_http_rules_t *)ctx)->paths[i];
+    *len = strlen(s);
+    return s;
+}
+
+sb_net_verdict_t sb_manifest__rules_verdict(const sb_http_rules_t *r, const sb_url_t *u, const char *method)
+{
+    return rules_verdict(r, tree_method_at, r->nmethods, tree_path_at, r->npaths, u, method);
+}
+
+/* a packed entry's rules: the manifest and the entry */
+typedef struct st_packed_rules_t {
+    const sb_manifest_t *m;
+    const mnet_t *e;
+} packed_rules_t;
+
+static const char *packed_method_at(const void *ctx, size_t i, size_t *len)
+{
+    const packed_rules_t *pr = ctx;
+    const mref_t *rr = (const mref_t *)(const void *)(pr->m->body + pr->e->rules);
+    *len = rr[i].len;
+    return str_at(pr->m, rr[i].off);
+}
+
+static const char *packed_path_at(const void *ctx, size_t i, size_t *len)
+{
+    const packed_rules_t *pr = ctx;
+    return packed_method_at(ctx, pr->e->nmethods + i, len);
+}
+
 sb_net_verdict_t sb_manifest__net_verdict(const sb_manifest_t *m, const sb_url_t *u, const char *method)
 {
     sb_net_verdict_t first = SB_NET_NO_HOST;
-    size_t i;
+    size_t n;
+    const mnet_t *l = entries(m, AX_NET, &n);
 
     /* any entry that admits the host and the request grants it; else the first host entry's refusal is the reason */
-    for (i = 0; i != m->net.n; ++i) {
+    for (size_t i = 0; i != n; ++i) {
+        const mnet_t *e = &l[i];
+        packed_rules_t pr = {m, e};
         sb_net_verdict_t v;
-        if (!sb_manifest__entry_host_matches(&m->net.v[i], u))
+        if (!host_matches(e->kind, str_at(m, e->off), e->len, e->port, u))
             continue;
-        if ((v = sb_manifest__rules_verdict(&m->net.v[i].rules, u, method)) == SB_NET_OK)
+        if ((v = rules_verdict(&pr, packed_method_at, e->nmethods, packed_path_at, e->npaths, u, method)) == SB_NET_OK)
             return SB_NET_OK;
         if (first == SB_NET_NO_HOST)
             first = v;
@@ -931,26 +1549,31 @@ sb_net_verdict_t sb_manifest__net_verdict(const sb_manifest_t *m, const sb_url_t
     return first;
 }
 
-/* 1 when entry `n` admits every host and port entry `e` admits */
-static int entry_covers(const net_entry_t *n, const net_entry_t *e)
+/* 1 when the packed entry `n` admits every host and port the tree entry `e` admits */
+static int entry_covers(const sb_manifest_t *m, const mnet_t *n, const sb_net_entry_t *e)
 {
+    const char *h = str_at(m, n->off);
+
     if (n->port != 0 && n->port != e->port)
         return 0;
-    if (n->is_v6 || e->is_v6)
-        return n->is_v6 && e->is_v6 && memcmp(&n->v6, &e->v6, sizeof(n->v6)) == 0;
-    if (!n->wildcard)
-        return !e->wildcard && n->host_len == e->host_len && memcmp(n->host, e->host, n->host_len) == 0;
+    if (n->kind == NET_V6 || e->is_v6)
+        return n->kind == NET_V6 && e->is_v6 && memcmp(h, &e->v6, sizeof(e->v6)) == 0;
+    if (n->kind != NET_WILDCARD)
+        return !e->wildcard && n->len == e->host_len && memcmp(h, e->host, n->len) == 0;
     /* *.suffix covers *.suffix, *.x.suffix and x.suffix */
-    if (e->wildcard && e->host_len == n->host_len && memcmp(e->host, n->host, n->host_len) == 0)
+    if (e->wildcard && e->host_len == n->len && memcmp(e->host, h, n->len) == 0)
         return 1;
-    return e->host_len > n->host_len + 1 && e->host[e->host_len - n->host_len - 1] == '.' &&
-           memcmp(e->host + e->host_len - n->host_len, n->host, n->host_len) == 0;
+    return e->host_len > (size_t)n->len + 1 && e->host[e->host_len - n->len - 1] == '.' &&
+           memcmp(e->host + e->host_len - n->len, h, n->len) == 0;
 }
 
 int sb_manifest__net_covers(const sb_manifest_t *m, const sb_net_entry_t *e)
 {
-    for (size_t i = 0; i != m->net.n; ++i)
-        if (entry_covers(&m->net.v[i], e))
+    size_t n;
+    const mnet_t *l = entries(m, AX_NET, &n);
+
+    for (size_t i = 0; i != n; ++i)
+        if (entry_covers(m, &l[i], e))
             return 1;
     return 0;
 }

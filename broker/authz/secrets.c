@@ -87,20 +87,20 @@ static void free_secret(sb_secret_t *s)
 {
     if (s->value != NULL) {
         wipe(s->value, s->value_len);
-        free(s->value);
+        sb_mem_free(s->value);
     }
     for (size_t i = 0; i < s->nforms; ++i) {
         wipe(s->forms[i].p, s->forms[i].len);
-        free(s->forms[i].p);
+        sb_mem_free(s->forms[i].p);
         wipe(s->forms[i].tail, s->forms[i].tail_len);
-        free(s->forms[i].tail);
+        sb_mem_free(s->forms[i].tail);
     }
     sb_manifest__free_net(s->hosts, s->nhosts);
     for (size_t i = 0; i < s->nheaders; ++i)
-        free(s->headers[i]);
-    free(s->headers);
+        sb_mem_free(s->headers[i]);
+    sb_mem_free(s->headers);
     sb_manifest__free_rules(&s->rules);
-    free(s->rules_text);
+    sb_mem_free_foreign(s->rules_text);
     memset(s, 0, sizeof(*s));
 }
 
@@ -110,9 +110,9 @@ void sb_secrets_free(sb_secrets_t *s)
         return;
     for (size_t i = 0; i < s->n; ++i)
         free_secret(&s->v[i]);
-    free(s->v);
-    free(s->order);
-    free(s);
+    sb_mem_free(s->v);
+    sb_mem_free(s->order);
+    sb_mem_free(s);
 }
 
 size_t sb_secrets_count(const sb_secrets_t *s)
@@ -174,7 +174,7 @@ static void add_percent_forms(sb_secret_t *s)
         add_form(s, buf, o);
         wipe(buf, o);
     }
-    free(buf);
+    sb_mem_free(buf);
 }
 
 /*
@@ -222,8 +222,8 @@ static void add_base64_forms(sb_secret_t *s)
     }
     wipe(raw, n);
     wipe(enc, enc_len);
-    free(raw);
-    free(enc);
+    sb_mem_free(raw);
+    sb_mem_free(enc);
 }
 
 static void make_forms(sb_secret_t *s)
@@ -241,7 +241,7 @@ static void make_forms(sb_secret_t *s)
         lower[i] = s->value[i] >= 'A' && s->value[i] <= 'Z' ? (char)(s->value[i] - 'A' + 'a') : s->value[i];
     add_form(s, lower, s->value_len);
     wipe(lower, s->value_len);
-    free(lower);
+    sb_mem_free(lower);
 }
 
 static int cmp_pattern(const void *a, const void *b)
@@ -255,7 +255,7 @@ static void build_order(sb_secrets_t *s)
 {
     size_t n = 0;
 
-    free(s->order);
+    sb_mem_free(s->order);
     for (size_t i = 0; i < s->n; ++i)
         n += s->v[i].nforms;
     s->order = sb_mem_calloc(n != 0 ? n : 1, sizeof(*s->order));
@@ -711,7 +711,7 @@ sb_status_t sb_secrets_redact(const sb_secrets_t *s, const char *in, size_t len,
         if (sec->placeholder_len > f->len && hits > (cap - (curlen < cap ? curlen : cap)) / (sec->placeholder_len - f->len)) {
             if (owned != NULL) {
                 wipe(owned, curlen);
-                free(owned);
+                sb_mem_free(owned);
             }
             return SB_E_TOO_LARGE;
         }
@@ -719,14 +719,14 @@ sb_status_t sb_secrets_redact(const sb_secrets_t *s, const char *in, size_t len,
         if (newlen > cap) {
             if (owned != NULL) {
                 wipe(owned, curlen);
-                free(owned);
+                sb_mem_free(owned);
             }
             return SB_E_TOO_LARGE;
         }
-        if ((next = malloc(newlen != 0 ? newlen : 1)) == NULL) {
+        if ((next = sb_mem_try_alloc(newlen != 0 ? newlen : 1)) == NULL) {
             if (owned != NULL) {
                 wipe(owned, curlen);
-                free(owned);
+                sb_mem_free(owned);
             }
             return SB_E_NOMEM;
         }
@@ -744,7 +744,7 @@ sb_status_t sb_secrets_redact(const sb_secrets_t *s, const char *in, size_t len,
         }
         if (owned != NULL) {
             wipe(owned, curlen);
-            free(owned);
+            sb_mem_free(owned);
         }
         owned = next;
         cur = next;
@@ -876,8 +876,8 @@ json_t *sb_secrets_seal(const sb_secrets_t *s, const uint8_t hash[32])
         json_object_set_new(rules, "sealed", json_string(b64));
         json_object_set_new(o, sec->name, rules);
     }
-    free(box);
-    free(b64);
+    sb_mem_free(box);
+    sb_mem_free(b64);
     return o;
 }
 
@@ -913,7 +913,7 @@ sb_status_t sb_secrets_unseal(const json_t *o, const uint8_t hash[32], const sb_
         if (text == NULL)
             sb_fatal(__FILE__, __LINE__, "out of memory");
         st = add_copy(out, name, text, (const char *)plain, blen - NONCE_LEN - TAG_LEN, m, "secrets", err, sizeof(err));
-        free(text);
+        sb_mem_free_foreign(text);
         OPENSSL_cleanse(plain, SB_MAX_SECRET_VALUE + 1);
         if (st != SB_OK) {
             st = SB_E_UNAVAILABLE;
@@ -921,8 +921,8 @@ sb_status_t sb_secrets_unseal(const json_t *o, const uint8_t hash[32], const sb_
         }
     }
     OPENSSL_cleanse(box, NONCE_LEN + SB_MAX_SECRET_VALUE + TAG_LEN + 3);
-    free(box);
-    free(plain);
+    sb_mem_free(box);
+    sb_mem_free(plain);
     if (st != SB_OK) {
         sb_secrets_free(*out);
         *out = NULL;

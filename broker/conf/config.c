@@ -93,7 +93,7 @@ static void set_from_json(sb_config_t *c, const struct key *k, json_t *v, const 
             fail(e, "%s: %s: expected a non-empty string", origin, k->name);
             return;
         }
-        free(*(char **)base);
+        sb_mem_free(*(char **)base);
         *(char **)base = sb_mem_strdup(json_string_value(v));
         return;
     case K_UINT:
@@ -461,38 +461,38 @@ void sb_config_free(sb_config_t *c)
 {
     if (c == NULL)
         return;
-    free(c->listen);
-    free(c->admin_listen);
-    free(c->admin_secret_file);
+    sb_mem_free(c->listen);
+    sb_mem_free(c->admin_listen);
+    sb_mem_free(c->admin_secret_file);
     if (c->admin_secret != NULL) {
         explicit_bzero(c->admin_secret, strlen(c->admin_secret));
-        free(c->admin_secret);
+        sb_mem_free(c->admin_secret);
     }
-    free(c->admin_net_mint_secret_file);
-    free(c->secrets_key_file);
+    sb_mem_free(c->admin_net_mint_secret_file);
+    sb_mem_free(c->secrets_key_file);
     explicit_bzero(c->secrets_key, sizeof(c->secrets_key));
     if (c->admin_net_mint_secret != NULL) {
         explicit_bzero(c->admin_net_mint_secret, strlen(c->admin_net_mint_secret));
-        free(c->admin_net_mint_secret);
+        sb_mem_free(c->admin_net_mint_secret);
     }
-    free(c->rpc_path);
-    free(c->token_store);
-    free(c->redis_prefix);
+    sb_mem_free(c->rpc_path);
+    sb_mem_free(c->token_store);
+    sb_mem_free(c->redis_prefix);
     if (c->redis_password != NULL)
         explicit_bzero(c->redis_password, strlen(c->redis_password));
-    free(c->redis_password);
-    free(c->redis_password_file);
+    sb_mem_free(c->redis_password);
+    sb_mem_free(c->redis_password_file);
     if (c->redis_sentinel_password != NULL)
         explicit_bzero(c->redis_sentinel_password, strlen(c->redis_sentinel_password));
-    free(c->redis_sentinel_password);
-    free(c->redis_sentinel_password_file);
-    free(c->log_level);
-    free(c->audit);
-    free(c->log_file);
-    free(c->database_url);
+    sb_mem_free(c->redis_sentinel_password);
+    sb_mem_free(c->redis_sentinel_password_file);
+    sb_mem_free(c->log_level);
+    sb_mem_free(c->audit);
+    sb_mem_free(c->log_file);
+    sb_mem_free(c->database_url);
     json_decref(c->targets);
     json_decref(c->egress);
-    free(c);
+    sb_mem_free(c);
 }
 
 void sb_config_print_keys(FILE *fp)

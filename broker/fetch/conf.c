@@ -9,6 +9,7 @@
 #include "fetch/client.h"
 #include "fetch/fetch.h"
 #include "sb/limits.h"
+#include "sb/mem.h"
 #include "util/util.h"
 
 static int get_uint(const json_t *o, const char *key, uint64_t min, uint64_t max, uint64_t def, uint64_t *out, char *err,
@@ -30,9 +31,10 @@ static int get_uint(const json_t *o, const char *key, uint64_t min, uint64_t max
 
 sb_status_t sb_fetch_conf_create(const json_t *egress, sb_fetch_conf_t **out, char *err, size_t errsz)
 {
-    static const char *known[] = {"dns_servers",        "dns_timeout_ms",        "dns_tries", "deny_cidrs",
-                                  "allow_cidrs",        "deny_local_interfaces", "ca_file",   "deadline_ms",
-                                  "connect_timeout_ms", "max_redirects",         NULL};
+    static const char *known[] = {
+        "dns_servers",           "dns_timeout_ms",    "dns_tries",   "deny_cidrs",         "allow_cidrs",
+        "deny_local_interfaces", "ca_file",           "deadline_ms", "connect_timeout_ms", "max_redirects",
+        "keepalive_pool_size",   "keepalive_idle_ms", NULL};
     sb_fetch_conf_t *c = sb_mem_calloc(1, sizeof(*c));
     const char *k, *why = NULL;
     json_t *v, *servers, *dli;
@@ -79,6 +81,12 @@ sb_status_t sb_fetch_conf_create(const json_t *egress, sb_fetch_conf_t **out, ch
     if (get_uint(egress, "max_redirects", 0, 5, 5, &u, err, errsz) != 0)
         goto Error;
     c->max_redirects = (unsigned)u;
+    /* on by default: 64 parked connections per worker (docs/config.md says why); 0 turns reuse off */
+    if (get_uint(egress, "keepalive_pool_size", 0, 1024, 64, &u, err, errsz) != 0)
+        goto Error;
+    c->keepalive_pool_size = (size_t)u;
+    if (get_uint(egress, "keepalive_idle_ms", 100, 300000, 5000, &c->keepalive_idle_ms, err, errsz) != 0)
+        goto Error;
     c->max_body = SB_MAX_HTTP_BODY;
     if ((v = json_object_get(egress, "ca_file")) != NULL) {
         if (!json_is_string(v)) {
@@ -114,7 +122,7 @@ void sb_fetch_conf_free(sb_fetch_conf_t *c)
         sb_egress_policy_free(c->policy);
     if (c->ssl_ctx != NULL)
         SSL_CTX_free(c->ssl_ctx);
-    free(c->dns_servers);
-    free(c->ca_file);
-    free(c);
+    sb_mem_free(c->dns_servers);
+    sb_mem_free(c->ca_file);
+    sb_mem_free(c);
 }

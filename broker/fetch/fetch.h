@@ -25,6 +25,8 @@ typedef struct st_sb_fetch_conf_t {
     uint64_t deadline_ms, connect_timeout_ms;
     unsigned max_redirects;
     size_t max_body;
+    size_t keepalive_pool_size; /* parked connections per worker (default 64); 0: never reused */
+    uint64_t keepalive_idle_ms;
 } sb_fetch_conf_t;
 
 /**

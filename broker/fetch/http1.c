@@ -6,10 +6,10 @@
  * allocation: the body grows with the bytes that arrive and stops at
  * max_body.
  */
-#include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
 #include "fetch/http1.h"
+#include "sb/mem.h"
 
 struct phr_header {
     const char *name;
@@ -29,53 +29,47 @@ void sb_http1_init(sb_http1_reader_t *r, int head_request, size_t max_body)
     r->state = F_HEAD;
     r->head_request = head_request;
     r->max_body = max_body;
+    sb_buf_init(&r->body, max_body);
+}
+
+void sb_http1_set_wipe(sb_http1_reader_t *r)
+{
+    r->wipe = 1;
+    sb_buf_init_secret(&r->body, r->max_body);
 }
 
 void sb_http1_dispose(sb_http1_reader_t *r)
 {
-    /* wiped: a response may echo a run's secret (PROTOCOL.md section 5) */
+    /* wiped: a response may echo a run's secret (PROTOCOL.md section 5); a wiping reader's body is a secret buffer */
     if (r->wipe && r->head != NULL)
-        explicit_bzero(r->head, r->head_len);
-    free(r->head);
+        sb_mem_free_secret(r->head, r->head_len);
+    else
+        sb_mem_free(r->head);
     r->head = NULL;
-    if (r->wipe && r->res.body != NULL)
-        explicit_bzero(r->res.body, r->res.body_len);
-    free(r->res.body);
+    sb_buf_free(&r->body);
     r->res.body = NULL;
+    r->res.body_len = 0;
 }
 
-static int append_body(sb_http1_reader_t *r, const char *p, size_t n)
+int sb_http1_reusable(const sb_http1_reader_t *r)
 {
-    if (n == 0)
-        return 0;
-    if (n > r->max_body - r->res.body_len)
-        return -1;
-    if (r->res.body_len + n > r->body_cap) {
-        size_t cap = r->body_cap != 0 ? r->body_cap : 16384;
-        uint8_t *nb;
-        while (cap < r->res.body_len + n)
-            cap *= 2;
-        if (cap > r->max_body)
-            cap = r->max_body;
-        if (!r->wipe) {
-            if ((nb = realloc(r->res.body, cap)) == NULL)
-                return -1;
-        } else {
-            /* not realloc: the old block is wiped before it is freed (a body may echo a run's secret) */
-            if ((nb = malloc(cap)) == NULL)
-                return -1;
-            if (r->res.body != NULL) {
-                memcpy(nb, r->res.body, r->res.body_len);
-                explicit_bzero(r->res.body, r->res.body_len);
-                free(r->res.body);
-            }
-        }
-        r->res.body = nb;
-        r->body_cap = cap;
+    return r->reusable;
+}
+
+/* the body grows with the bytes that arrive (sb_buf's one growth rule), never past max_body */
+static const char *append_body(sb_http1_reader_t *r, sb_view_t v)
+{
+    switch (sb_buf_append(&r->body, v.base, v.len)) {
+    case SB_OK:
+        break;
+    case SB_E_TOO_LARGE:
+        return "response body exceeds the cap";
+    default:
+        return "out of memory";
     }
-    memcpy(r->res.body + r->res.body_len, p, n);
-    r->res.body_len += n;
-    return 0;
+    r->res.body = (uint8_t *)r->body.base;
+    r->res.body_len = r->body.len;
+    return NULL;
 }
 
 static int parse_length(const char *v, size_t len, size_t *out)
@@ -105,6 +99,30 @@ static int ieq(const char *a, size_t alen, const char *b)
             return 0;
     }
     return 1;
+}
+
+/* a Connection field value lists "close" (RFC 9110 section 7.6.1: comma-separated tokens, any case) */
+static int lists_close(const char *v, size_t len)
+{
+    sb_reader_t rd;
+    sb_view_t tok;
+
+    sb_reader_init(&rd, v, len);
+    for (;;) {
+        int last = sb_reader_until(&rd, ',', &tok) != SB_OK;
+        size_t b = 0, e;
+        if (last)
+            tok = sb_reader_rest(&rd);
+        e = tok.len;
+        while (b < e && (tok.base[b] == ' ' || tok.base[b] == '\t'))
+            ++b;
+        while (e > b && (tok.base[e - 1] == ' ' || tok.base[e - 1] == '\t'))
+            --e;
+        if (ieq((const char *)tok.base + b, e - b, "close"))
+            return 1;
+        if (last || sb_reader_skip(&rd, 1) != SB_OK)
+            return 0;
+    }
 }
 
 /*
@@ -154,9 +172,10 @@ static const char *parse_head(sb_http1_reader_t *r, const char *buf, size_t len,
         break;
     }
     /* copy the head: the connection's buffer is consumed as the body arrives */
-    if ((r->head = malloc((size_t)rlen)) == NULL)
+    if ((r->head = sb_mem_try_alloc((size_t)rlen)) == NULL)
         return "out of memory";
     r->head_len = (size_t)rlen;
+    r->minor_version = minor;
     memcpy(r->head, in, (size_t)rlen);
     r->res.status = status;
     r->res.reason = r->head + (msg - in);
@@ -190,6 +209,8 @@ static const char *parse_head(sb_http1_reader_t *r, const char *buf, size_t len,
             if (!ieq(hdrs[i].value, hdrs[i].value_len, "chunked") || chunked)
                 return "unsupported Transfer-Encoding";
             chunked = 1;
+        } else if (ieq(name, hdrs[i].name_len, "connection") && lists_close(hdrs[i].value, hdrs[i].value_len)) {
+            r->conn_close = 1;
         }
     }
     *off += (size_t)rlen;
@@ -211,10 +232,19 @@ static const char *parse_head(sb_http1_reader_t *r, const char *buf, size_t len,
     return NULL;
 }
 
+/* a complete response leaves the connection reusable only when nothing follows it and both sides keep it open */
+static void complete(sb_http1_reader_t *r, size_t left, int *done)
+{
+    r->reusable = left == 0 && r->minor_version == 1 && !r->conn_close;
+    *done = 1;
+}
+
 const char *sb_http1_feed(sb_http1_reader_t *r, char *buf, size_t len, int eof, size_t *consumed, int *done)
 {
-    const char *err;
+    const char *err = NULL;
     size_t off = 0;
+    sb_reader_t rd;
+    sb_view_t v;
 
     *consumed = 0;
     *done = 0;
@@ -229,45 +259,48 @@ const char *sb_http1_feed(sb_http1_reader_t *r, char *buf, size_t len, int eof, 
             return NULL;
         }
     }
-    buf += off;
-    len -= off;
+    /* what follows the head: the caller drops all of it, whatever the framing takes */
+    *consumed = len;
+    sb_reader_init(&rd, buf + off, len - off);
     switch (r->state) {
     case F_NONE:
-        *done = 1;
+        complete(r, sb_reader_remaining(&rd), done);
         return NULL;
     case F_LENGTH: {
-        size_t take = len;
+        size_t take = sb_reader_remaining(&rd);
         if (take > r->content_length - r->res.body_len)
             take = r->content_length - r->res.body_len;
-        if (append_body(r, buf, take) != 0)
-            return "response body exceeds the cap";
-        *consumed = off + len;
+        if (sb_reader_bytes(&rd, take, &v) != SB_OK || (err = append_body(r, v)) != NULL)
+            return err != NULL ? err : "internal state error";
         if (r->res.body_len == r->content_length)
-            *done = 1;
+            complete(r, sb_reader_remaining(&rd), done);
         else if (eof)
             return "connection closed before the response body completed";
         return NULL;
     }
     case F_CHUNKED: {
-        size_t n = len;
-        ssize_t rv = phr_decode_chunked(&r->chunked, buf, &n);
+        /* decoded in place: the decoder only ever shrinks the bytes it is given */
+        size_t n = len - off;
+        ssize_t rv = phr_decode_chunked(&r->chunked, buf + off, &n);
         if (rv == -1)
             return "malformed chunked encoding";
-        if (append_body(r, buf, n) != 0)
-            return "response body exceeds the cap";
-        *consumed = off + len;
+        v.base = (const uint8_t *)buf + off;
+        v.len = n;
+        if ((err = append_body(r, v)) != NULL)
+            return err;
         if (rv >= 0)
-            *done = 1;
+            complete(r, (size_t)rv, done); /* rv: bytes left after the last chunk and the trailers */
         else if (eof)
             return "connection closed inside chunked body";
         return NULL;
     }
     case F_CLOSE:
-        if (append_body(r, buf, len) != 0)
-            return "response body exceeds the cap";
-        *consumed = off + len;
-        if (eof)
-            *done = 1; /* the body ends with the connection */
+        if ((err = append_body(r, sb_reader_rest(&rd))) != NULL)
+            return err;
+        if (eof) {
+            *done = 1; /* the body ends with the connection, which ends with it */
+            r->reusable = 0;
+        }
         return NULL;
     default:
         return "internal state error";

@@ -17,6 +17,7 @@
 
 #include <stddef.h>
 #include "fetch/client.h"
+#include "sb/buf.h"
 
 /* picohttpparser's chunked decoder state (libh2o-evloop 2.2.5 layout; Debian ships no header) */
 struct phr_chunked_decoder {
@@ -29,20 +30,39 @@ struct phr_chunked_decoder {
 typedef struct st_sb_http1_reader_t {
     int state;
     int head_request; /* a HEAD request: the response has no body */
-    int wipe;         /* set after init: the head copy and the body are wiped before they are freed (a run's secrets) */
+    int wipe;         /* sb_http1_set_wipe: the head copy and the body are wiped before they are freed (a run's secrets) */
     size_t max_body;
-    size_t content_length, body_cap;
+    size_t content_length;
     size_t head_seen; /* bytes of the current head already seen incomplete (picohttpparser's last_len) */
     struct phr_chunked_decoder chunked;
-    char *head; /* copy of the response head, backing res.headers */
+    int minor_version; /* of the final response */
+    int conn_close;    /* the final response says "Connection: close" */
+    int reusable;      /* set when complete: the connection may carry another exchange */
+    char *head;        /* copy of the response head, backing res.headers (sb_mem) */
     size_t head_len;
+    sb_buf_t body;          /* the body, capped at max_body; res.body and res.body_len view it */
     sb_http_response_t res; /* the response; res.body grows as it arrives */
 } sb_http1_reader_t;
 
 /** zeroes the reader, ready for the response head */
 void sb_http1_init(sb_http1_reader_t *r, int head_request, size_t max_body);
+/**
+ * Before the first feed, for a run that holds secrets (PROTOCOL.md section 5):
+ * the head copy and the body (a secret sb_buf_t) are zeroed before their
+ * memory is released or reused.
+ */
+void sb_http1_set_wipe(sb_http1_reader_t *r);
 /** frees the head copy and the body */
 void sb_http1_dispose(sb_http1_reader_t *r);
+/**
+ * After a complete response (*done set by sb_http1_feed): 1 when the
+ * connection may carry another exchange (RFC 9112 section 9.3): an HTTP/1.1
+ * response without "Connection: close", whose end was framed (Content-Length
+ * reached, the last chunk and trailers read, or no body by rule) and followed
+ * by no byte at all. A body delimited by the close, HTTP/1.0, or anything
+ * buffered past the end is 0.
+ */
+int sb_http1_reusable(const sb_http1_reader_t *r);
 
 /**
  * Feeds the bytes the connection has buffered and not consumed yet.

@@ -50,6 +50,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 #include "fetch/ipclass.h"
+#include "sb/mem.h"
 #include "util/util.h"
 
 /* how much of an offending entry an error message quotes */
@@ -754,7 +755,7 @@ static sb_status_t parse_list(const json_t *arr, const char *key, int is_allow, 
         return SB_OK;
     if (n > SB_EGRESS_MAX_CIDRS)
         return fail(err, errsz, "%s: too many entries (%zu, at most %u)", key, n, SB_EGRESS_MAX_CIDRS);
-    if ((out->v = calloc(n, sizeof(*out->v))) == NULL) {
+    if ((out->v = sb_mem_try_calloc(n, sizeof(*out->v))) == NULL) {
         sb_format_error(err, errsz, "%s: out of memory", key);
         return SB_E_NOMEM;
     }
@@ -827,7 +828,7 @@ static sb_status_t push_local(cidr_list_t *out, size_t *cap, int family, const u
             return iface_fail(err, errsz, "more than 4096 addresses", 0);
         if (ncap > MAX_IFADDRS)
             ncap = MAX_IFADDRS;
-        if ((v = realloc(out->v, ncap * sizeof(*v))) == NULL) {
+        if ((v = sb_mem_try_realloc_array(out->v, ncap, sizeof(*v))) == NULL) {
             if (err != NULL && errsz != 0)
                 snprintf(err, errsz, "egress: out of memory");
             return SB_E_NOMEM;
@@ -854,7 +855,7 @@ static sb_status_t load_ipv4(cidr_list_t *out, size_t *cap, char *err, size_t er
     if ((fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)) < 0)
         return iface_fail(err, errsz, "an AF_INET socket for SIOCGIFCONF", errno);
     for (;;) {
-        struct ifreq *r = realloc(req, room * sizeof(*req));
+        struct ifreq *r = sb_mem_try_realloc_array(req, room, sizeof(*req));
         if (r == NULL) {
             st = SB_E_NOMEM;
             if (err != NULL && errsz != 0)
@@ -888,7 +889,7 @@ static sb_status_t load_ipv4(cidr_list_t *out, size_t *cap, char *err, size_t er
     }
 
 Exit:
-    free(req);
+    sb_mem_free(req);
     close(fd);
     return st;
 }
@@ -958,7 +959,7 @@ sb_status_t sb_egress_policy_create(const json_t *deny_cidrs, const json_t *allo
     *out = NULL;
     if (err != NULL && errsz != 0)
         err[0] = '\0';
-    if ((p = calloc(1, sizeof(*p))) == NULL) {
+    if ((p = sb_mem_try_calloc(1, sizeof(*p))) == NULL) {
         if (err != NULL && errsz != 0)
             snprintf(err, errsz, "egress: out of memory");
         return SB_E_NOMEM;
@@ -981,8 +982,8 @@ void sb_egress_policy_free(sb_egress_policy_t *p)
 {
     if (p == NULL)
         return;
-    free(p->deny.v);
-    free(p->allow.v);
-    free(p->local.v);
-    free(p);
+    sb_mem_free(p->deny.v);
+    sb_mem_free(p->allow.v);
+    sb_mem_free(p->local.v);
+    sb_mem_free(p);
 }

@@ -1,19 +1,23 @@
 /*
  * The admin listener (PROTOCOL.md, "Admin API"): token minting, token and run
- * revocation, health, readiness and metrics. It is served only on its own
+ * revocation, token and run inspection, health, readiness and metrics. It is served only on its own
  * address; the public listener never routes here.
  *
  * Every /admin/ request needs "Authorization: Bearer <secret>". The secret is
  * compared as SHA-256 digests with CRYPTO_memcmp, so neither its content nor
  * its length leaks through timing.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <netdb.h>
 #include "http/admin_int.h"
 #include "http/admin_netmint.h"
 #include "http/framing.h"
 #include "http/async.h"
 #include "http/reply.h"
+#include "http/reqid.h"
 #include "http/routes.h"
 #include "http/worker.h"
 #include "authz/secrets.h"
@@ -56,7 +60,7 @@ void sb_admin_send_json(h2o_req_t *req, const char *op, sb_status_t st, json_t *
     if (text == NULL)
         sb_fatal(__FILE__, __LINE__, "out of memory");
     sb_admin_send(req, op, st, text, strlen(text));
-    free(text);
+    sb_mem_free_foreign(text);
 }
 
 void sb_admin_send_error(h2o_req_t *req, const char *op, sb_status_t st, const char *message)
@@ -82,22 +86,80 @@ void sb_admin_send_store_error(h2o_req_t *req, const char *op, sb_status_t st)
         sb_admin_send_error(req, op, SB_E_UNAVAILABLE, "the token store is unavailable");
 }
 
-static int authorized(h2o_req_t *req)
+/* "host:port" ("[v6]:port") of the peer, or "unknown" */
+static void remote_of(h2o_req_t *req, char *out, size_t outsz)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = req->conn->callbacks->get_peername(req->conn, (struct sockaddr *)&ss);
+    char host[NI_MAXHOST];
+    int32_t port;
+
+    if (len == 0 || h2o_socket_getnumerichost((struct sockaddr *)&ss, len, host) == SIZE_MAX) {
+        snprintf(out, outsz, "unknown");
+        return;
+    }
+    port = h2o_socket_getport((struct sockaddr *)&ss);
+    if (ss.ss_family == AF_INET6)
+        snprintf(out, outsz, "[%s]:%d", host, (int)port);
+    else
+        snprintf(out, outsz, "%s:%d", host, (int)port);
+}
+
+void sb_admin_refuse(h2o_req_t *req, const char *op, sb_status_t st, const char *message, const char *why, const char *credential)
+{
+    char remote[NI_MAXHOST + 16], rid[SB_MAX_REQUEST_ID + 1];
+    sb_logline_t l;
+
+    remote_of(req, remote, sizeof(remote));
+    sb_log_begin(&l, SB_LOG_WARN, "admin.refused");
+    sb_log_cstr(&l, "op", op);
+    sb_log_str(&l, "method", req->method.base, req->method.len);
+    sb_log_cstr(&l, "remote", remote);
+    if (sb_http_request_id(req, rid))
+        sb_log_cstr(&l, "requestId", rid);
+    if (credential != NULL)
+        sb_log_cstr(&l, "credential", credential);
+    sb_log_int(&l, "status", sb_status_http(st));
+    sb_log_cstr(&l, "reason", why != NULL ? why : message);
+    sb_log_end(&l);
+    sb_admin_send_error(req, op, st, message);
+}
+
+static int method_is(h2o_req_t *req, const char *m)
+{
+    return h2o_memis(req->method.base, req->method.len, m, strlen(m));
+}
+
+const char *sb_admin_op_of(h2o_req_t *req, h2o_iovec_t path)
+{
+    if (h2o_memis(path.base, path.len, H2O_STRLIT("/admin/v1/tokens")))
+        return method_is(req, "POST") ? "mint" : "other";
+    if (path.len > 17 && memcmp(path.base, "/admin/v1/tokens/", 17) == 0)
+        return method_is(req, "DELETE") ? "revoke_token" : method_is(req, "GET") ? "inspect_token" : "other";
+    if (path.len > 15 && memcmp(path.base, "/admin/v1/runs/", 15) == 0)
+        return method_is(req, "DELETE") ? "revoke_run" : method_is(req, "GET") ? "inspect_run" : "other";
+    return "other";
+}
+
+/* NULL when the bearer is the admin secret, else why not (for the log; the secret itself is never logged) */
+static const char *unauthorized(h2o_req_t *req)
 {
     ssize_t i = h2o_find_header(&req->headers, H2O_TOKEN_AUTHORIZATION, -1);
     uint8_t got[32];
     h2o_iovec_t v;
 
     if (i < 0)
-        return 0;
+        return "no Authorization header";
     v = req->headers.entries[i].value;
     if (v.len < 7 || !h2o_lcstris(v.base, 7, H2O_STRLIT("bearer ")))
-        return 0;
+        return "the Authorization header is not a Bearer credential";
     sb_sha256(v.base + 7, v.len - 7, got);
     if (sb_ct_equal(got, sb_current_worker->server->admin_secret_hash, 32))
-        return 1;
+        return NULL;
     /* after a reload that rotated the secret, the old one works for five more minutes */
-    return sb_current_worker->previous_secret_until > sb_now_ms() && sb_ct_equal(got, sb_current_worker->previous_secret_hash, 32);
+    if (sb_current_worker->previous_secret_until > sb_now_ms() && sb_ct_equal(got, sb_current_worker->previous_secret_hash, 32))
+        return NULL;
+    return "wrong admin secret";
 }
 
 static int hexval(char h)
@@ -400,7 +462,7 @@ static void mint(h2o_req_t *req)
         ttl_ms = conf->default_ttl_ms;
     ttl_ms = clamp_ttl(ttl_ms, conf->max_ttl_ms);
     tok->expires_at_ms = op->expires_at = now + ttl_ms;
-    memcpy(op->run_id, tok->run_id, sizeof(op->run_id));
+    memcpy(op->run_id, tok->run_id, strlen(tok->run_id) + 1); /* at most SB_MAX_RUN_ID bytes (sb_token_build) */
     op->tok = tok;
     op->caps = caps != NULL ? json_incref(caps) : json_object();
     json_decref(body);
@@ -448,6 +510,136 @@ static void revoke_id(h2o_req_t *req, int by_run, const char *seg, size_t seglen
     }
 }
 
+/* ---- inspection (PROTOCOL.md section 9, "Inspection"): what the store holds, never a token ---------------------------- */
+
+/* one token record as the inspection routes show it: its hash prefix (as logged), never the token */
+static json_t *token_json(const sb_token_t *tok)
+{
+    char ref[13];
+    json_t *o, *scope = json_object();
+
+    sb_hex(tok->hash, 6, ref);
+    for (size_t i = 0; i < tok->scope_len; ++i)
+        json_object_set_new(scope, tok->scope[i].key, json_string(tok->scope[i].value));
+    o = json_pack("{s:s, s:I, s:o, s:o, s:{s:I, s:I, s:I}, s:o}", "tokenHash", ref, "expiresAt", (json_int_t)tok->expires_at_ms,
+                  "target", tok->target[0] != '\0' ? json_string(tok->target) : json_null(), "scope", scope, "quotas", "calls",
+                  (json_int_t)tok->quota.calls, "concurrent", (json_int_t)tok->quota.concurrent, "fetchBytes",
+                  (json_int_t)tok->quota.fetch_bytes, "capabilities", sb_manifest_to_json(tok->manifest));
+    if (o == NULL)
+        sb_fatal(__FILE__, __LINE__, "out of memory");
+    return o;
+}
+
+static json_t *usage_json(const sb_store_usage_t *u)
+{
+    json_t *o = json_pack("{s:I, s:I, s:I}", "calls", (json_int_t)u->calls, "inFlight", (json_int_t)u->inflight, "fetchedBytes",
+                          (json_int_t)u->fetched_bytes);
+    if (o == NULL)
+        sb_fatal(__FILE__, __LINE__, "out of memory");
+    return o;
+}
+
+static void on_run_inspected(void *arg, sb_status_t st, sb_token_t *const *toks, size_t ntoks, size_t nlive,
+                             const sb_store_usage_t *usage)
+{
+    admin_op_t *op = arg;
+    h2o_req_t *req = op->super.req;
+
+    if (req == NULL)
+        goto Exit;
+    if (st != SB_OK) {
+        sb_admin_send_store_error(req, "inspect_run", st);
+    } else if (nlive == 0) {
+        sb_admin_send_error(req, "inspect_run", SB_E_NOT_FOUND, "no live token for that run");
+    } else {
+        json_t *list = json_array();
+        for (size_t i = 0; i < ntoks; ++i)
+            json_array_append_new(list, token_json(toks[i]));
+        sb_admin_send_json(req, "inspect_run", SB_OK,
+                           json_pack("{s:s, s:I, s:o, s:b, s:o}", "runId", op->run_id, "liveTokens", (json_int_t)nlive, "tokens",
+                                     list, "truncated", nlive > ntoks, "usage", usage_json(usage)));
+    }
+Exit:
+    sb_async_release(&op->super);
+}
+
+static void on_token_usage(void *arg, sb_status_t st, sb_token_t *const *toks, size_t ntoks, size_t nlive,
+                           const sb_store_usage_t *usage)
+{
+    admin_op_t *op = arg;
+    h2o_req_t *req = op->super.req;
+
+    (void)toks;
+    (void)ntoks;
+    (void)nlive;
+    if (req == NULL)
+        goto Exit;
+    if (st != SB_OK) {
+        sb_admin_send_store_error(req, "inspect_token", st);
+    } else {
+        json_t *o = token_json(op->tok);
+        json_object_set_new(o, "runId", json_string(op->tok->run_id));
+        json_object_set_new(o, "usage", usage_json(usage));
+        sb_admin_send_json(req, "inspect_token", SB_OK, o);
+    }
+Exit:
+    sb_async_release(&op->super);
+}
+
+static void on_token_record(void *arg, sb_status_t st, sb_token_t *tok)
+{
+    admin_op_t *op = arg;
+    h2o_req_t *req = op->super.req;
+
+    if (req == NULL || st != SB_OK) {
+        if (req != NULL && st == SB_E_UNAUTHORIZED)
+            sb_admin_send_error(req, "inspect_token", SB_E_NOT_FOUND, "no live token with that value");
+        else if (req != NULL)
+            sb_admin_send_store_error(req, "inspect_token", st);
+        sb_token_release(tok);
+        sb_async_release(&op->super);
+        return;
+    }
+    op->tok = tok; /* released with the op */
+    /* the run's usage, on the same reference (the callback releases it) */
+    sb_store_inspect_run(sb_current_worker->store, tok->run_id, 0, on_token_usage, op);
+}
+
+static void inspect_id(h2o_req_t *req, int by_run, const char *seg, size_t seglen)
+{
+    char id[SB_MAX_RUN_ID + 1];
+    admin_op_t *op;
+    const char *opname = by_run ? "inspect_run" : "inspect_token";
+
+    if (decode_segment(seg, seglen, id, sizeof(id)) != 0) {
+        sb_admin_send_error(req, opname, SB_E_BAD_ARGS, by_run ? "runId: malformed" : "token: malformed");
+        return;
+    }
+    if (!by_run && !sb_is_token_format(id, strlen(id))) {
+        sb_admin_send_error(req, opname, SB_E_BAD_ARGS, "token: expected 64 lowercase hex characters");
+        return;
+    }
+    op = (admin_op_t *)sb_async_attach(req, sizeof(*op), op_dispose);
+    op->op = opname;
+    sb_async_retain(&op->super);
+    if (by_run) {
+        memcpy(op->run_id, id, strlen(id) + 1);
+        sb_store_inspect_run(sb_current_worker->store, op->run_id, SB_MAX_INSPECT_TOKENS, on_run_inspected, op);
+    } else {
+        uint8_t hash[32];
+        sb_sha256(id, 64, hash);
+        explicit_bzero(id, sizeof(id));
+        sb_store_get(sb_current_worker->store, hash, on_token_record, op);
+    }
+}
+
+/* 405 with the methods the path takes in Allow (RFC 9110 section 15.5.6) */
+static void wrong_method(h2o_req_t *req, const char *op, const char *allow, const char *message)
+{
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_ALLOW, NULL, allow, strlen(allow));
+    sb_admin_send_error(req, op, SB_E_METHOD_NOT_ALLOWED, message);
+}
+
 int sb_admin_on_req(h2o_handler_t *self, h2o_req_t *req)
 {
     h2o_iovec_t path = req->path;
@@ -460,44 +652,50 @@ int sb_admin_on_req(h2o_handler_t *self, h2o_req_t *req)
         ;
     path.len = q;
     if (path.len >= 7 && memcmp(path.base, "/admin/", 7) == 0) {
-        if (!authorized(req)) {
+        const char *op = sb_admin_op_of(req, path), *why;
+        if ((why = unauthorized(req)) != NULL) {
             if (sb_admin_netmint_on_req(req, path))
                 return 0;
-            sb_admin_send_error(req, "other", SB_E_UNAUTHORIZED, "missing or wrong admin secret");
+            sb_admin_refuse(req, op, SB_E_UNAUTHORIZED, "missing or wrong admin secret", why, NULL);
             return 0;
         }
         if (h2o_memis(path.base, path.len, H2O_STRLIT("/admin/v1/tokens"))) {
-            if (!h2o_memis(req->method.base, req->method.len, H2O_STRLIT("POST"))) {
-                sb_admin_send_error(req, "other", SB_E_METHOD_NOT_ALLOWED, "use POST");
+            if (strcmp(op, "mint") != 0) {
+                wrong_method(req, op, "POST", "use POST");
                 return 0;
             }
             mint(req);
             return 0;
         }
         if (path.len > 17 && memcmp(path.base, "/admin/v1/tokens/", 17) == 0) {
-            if (!h2o_memis(req->method.base, req->method.len, H2O_STRLIT("DELETE"))) {
-                sb_admin_send_error(req, "other", SB_E_METHOD_NOT_ALLOWED, "use DELETE");
-                return 0;
-            }
-            revoke_id(req, 0, path.base + 17, path.len - 17);
+            if (strcmp(op, "revoke_token") == 0)
+                revoke_id(req, 0, path.base + 17, path.len - 17);
+            else if (strcmp(op, "inspect_token") == 0)
+                inspect_id(req, 0, path.base + 17, path.len - 17);
+            else
+                wrong_method(req, op, "GET, DELETE", "use GET or DELETE");
             return 0;
         }
         if (path.len > 15 && memcmp(path.base, "/admin/v1/runs/", 15) == 0) {
-            if (!h2o_memis(req->method.base, req->method.len, H2O_STRLIT("DELETE"))) {
-                sb_admin_send_error(req, "other", SB_E_METHOD_NOT_ALLOWED, "use DELETE");
-                return 0;
-            }
-            revoke_id(req, 1, path.base + 15, path.len - 15);
+            if (strcmp(op, "revoke_run") == 0)
+                revoke_id(req, 1, path.base + 15, path.len - 15);
+            else if (strcmp(op, "inspect_run") == 0)
+                inspect_id(req, 1, path.base + 15, path.len - 15);
+            else
+                wrong_method(req, op, "GET, DELETE", "use GET or DELETE");
             return 0;
         }
-        sb_admin_send_error(req, "other", SB_E_NOT_FOUND, "no such admin endpoint");
+        sb_admin_send_error(req, op, SB_E_NOT_FOUND, "no such admin endpoint");
         return 0;
     }
     if (h2o_memis(path.base, path.len, H2O_STRLIT("/metrics")) && h2o_memis(req->method.base, req->method.len, H2O_STRLIT("GET"))) {
-        char *text;
-        size_t len = sb_metrics_render(&text);
-        sb_reply_send(req, SB_OK, "text/plain; version=0.0.4", text, len);
-        free(text);
+        sb_buf_t text;
+        sb_status_t st = sb_metrics_render(&text);
+        if (st == SB_OK)
+            sb_reply_send_buf(req, SB_OK, "text/plain; version=0.0.4", &text);
+        else
+            sb_admin_send_error(req, "other", st, "the metrics text could not be rendered");
+        sb_buf_free(&text);
         return 0;
     }
     return sb_health_on_req(self, req);

@@ -41,7 +41,7 @@ static void op_dispose(sb_async_t *a)
 
 static void forbidden(h2o_req_t *req, const char *op, const char *message)
 {
-    sb_admin_send_error(req, op, SB_E_FORBIDDEN, message);
+    sb_admin_refuse(req, op, SB_E_FORBIDDEN, message, NULL, "net-mint");
 }
 
 int sb_admin_netmint_reserved(const char *run_id)
@@ -153,7 +153,7 @@ static void mint_one(h2o_req_t *req)
     if (ttl_ms > conf->max_ttl_ms)
         ttl_ms = conf->max_ttl_ms;
     tok->expires_at_ms = op->expires_at = sb_now_ms() + ttl_ms;
-    memcpy(op->run_id, tok->run_id, sizeof(op->run_id));
+    memcpy(op->run_id, tok->run_id, strlen(tok->run_id) + 1); /* at most SB_MAX_RUN_ID bytes (sb_token_build) */
     op->tok = tok;
     op->caps = json_incref(caps);
     json_decref(body);
@@ -238,7 +238,8 @@ int sb_admin_netmint_on_req(h2o_req_t *req, h2o_iovec_t path)
                h2o_memis(req->method.base, req->method.len, H2O_STRLIT("DELETE"))) {
         revoke_one(req, path.base + 17, path.len - 17);
     } else {
-        forbidden(req, "other", "the net-mint credential can only mint and revoke network tokens");
+        /* inspection too: a token's record names its run, target, scope and manifest, more than this credential needs */
+        forbidden(req, sb_admin_op_of(req, path), "the net-mint credential can only mint and revoke network tokens");
     }
     return 1;
 }

@@ -37,5 +37,5 @@ void sb_async_release(sb_async_t *a)
         return;
     if (a->_dispose != NULL)
         a->_dispose(a);
-    free(a);
+    sb_mem_free(a);
 }

@@ -4,6 +4,9 @@
  * on both listeners.
  */
 #include <stdio.h>
+#include <string.h>
+#include "sb/buf.h"
+#include "sb/limits.h"
 #include "http/reply.h"
 #include "http/routes.h"
 #include "http/worker.h"
@@ -25,15 +28,24 @@ int sb_health_on_req(h2o_handler_t *self, h2o_req_t *req)
             sb_reply_send(req, SB_E_UNAVAILABLE, "application/json",
                           H2O_STRLIT("{\"ok\":false,\"tokenStore\":\"up\",\"draining\":true}"));
         else {
-            /* the database counts only when a target uses one */
+            /* the database counts only when a target uses one; a role lacking privileges the targets need is not ready */
             int store_up = sb_store_conn_healthy(w->store), db_up = w->svc.pg == NULL || sb_pg_pool_healthy(w->svc.pg);
-            char body[128];
-            int n = snprintf(body, sizeof(body), "{\"ok\":%s,\"tokenStore\":\"%s\"%s}", store_up && db_up ? "true" : "false",
-                             store_up ? "up" : "down",
-                             w->svc.pg == NULL ? ""
-                             : db_up           ? ",\"database\":\"up\""
-                                               : ",\"database\":\"down\"");
-            sb_reply_send(req, store_up && db_up ? SB_OK : SB_E_UNAVAILABLE, "application/json", body, (size_t)n);
+            const char *missing = db_up ? sb_pg_pool_problem(w->svc.pg) : NULL;
+            int ok = store_up && db_up && missing == NULL;
+            sb_buf_t body;
+            sb_buf_init(&body, SB_MAX_NATIVE_RESULT);
+            if (sb_buf_printf(&body, "{\"ok\":%s,\"tokenStore\":\"%s\"%s", ok ? "true" : "false", store_up ? "up" : "down",
+                              w->svc.pg == NULL ? ""
+                              : !db_up          ? ",\"database\":\"down\""
+                              : missing != NULL ? ",\"database\":\"missing_privileges\",\"missingPrivileges\":"
+                                                : ",\"database\":\"up\"") != SB_OK ||
+                (missing != NULL && sb_buf_append_json_str_lossy(&body, missing, strlen(missing)) != SB_OK) ||
+                sb_buf_append_char(&body, '}') != SB_OK) {
+                sb_buf_free(&body);
+                sb_reply_send(req, SB_E_UNAVAILABLE, "application/json", H2O_STRLIT("{\"ok\":false}"));
+                return 0;
+            }
+            sb_reply_send_buf(req, ok ? SB_OK : SB_E_UNAVAILABLE, "application/json", &body);
         }
         return 0;
     }

@@ -14,24 +14,31 @@
 #include <string.h>
 #include "sb/mem.h"
 #include "http/reply.h"
+#include "http/reqid.h"
 #include "http/worker.h"
 #include "util/util.h"
 
-void sb_reply_send(h2o_req_t *req, sb_status_t st, const char *ctype, const char *body, size_t len)
+/* status, phrase, the headers every answer carries, and the body, whose bytes live as long as the request */
+static void send_final(h2o_req_t *req, sb_status_t st, const char *ctype, h2o_iovec_t body)
 {
     static h2o_generator_t generator = {NULL, NULL};
-    h2o_iovec_t buf = len != 0 ? h2o_strdup(&req->pool, body, len) : h2o_iovec_init(NULL, 0);
 
     req->res.status = sb_status_http(st);
     req->res.reason = sb_status_phrase(st);
-    req->res.content_length = len;
+    req->res.content_length = body.len;
     if (ctype != NULL)
         h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL, ctype, strlen(ctype));
     h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CACHE_CONTROL, NULL, H2O_STRLIT("no-store"));
+    sb_http_echo_request_id(req);
     if (sb_current_worker != NULL && atomic_load_explicit(&sb_current_worker->server->stopping, memory_order_relaxed))
         req->http1_is_persistent = 0;
     h2o_start_response(req, &generator);
-    h2o_send(req, &buf, len != 0 ? 1 : 0, H2O_SEND_STATE_FINAL);
+    h2o_send(req, &body, body.len != 0 ? 1 : 0, H2O_SEND_STATE_FINAL);
+}
+
+void sb_reply_send(h2o_req_t *req, sb_status_t st, const char *ctype, const char *body, size_t len)
+{
+    send_final(req, st, ctype, len != 0 ? h2o_strdup(&req->pool, body, len) : h2o_iovec_init(NULL, 0));
 }
 
 static void free_owned(void *slot)
@@ -41,7 +48,6 @@ static void free_owned(void *slot)
 
 void sb_reply_send_buf(h2o_req_t *req, sb_status_t st, const char *ctype, sb_buf_t *body)
 {
-    static h2o_generator_t generator = {NULL, NULL};
     h2o_iovec_t buf = h2o_iovec_init(NULL, 0);
 
     if (body->base != NULL && body->len != 0) {
@@ -53,16 +59,7 @@ void sb_reply_send_buf(h2o_req_t *req, sb_status_t st, const char *ctype, sb_buf
         buf = h2o_iovec_init(*slot, len);
     }
     sb_buf_free(body);
-    req->res.status = sb_status_http(st);
-    req->res.reason = sb_status_phrase(st);
-    req->res.content_length = buf.len;
-    if (ctype != NULL)
-        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL, ctype, strlen(ctype));
-    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CACHE_CONTROL, NULL, H2O_STRLIT("no-store"));
-    if (sb_current_worker != NULL && atomic_load_explicit(&sb_current_worker->server->stopping, memory_order_relaxed))
-        req->http1_is_persistent = 0;
-    h2o_start_response(req, &generator);
-    h2o_send(req, &buf, buf.len != 0 ? 1 : 0, H2O_SEND_STATE_FINAL);
+    send_final(req, st, ctype, buf);
 }
 
 /* ---- the error body --------------------------------------------------------------------------------------------- */

@@ -12,6 +12,7 @@
 #include "http/framing.h"
 #include "http/async.h"
 #include "http/reply.h"
+#include "http/reqid.h"
 #include "http/routes.h"
 #include "http/worker.h"
 #include "obs/audit.h"
@@ -39,6 +40,7 @@ typedef struct st_rpc_call_t {
     char tokref[13];
     char run_id[SB_MAX_RUN_ID + 1];
     char cid[37];
+    char request_id[SB_MAX_REQUEST_ID + 1]; /* the proxy's X-Request-Id (reqid.h), or "" */
     uint64_t started_us;
     sb_token_t *tok; /* referenced from the token lookup on */
     int quota_held;  /* a concurrency slot to give back */
@@ -67,6 +69,8 @@ static void release_quota(rpc_call_t *c)
 static void describe_call(sb_logline_t *l, rpc_call_t *c, sb_status_t st, const char *message, size_t bytes_out)
 {
     sb_log_cstr(l, "cid", c->cid);
+    if (c->request_id[0] != '\0')
+        sb_log_cstr(l, "requestId", c->request_id);
     if (c->run_id[0] != '\0')
         sb_log_cstr(l, "runId", c->run_id);
     if (c->tokref[0] != '\0')
@@ -293,7 +297,7 @@ static void on_token(void *arg, sb_status_t st, sb_token_t *tok, const char *why
     rpc_call_t *c = arg;
 
     if (tok != NULL) {
-        memcpy(c->run_id, tok->run_id, sizeof(c->run_id));
+        memcpy(c->run_id, tok->run_id, strlen(tok->run_id) + 1);
         c->tok = tok; /* the lookup's reference, released with the call */
     }
     if (st == SB_E_UNAUTHORIZED && c->super.req != NULL) {
@@ -350,6 +354,8 @@ int sb_rpc_on_req(h2o_handler_t *self, h2o_req_t *req)
     c->kind = SB_MK_COUNT_;
     c->binary = is_msgpack(req);
     msgpack_zone_init(&c->zone, 2048);
+    /* logged beside the correlation id, which stays the broker's own */
+    (void)sb_http_request_id(req, c->request_id);
     if (sb_uuid4(c->cid) != SB_OK) {
         /* no randomness: fail closed, without an id */
         memcpy(c->cid, "00000000-0000-0000-0000-000000000000", 37);

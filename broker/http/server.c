@@ -26,6 +26,11 @@
 #include "svc/handlers.h"
 #include "util/util.h"
 
+/* on shutdown, an idle keep-alive connection is closed after this long (see on_shutdown_msg) */
+#define SB_DRAIN_IDLE_CLOSE_MS 100
+/* the threads files operations run on, shared by every worker (svc/files/files.c says why they exist) */
+#define FILES_THREADS 2u
+
 /* "host:port" or "[v6]:port" of an address */
 static void format_addr(const struct sockaddr_storage *ss, char *out, size_t outsz)
 {
@@ -148,6 +153,7 @@ sb_status_t sb_server_init(sb_server_t *s, sb_config_t *conf, sb_store_t *store,
         return SB_E_UNAVAILABLE;
     s->nworkers = conf->threads;
     s->workers = sb_mem_calloc(s->nworkers, sizeof(*s->workers));
+    s->files = sb_files_pool_create(FILES_THREADS);
     return SB_OK;
 }
 
@@ -205,41 +211,10 @@ typedef struct st_worker_msg_t {
     uint8_t new_secret_hash[32]; /* reload: the admin secret (worker 0 owns the copy it checks) */
 } worker_msg_t;
 
-static void retire_or_destroy(sb_worker_t *w, sb_fetch_ctx_t *fetch, sb_pg_pool_t *pg)
+/* 1 while a context a reload replaced still has users (the worker's own two are not counted) */
+static int retired_live(const sb_worker_t *w)
 {
-    size_t i;
-    if (fetch != NULL) {
-        for (i = 0; i < 8 && w->retired_fetch[i] != NULL; ++i)
-            ;
-        if (i < 8)
-            w->retired_fetch[i] = fetch;
-        else
-            sb_fetch_ctx_destroy(fetch); /* eight reloads within a deadline: the oldest fetches fail */
-    }
-    if (pg != NULL) {
-        for (i = 0; i < 8 && w->retired_pg[i] != NULL; ++i)
-            ;
-        if (i < 8)
-            w->retired_pg[i] = pg;
-        else
-            sb_pg_pool_destroy(pg);
-    }
-}
-
-static void on_housekeeping(h2o_timeout_entry_t *entry)
-{
-    sb_worker_t *w = H2O_STRUCT_FROM_MEMBER(sb_worker_t, housekeeping, entry);
-    for (size_t i = 0; i < 8; ++i) {
-        if (w->retired_fetch[i] != NULL && sb_fetch_ctx_idle(w->retired_fetch[i])) {
-            sb_fetch_ctx_destroy(w->retired_fetch[i]);
-            w->retired_fetch[i] = NULL;
-        }
-        if (w->retired_pg[i] != NULL && sb_pg_pool_idle(w->retired_pg[i])) {
-            sb_pg_pool_destroy(w->retired_pg[i]);
-            w->retired_pg[i] = NULL;
-        }
-    }
-    h2o_timeout_link(w->loop, &w->housekeeping_timeout, &w->housekeeping);
+    return w->reaper.live > (size_t)(w->svc.fetch != NULL) + (size_t)(w->svc.pg != NULL);
 }
 
 static void apply_reload(sb_worker_t *w, const worker_msg_t *m)
@@ -249,15 +224,24 @@ static void apply_reload(sb_worker_t *w, const worker_msg_t *m)
     sb_fetch_ctx_t *fetch;
     const char *err = NULL;
 
-    /* egress: a fresh context (resolver, timeouts) on the new settings */
-    if ((fetch = sb_fetch_ctx_create(s->fetch_conf, w->loop, &err)) != NULL) {
-        retire_or_destroy(w, w->svc.fetch, NULL);
-        w->svc.fetch = fetch;
+    /*
+     * egress: a fresh context (resolver, timeouts, an empty pool of kept-alive connections) on the new
+     * settings; the worker lets go of the old one, which its exchanges in flight keep until the last of
+     * them has answered (handlers.h). When the new one cannot be made, http.fetch is off on this worker
+     * as at start-up, never left running on the settings (and the parked connections) the reload replaced
+     */
+    if ((fetch = sb_fetch_ctx_create(s->fetch_conf, w->loop, &w->reaper, &err)) == NULL) {
+        sb_logline_t l;
+        sb_log_begin(&l, SB_LOG_ERROR, "egress.disabled");
+        sb_log_cstr(&l, "reason", err != NULL ? err : "resolver setup failed");
+        sb_log_end(&l);
     }
+    sb_fetch_ctx_release(w->svc.fetch);
+    w->svc.fetch = fetch;
     w->svc.targets = s->targets;
-    /* the database pool follows database_url and the targets' collections */
-    retire_or_destroy(w, NULL, w->svc.pg);
-    w->svc.pg = sb_pg_pool_create(w->loop, conf->database_url, s->targets, conf->database_pool_size);
+    /* the database pool follows database_url and the targets' collections; its queued jobs keep the old one */
+    sb_pg_pool_release(w->svc.pg);
+    w->svc.pg = sb_pg_pool_create(w->loop, &w->reaper, conf->database_url, s->targets, conf->database_pool_size);
     if (w->index == 0 && memcmp(s->admin_secret_hash, m->new_secret_hash, 32) != 0) {
         /* the secret a reload replaces is honoured a little longer, so a host can switch without a gap */
         memcpy(w->previous_secret_hash, s->admin_secret_hash, 32);
@@ -277,7 +261,7 @@ static void on_shutdown_msg(h2o_multithread_receiver_t *receiver, h2o_linklist_t
             apply_reload(w, m);
         else if (!m->reload)
             stop = 1;
-        free(m);
+        sb_mem_free(m);
     }
     if (!stop || w->stopping)
         return;
@@ -286,12 +270,30 @@ static void on_shutdown_msg(h2o_multithread_receiver_t *receiver, h2o_linklist_t
     h2o_context_request_shutdown(&w->ctx);
     if (w->index == 0)
         h2o_context_request_shutdown(&w->admin_ctx);
+    /*
+     * h2o 2.2.5 does nothing for HTTP/1 on shutdown: an idle keep-alive
+     * connection stays open until the process exits, and a request a proxy
+     * sends on it in that last moment is lost with a reset. Shortening the
+     * idle timeout closes each idle connection now, with a FIN the proxy sees
+     * before it picks the connection again (RFC 9112 section 9.6); the drain
+     * below waits until they are gone.
+     */
+    w->ctx.http1.req_timeout.timeout = SB_DRAIN_IDLE_CLOSE_MS;
+    if (w->index == 0)
+        w->admin_ctx.http1.req_timeout.timeout = SB_DRAIN_IDLE_CLOSE_MS;
+}
+
+/* 1 while the worker still holds an HTTP/1 connection, idle or not */
+static int has_connections(sb_worker_t *w)
+{
+    return !h2o_linklist_is_empty(&w->ctx.http1._conns) || (w->index == 0 && !h2o_linklist_is_empty(&w->admin_ctx.http1._conns));
 }
 
 static void *worker_main(void *arg)
 {
     sb_worker_t *w = arg;
     sb_server_t *s = w->server;
+    h2o_multithread_queue_t *q;
     uint64_t deadline;
 
     sb_current_worker = w;
@@ -309,15 +311,19 @@ static void *worker_main(void *arg)
         w->admin_listener = h2o_evloop_socket_create(w->loop, dup(s->admin_fd), H2O_SOCKET_FLAG_DONT_READ);
         h2o_socket_read_start(w->admin_listener, on_accept);
     }
+    /* the worker's message queue: reload and shutdown messages, and the files pool's results */
+    q = h2o_multithread_create_queue(w->loop);
     w->store = sb_store_conn_create(s->store, w->loop);
+    sb_reaper_init(&w->reaper, w->loop);
     w->svc.loop = w->loop;
     w->svc.store = w->store;
     w->svc.targets = s->targets;
     w->svc.tools = sb_tools_ctx_create(w->loop);
-    w->svc.pg = sb_pg_pool_create(w->loop, s->conf->database_url, s->targets, s->conf->database_pool_size);
+    w->svc.files = sb_files_ctx_create(s->files, q);
+    w->svc.pg = sb_pg_pool_create(w->loop, &w->reaper, s->conf->database_url, s->targets, s->conf->database_pool_size);
     {
         const char *err = NULL;
-        if ((w->svc.fetch = sb_fetch_ctx_create(s->fetch_conf, w->loop, &err)) == NULL) {
+        if ((w->svc.fetch = sb_fetch_ctx_create(s->fetch_conf, w->loop, &w->reaper, &err)) == NULL) {
             /* http.fetch then answers not_implemented; everything else works */
             sb_logline_t l;
             sb_log_begin(&l, SB_LOG_ERROR, "egress.disabled");
@@ -325,15 +331,9 @@ static void *worker_main(void *arg)
             sb_log_end(&l);
         }
     }
-    h2o_timeout_init(w->loop, &w->housekeeping_timeout, 500);
-    w->housekeeping.cb = on_housekeeping;
-    h2o_timeout_link(w->loop, &w->housekeeping_timeout, &w->housekeeping);
-    {
-        h2o_multithread_queue_t *q = h2o_multithread_create_queue(w->loop);
-        h2o_multithread_register_receiver(q, &w->shutdown_receiver, on_shutdown_msg);
-        /* published last: sb_server_stop may message the worker from now on */
-        __atomic_store_n(&w->queue, q, __ATOMIC_RELEASE);
-    }
+    h2o_multithread_register_receiver(q, &w->shutdown_receiver, on_shutdown_msg);
+    /* published last: sb_server_stop may message the worker from now on */
+    __atomic_store_n(&w->queue, q, __ATOMIC_RELEASE);
 
     while (!w->stopping) {
         h2o_evloop_run(w->loop, INT32_MAX);
@@ -343,40 +343,61 @@ static void *worker_main(void *arg)
     /*
      * drain: answer everything accepted, including requests that still arrive
      * on open keep-alive connections (h2o closes each after its current
-     * response), until the worker has been idle for 50 ms, which also lets the
-     * last responses leave the socket buffers; the stores are torn down only
-     * then, so no call is failed by the shutdown itself
+     * response, and idle ones after SB_DRAIN_IDLE_CLOSE_MS), until no
+     * connection is left, the worker has been idle for 50 ms, which also lets
+     * the last responses leave the socket buffers, and every context a reload
+     * retired has been freed by its last user; the stores are torn down only
+     * then, so no call is failed by the shutdown itself. Then the worker lets
+     * go of its own contexts, and the loop turns until the exchanges that
+     * still hold them (those whose client left) have ended too.
      */
     {
         uint64_t now = sb_mono_us(), idle_since = now;
         deadline = now + s->conf->drain_timeout_ms * 1000u;
-        while (now < deadline && (w->inflight != 0 || now - idle_since < 50000)) {
+        while (now < deadline && (w->inflight != 0 || has_connections(w) || retired_live(w) || now - idle_since < 50000)) {
             h2o_evloop_run(w->loop, 10);
             sb_log_flush();
             now = sb_mono_us();
-            if (w->inflight != 0)
+            if (w->inflight != 0 || retired_live(w))
                 idle_since = now;
         }
+        sb_fetch_ctx_release(w->svc.fetch);
+        w->svc.fetch = NULL;
+        sb_pg_pool_release(w->svc.pg);
+        w->svc.pg = NULL;
+        /* files jobs whose client left are answered too: a write completes or reports failure */
+        while ((!sb_reaper_idle(&w->reaper) || sb_files_ctx_pending(w->svc.files) != 0) && (now = sb_mono_us()) < deadline) {
+            h2o_evloop_run(w->loop, 10);
+            sb_log_flush();
+        }
     }
-    if (w->inflight != 0) {
+    if (w->inflight != 0 || !sb_reaper_idle(&w->reaper) || sb_files_ctx_pending(w->svc.files) != 0) {
         sb_logline_t l;
         sb_log_begin(&l, SB_LOG_WARN, "drain.timeout");
         sb_log_int(&l, "worker", w->index);
         sb_log_int(&l, "inflight", (long long)w->inflight);
+        sb_log_int(&l, "contexts", (long long)w->reaper.live);
+        sb_log_int(&l, "files", (long long)sb_files_ctx_pending(w->svc.files));
         sb_log_end(&l);
     }
 
     h2o_multithread_unregister_receiver(w->queue, &w->shutdown_receiver);
-    sb_fetch_ctx_destroy(w->svc.fetch);
-    w->svc.fetch = NULL;
+    /* NULL: a request still arriving on a kept-alive connection in the last turn below finds no handler */
     sb_tools_ctx_destroy(w->svc.tools);
-    sb_pg_pool_destroy(w->svc.pg);
-    if (h2o_timeout_is_linked(&w->housekeeping))
-        h2o_timeout_unlink(&w->housekeeping);
-    for (size_t i = 0; i < 8; ++i) {
-        sb_fetch_ctx_destroy(w->retired_fetch[i]);
-        sb_pg_pool_destroy(w->retired_pg[i]);
+    w->svc.tools = NULL;
+    /*
+     * past the drain deadline a context still in use stays, like the loop its
+     * exchanges run on, and so does a files context a pool thread will still
+     * answer on
+     */
+    if (sb_reaper_idle(&w->reaper))
+        sb_reaper_dispose(&w->reaper);
+    if (sb_files_ctx_pending(w->svc.files) == 0) {
+        sb_files_ctx_destroy(w->svc.files);
+        w->svc.files = NULL;
     }
+    /* one more turn: the sockets the last contexts closed are released on the next one */
+    h2o_evloop_run(w->loop, 0);
     sb_store_conn_destroy(w->store);
     w->store = NULL;
     sb_log_thread_buffered(0);
@@ -469,7 +490,7 @@ void sb_server_free_retired(sb_server_t *s)
         sb_config_free(r->conf);
         sb_fetch_conf_free(r->fetch_conf);
         sb_targets_free(r->targets);
-        free(r);
+        sb_mem_free(r);
     }
 }
 
@@ -479,5 +500,8 @@ void sb_server_dispose(sb_server_t *s)
         close(s->listen_fd);
     if (s->admin_fd >= 0)
         close(s->admin_fd);
+    /* after the workers: every files job they accepted has run, and the threads are joined */
+    sb_files_pool_destroy(s->files);
+    s->files = NULL;
     /* workers, loops and h2o configuration live until exit (see worker_main) */
 }

@@ -34,11 +34,8 @@ typedef struct st_sb_worker_t {
     size_t inflight;    /* requests not yet disposed, loop-local */
     size_t connections; /* accepted connections not yet closed, loop-local */
     int stopping;
-    /* contexts replaced by a reload, destroyed once they are idle (loop-local) */
-    sb_fetch_ctx_t *retired_fetch[8];
-    sb_pg_pool_t *retired_pg[8];
-    h2o_timeout_t housekeeping_timeout;
-    h2o_timeout_entry_t housekeeping;
+    /* frees the egress contexts and pools (svc) once their last user is gone, those a reload replaced included */
+    sb_reaper_t reaper;
     /* worker 0: the admin secret replaced by the last reload stays valid until this time */
     uint8_t previous_secret_hash[32];
     int64_t previous_secret_until;
@@ -58,6 +55,7 @@ struct st_sb_server_t {
     h2o_globalconf_t pub_conf, admin_conf;
     int listen_fd, admin_fd;
     uint8_t admin_secret_hash[32];
+    sb_files_pool_t *files; /* the files threads, created with the server and joined when it is disposed of */
     sb_worker_t *workers;
     unsigned nworkers;
     _Atomic int stopping;

@@ -57,7 +57,7 @@ static void *writer(void *arg)
         if (stop && n == 0)
             break;
     }
-    free(out);
+    sb_mem_free(out);
     return NULL;
 }
 
@@ -100,9 +100,9 @@ void sb_audit_close(void)
     pthread_join(A.tid, NULL);
     if (A.fd > 2)
         close(A.fd);
-    free(A.buf);
+    sb_mem_free(A.buf);
     A.buf = NULL;
-    free(A.path);
+    sb_mem_free(A.path);
     A.path = NULL;
     A.enabled = 0;
 }

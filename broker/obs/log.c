@@ -52,11 +52,11 @@ void sb_log_flush(void)
 void sb_log_thread_buffered(int on)
 {
     if (on && tl_buf == NULL) {
-        tl_buf = malloc(THREAD_LOG_BUFFER);
+        tl_buf = sb_mem_alloc(THREAD_LOG_BUFFER);
         tl_len = 0;
     } else if (!on && tl_buf != NULL) {
         sb_log_flush();
-        free(tl_buf);
+        sb_mem_free(tl_buf);
         tl_buf = NULL;
     }
 }
@@ -354,7 +354,7 @@ sb_status_t sb_log_open_file(const char *path, char *err, size_t errsz)
         return SB_E_BAD_ARGS;
     dup2(fd, 2);
     close(fd);
-    free(log_path);
+    sb_mem_free(log_path);
     log_path = sb_mem_strdup(path);
     return SB_OK;
 }

@@ -2,10 +2,10 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include "obs/audit.h"
 #include "obs/metrics.h"
+#include "sb/buf.h"
 #include "util/util.h"
 #include "sb_build_info.h"
 
@@ -16,7 +16,7 @@ static _Atomic uint64_t calls[SB_MK_COUNT_ + 1][SB_STATUS_COUNT_];
 static _Atomic uint64_t hist[NBUCKETS + 1];
 static _Atomic uint64_t hist_sum_us, hist_count;
 static _Atomic uint64_t denials[SB_DENY_COUNT_];
-static _Atomic uint64_t admin_ops[4][6]; /* op x status class (1xx..5xx) */
+static _Atomic uint64_t admin_ops[6][6]; /* op x status class (1xx..5xx) */
 static long long (*live_tokens_fn)(void);
 static int (*db_up_fn)(void);
 static const char *quota_names[] = {"calls per run", "concurrent calls per run", "fetched bytes per run"};
@@ -89,7 +89,7 @@ Found:
 }
 static int (*store_up_fn)(void);
 
-static const char *admin_names[] = {"mint", "revoke_token", "revoke_run", "other"};
+static const char *admin_names[] = {"mint", "revoke_token", "revoke_run", "inspect_token", "inspect_run", "other"};
 
 void sb_metrics_call(int kind, sb_status_t st, uint64_t latency_us)
 {
@@ -115,7 +115,7 @@ void sb_metrics_deny(int reason)
 void sb_metrics_admin(const char *op, int http_status)
 {
     int i = 0, cls = http_status / 100;
-    while (i < 3 && strcmp(admin_names[i], op) != 0)
+    while (i < 5 && strcmp(admin_names[i], op) != 0)
         ++i;
     if (cls < 1 || cls > 5)
         cls = 5;
@@ -142,32 +142,48 @@ static const char *deny_name(int r, char *buf, size_t sz)
     return buf;
 }
 
+/*
+ * The text goes into one capped buffer (sb/buf.h). The first append that
+ * fails (the cap, or memory) sticks: later ones do nothing, and the render
+ * reports it, so a scrape gets the whole exposition or an error, never a
+ * truncated one that Prometheus would read as counters going missing.
+ */
 typedef struct st_out_t {
-    char *p;
-    size_t len, cap;
+    sb_buf_t *b;
+    sb_status_t st;
 } out_t;
 
 __attribute__((format(printf, 2, 3))) static void emit(out_t *o, const char *fmt, ...)
 {
     va_list ap;
-    int n;
-    for (;;) {
-        va_start(ap, fmt);
-        n = vsnprintf(o->p + o->len, o->cap - o->len, fmt, ap);
-        va_end(ap);
-        if (n >= 0 && (size_t)n < o->cap - o->len)
-            break;
-        o->cap *= 2;
-        o->p = realloc(o->p, o->cap);
-        if (o->p == NULL)
-            sb_fatal(__FILE__, __LINE__, "out of memory");
-    }
-    o->len += (size_t)n;
+    if (o->st != SB_OK)
+        return;
+    va_start(ap, fmt);
+    o->st = sb_buf_vprintf(o->b, fmt, ap);
+    va_end(ap);
 }
 
-size_t sb_metrics_render(char **outp)
+/* a label value, escaped as the text exposition format asks: backslash, double quote and line feed */
+static void emit_label(out_t *o, const char *s)
 {
-    out_t o = {sb_mem_alloc(16384), 0, 16384};
+    for (; *s != '\0' && o->st == SB_OK; ++s) {
+        if (*s == '"' || *s == '\\' || *s == '\n')
+            o->st = sb_buf_append_char(o->b, '\\');
+        if (o->st == SB_OK)
+            o->st = sb_buf_append_char(o->b, *s == '\n' ? 'n' : *s);
+    }
+}
+
+sb_status_t sb_metrics_render(sb_buf_t *out)
+{
+    sb_buf_init(out, SB_METRICS_MAX_TEXT);
+    return sb_metrics_render_into(out);
+}
+
+sb_status_t sb_metrics_render_into(sb_buf_t *out)
+{
+    out_t o = {out, SB_OK};
+    size_t start = out->len;
     char buf[64];
     uint64_t cum = 0;
 
@@ -206,7 +222,7 @@ size_t sb_metrics_render(char **outp)
              (unsigned long long)atomic_load_explicit(&denials[r], memory_order_relaxed));
     emit(&o, "# HELP sb_admin_requests_total Admin requests by operation and status class.\n"
              "# TYPE sb_admin_requests_total counter\n");
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < 6; ++i)
         for (int c = 1; c <= 5; ++c) {
             uint64_t v = atomic_load_explicit(&admin_ops[i][c], memory_order_relaxed);
             if (v != 0)
@@ -221,8 +237,7 @@ size_t sb_metrics_render(char **outp)
             uint64_t v = atomic_load(a ? &egress[i].allowed : &egress[i].denied);
             if (v != 0) {
                 emit(&o, "sb_egress_decisions_total{decision=\"%s\",rule=\"", a ? "allow" : "deny");
-                for (const char *p = r; *p != '\0'; ++p)
-                    emit(&o, *p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
+                emit_label(&o, r);
                 emit(&o, "\"} %llu\n", (unsigned long long)v);
             }
         }
@@ -263,6 +278,7 @@ size_t sb_metrics_render(char **outp)
     if (store_up_fn != NULL)
         emit(&o, "# HELP sb_token_store_up 1 when the token store answers.\n# TYPE sb_token_store_up gauge\nsb_token_store_up %d\n",
              store_up_fn());
-    *outp = o.p;
-    return o.len;
+    if (o.st != SB_OK)
+        sb_buf_truncate(out, start);
+    return o.st;
 }

@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "sb/buf.h"
 #include "sb/method.h"
 #include "sb/status.h"
 
@@ -50,11 +51,23 @@ void sb_metrics_set_db_up_fn(int (*fn)(void));
 void sb_metrics_set_live_tokens_fn(long long (*fn)(void));
 /** sets the function that reports token-store health (1 up, 0 down) */
 void sb_metrics_set_store_up_fn(int (*fn)(void));
+/* the most text one scrape renders (about 30 kB today: bounded label sets, at most 128 egress rules) */
+#define SB_METRICS_MAX_TEXT (1024u * 1024u)
+
 /**
- * renders every metric into a new buffer
- * @param out receives a malloc'd buffer owned by the caller
- * @return its length
+ * Renders every metric as Prometheus text (exposition format 0.0.4).
+ * @param out an uninitialised buffer: it is initialised with the cap
+ *        SB_METRICS_MAX_TEXT and receives the text; the caller releases it
+ *        (sb_buf_free) whatever the status
+ * @return as sb_metrics_render_into
  */
-size_t sb_metrics_render(char **out);
+SB_WARN_UNUSED sb_status_t sb_metrics_render(sb_buf_t *out);
+/**
+ * Appends every metric's text to `out`, within its cap: the whole exposition
+ * or nothing.
+ * @return SB_OK; SB_E_TOO_LARGE (the text would pass the buffer's cap) or
+ *         SB_E_NOMEM, and `out` then holds exactly what it held before
+ */
+SB_WARN_UNUSED sb_status_t sb_metrics_render_into(sb_buf_t *out);
 
 #endif

@@ -1,27 +1,29 @@
 /*
  * The token store front and its memory backend: a mutex-protected chained
  * hash table keyed by the token's SHA-256 (uniformly distributed, so the
- * first bytes make a fine bucket index). Expired records are dropped when
- * met and swept when the table is full.
+ * first bytes make a fine bucket index), chained through the records
+ * themselves, so a live token costs its record (one allocation, its
+ * manifest shared: store.h) and one bucket pointer. The table doubles when
+ * it holds as many records as buckets, up to the power of two above
+ * max_tokens. Expired records are dropped when met and swept when the table
+ * is full.
  */
 #include <stdlib.h>
 #include <string.h>
 #include "store/store_int.h"
 #include "util/util.h"
+#include "sb/mem.h"
 
-struct st_mem_entry_t {
-    sb_token_t *tok;
-    mem_entry_t *next;
-};
+/* the tables' first size; they double from there */
+#define MIN_BUCKETS 1024u
 
 struct st_quota_entry_t {
     quota_entry_t *next;
     int64_t calls, inflight, fetched;
+    int64_t tool_calls;    /* tools.call of the run (the target's max_calls) */
     int64_t expires_at_ms; /* the latest expiry of the run's tokens seen */
-    char run_id[SB_MAX_RUN_ID + 1];
+    char run_id[];         /* NUL-terminated, at most SB_MAX_RUN_ID bytes */
 };
-
-static size_t run_bucket(const sb_store_t *s, const char *run_id);
 
 sb_status_t sb_store_create(const sb_store_config_t *conf, sb_store_t **out, const char **err)
 {
@@ -38,11 +40,9 @@ sb_status_t sb_store_create(const sb_store_config_t *conf, sb_store_t **out, con
             sb_store_destroy(s);
             return SB_E_BAD_ARGS;
         }
-        s->nbuckets = 1;
-        while (s->nbuckets < s->max_tokens)
-            s->nbuckets <<= 1;
+        s->nbuckets = s->nqbuckets = MIN_BUCKETS;
         s->buckets = sb_mem_calloc(s->nbuckets, sizeof(*s->buckets));
-        s->qbuckets = sb_mem_calloc(s->nbuckets, sizeof(*s->qbuckets));
+        s->qbuckets = sb_mem_calloc(s->nqbuckets, sizeof(*s->qbuckets));
     } else {
         sb_status_t st;
         s->is_redis = 1;
@@ -60,29 +60,28 @@ void sb_store_destroy(sb_store_t *s)
     if (s == NULL)
         return;
     for (size_t i = 0; i < s->nbuckets; ++i) {
-        mem_entry_t *e = s->buckets[i];
-        while (e != NULL) {
-            mem_entry_t *next = e->next;
-            sb_token_release(e->tok);
-            free(e);
-            e = next;
+        sb_token_t *t = s->buckets[i];
+        while (t != NULL) {
+            sb_token_t *next = t->_next;
+            sb_token_release(t);
+            t = next;
         }
     }
-    free(s->buckets);
-    for (size_t i = 0; i < s->nbuckets && s->qbuckets != NULL; ++i) {
+    sb_mem_free(s->buckets);
+    for (size_t i = 0; i < s->nqbuckets; ++i) {
         quota_entry_t *q = s->qbuckets[i];
         while (q != NULL) {
             quota_entry_t *next = q->next;
-            free(q);
+            sb_mem_free(q);
             q = next;
         }
     }
-    free(s->qbuckets);
-    free(s->prefix);
+    sb_mem_free(s->qbuckets);
+    sb_mem_free(s->prefix);
     if (s->is_redis)
         sb_store__redis_free(s);
     pthread_mutex_destroy(&s->mu);
-    free(s);
+    sb_mem_free(s);
 }
 
 sb_status_t sb_store_check(sb_store_t *s, char *err, size_t errsz)
@@ -123,7 +122,7 @@ void sb_store_conn_destroy(sb_store_conn_t *c)
         return;
     if (c->redis != NULL)
         sb_store__redis_conn_destroy(c->redis);
-    free(c);
+    sb_mem_free(c);
 }
 
 int sb_store_conn_healthy(sb_store_conn_t *c)
@@ -131,36 +130,94 @@ int sb_store_conn_healthy(sb_store_conn_t *c)
     return c->store->is_redis ? sb_store__redis_healthy(c->redis) : 1;
 }
 
-static size_t bucket_of(const sb_store_t *s, const uint8_t hash[32])
+static size_t bucket_of(size_t nbuckets, const uint8_t hash[32])
 {
     uint64_t v;
     memcpy(&v, hash, sizeof(v));
-    return (size_t)(v & (s->nbuckets - 1));
+    return (size_t)(v & (nbuckets - 1));
+}
+
+/* the smallest power of two >= n (n >= 1) */
+static size_t pow2_at_least(size_t n)
+{
+    size_t p = 1;
+    while (p < n)
+        p <<= 1;
+    return p;
+}
+
+/*
+ * Doubles the token table when it holds as many records as buckets, never
+ * past max_tokens' power of two; called with the lock held. A table that
+ * cannot grow (no memory) keeps working with longer chains.
+ */
+static void grow_tokens_locked(sb_store_t *s)
+{
+    size_t n = s->nbuckets * 2;
+    sb_token_t **nb;
+
+    if (s->count < s->nbuckets || s->nbuckets >= pow2_at_least(s->max_tokens) || (nb = sb_mem_try_calloc(n, sizeof(*nb))) == NULL)
+        return;
+    for (size_t i = 0; i < s->nbuckets; ++i) {
+        sb_token_t *t = s->buckets[i];
+        while (t != NULL) {
+            sb_token_t *next = t->_next;
+            size_t b = bucket_of(n, t->hash);
+            t->_next = nb[b];
+            nb[b] = t;
+            t = next;
+        }
+    }
+    sb_mem_free(s->buckets);
+    s->buckets = nb;
+    s->nbuckets = n;
+}
+
+/* unlinks *pp (a record in the table) and releases the table's reference; called with the lock held */
+static void unlink_locked(sb_store_t *s, sb_token_t **pp)
+{
+    sb_token_t *t = *pp;
+    *pp = t->_next;
+    t->_next = NULL;
+    sb_token_release(t);
+    --s->count;
 }
 
 /* unlinks and releases every expired record; called with the lock held */
 static void sweep_locked(sb_store_t *s, int64_t now)
 {
     for (size_t i = 0; i < s->nbuckets; ++i) {
-        mem_entry_t **pp = &s->buckets[i];
+        sb_token_t **pp = &s->buckets[i];
         while (*pp != NULL) {
-            mem_entry_t *e = *pp;
-            if (e->tok->expires_at_ms <= now) {
-                *pp = e->next;
-                sb_token_release(e->tok);
-                free(e);
-                --s->count;
-            } else {
-                pp = &e->next;
-            }
+            if ((*pp)->expires_at_ms <= now)
+                unlink_locked(s, pp);
+            else
+                pp = &(*pp)->_next;
         }
     }
+}
+
+/* the live record for `hash` (a new reference), or NULL; an expired one met on the way is dropped; with the lock held */
+static sb_token_t *find_locked(sb_store_t *s, const uint8_t hash[32], int64_t now)
+{
+    for (sb_token_t **pp = &s->buckets[bucket_of(s->nbuckets, hash)]; *pp != NULL; pp = &(*pp)->_next) {
+        sb_token_t *t = *pp;
+        if (memcmp(t->hash, hash, 32) != 0)
+            continue;
+        if (t->expires_at_ms <= now) {
+            unlink_locked(s, pp);
+            return NULL;
+        }
+        sb_token_addref(t);
+        return t;
+    }
+    return NULL;
 }
 
 void sb_store_get(sb_store_conn_t *c, const uint8_t hash[32], sb_store_get_cb cb, void *arg)
 {
     sb_store_t *s = c->store;
-    sb_token_t *found = NULL;
+    sb_token_t *found;
     int64_t now;
 
     if (s->is_redis) {
@@ -169,21 +226,7 @@ void sb_store_get(sb_store_conn_t *c, const uint8_t hash[32], sb_store_get_cb cb
     }
     now = sb_now_ms();
     pthread_mutex_lock(&s->mu);
-    for (mem_entry_t **pp = &s->buckets[bucket_of(s, hash)]; *pp != NULL; pp = &(*pp)->next) {
-        mem_entry_t *e = *pp;
-        if (memcmp(e->tok->hash, hash, 32) != 0)
-            continue;
-        if (e->tok->expires_at_ms <= now) {
-            *pp = e->next;
-            sb_token_release(e->tok);
-            free(e);
-            --s->count;
-        } else {
-            found = e->tok;
-            sb_token_addref(found);
-        }
-        break;
-    }
+    found = find_locked(s, hash, now);
     pthread_mutex_unlock(&s->mu);
     cb(arg, found != NULL ? SB_OK : SB_E_UNAUTHORIZED, found);
 }
@@ -192,16 +235,14 @@ void sb_store_put(sb_store_conn_t *c, sb_token_t *tok, const json_t *caps, sb_st
 {
     sb_store_t *s = c->store;
     sb_status_t st = SB_OK;
-    size_t b;
 
     if (s->is_redis) {
         sb_store__redis_put(c->redis, tok, caps, cb, arg);
         return;
     }
-    b = bucket_of(s, tok->hash);
     pthread_mutex_lock(&s->mu);
-    for (mem_entry_t *e = s->buckets[b]; e != NULL; e = e->next) {
-        if (memcmp(e->tok->hash, tok->hash, 32) == 0) {
+    for (sb_token_t *t = s->buckets[bucket_of(s->nbuckets, tok->hash)]; t != NULL; t = t->_next) {
+        if (memcmp(t->hash, tok->hash, 32) == 0) {
             st = SB_E_BAD_ARGS;
             goto Exit;
         }
@@ -213,12 +254,12 @@ void sb_store_put(sb_store_conn_t *c, sb_token_t *tok, const json_t *caps, sb_st
             goto Exit;
         }
     }
+    grow_tokens_locked(s);
     {
-        mem_entry_t *e = sb_mem_alloc(sizeof(*e));
+        size_t b = bucket_of(s->nbuckets, tok->hash);
         sb_token_addref(tok);
-        e->tok = tok;
-        e->next = s->buckets[b];
-        s->buckets[b] = e;
+        tok->_next = s->buckets[b];
+        s->buckets[b] = tok;
         ++s->count;
     }
 Exit:
@@ -235,18 +276,23 @@ void sb_store_revoke_token(sb_store_conn_t *c, const uint8_t hash[32], sb_store_
         return;
     }
     pthread_mutex_lock(&s->mu);
-    for (mem_entry_t **pp = &s->buckets[bucket_of(s, hash)]; *pp != NULL; pp = &(*pp)->next) {
-        mem_entry_t *e = *pp;
-        if (memcmp(e->tok->hash, hash, 32) == 0) {
-            *pp = e->next;
-            sb_token_release(e->tok);
-            free(e);
-            --s->count;
+    for (sb_token_t **pp = &s->buckets[bucket_of(s->nbuckets, hash)]; *pp != NULL; pp = &(*pp)->_next) {
+        if (memcmp((*pp)->hash, hash, 32) == 0) {
+            unlink_locked(s, pp);
             break;
         }
     }
     pthread_mutex_unlock(&s->mu);
     cb(arg, SB_OK);
+}
+
+static size_t run_bucket(size_t nqbuckets, const char *run_id)
+{
+    /* FNV-1a: run ids come from the host, not the guest */
+    uint64_t h = 1469598103934665603ull;
+    for (const char *p = run_id; *p != '\0'; ++p)
+        h = (h ^ (uint8_t)*p) * 1099511628211ull;
+    return (size_t)(h & (nqbuckets - 1));
 }
 
 void sb_store_revoke_run(sb_store_conn_t *c, const char *run_id, sb_store_done_cb cb, void *arg)
@@ -261,12 +307,12 @@ void sb_store_revoke_run(sb_store_conn_t *c, const char *run_id, sb_store_done_c
     pthread_mutex_lock(&s->mu);
     {
         /* the run is over: its counters go too, unless calls are still in flight */
-        quota_entry_t **qp = &s->qbuckets[run_bucket(s, run_id)];
+        quota_entry_t **qp = &s->qbuckets[run_bucket(s->nqbuckets, run_id)];
         while (*qp != NULL) {
             quota_entry_t *q = *qp;
             if (strcmp(q->run_id, run_id) == 0 && q->inflight == 0) {
                 *qp = q->next;
-                free(q);
+                sb_mem_free(q);
                 --s->qcount;
             } else {
                 qp = &q->next;
@@ -274,47 +320,117 @@ void sb_store_revoke_run(sb_store_conn_t *c, const char *run_id, sb_store_done_c
         }
     }
     for (size_t i = 0; i < s->nbuckets; ++i) {
-        mem_entry_t **pp = &s->buckets[i];
+        sb_token_t **pp = &s->buckets[i];
         while (*pp != NULL) {
-            mem_entry_t *e = *pp;
-            if (strcmp(e->tok->run_id, run_id) == 0) {
-                *pp = e->next;
-                sb_token_release(e->tok);
-                free(e);
-                --s->count;
-            } else {
-                pp = &e->next;
-            }
+            if (strcmp((*pp)->run_id, run_id) == 0)
+                unlink_locked(s, pp);
+            else
+                pp = &(*pp)->_next;
         }
     }
     pthread_mutex_unlock(&s->mu);
     cb(arg, SB_OK);
 }
 
+void sb_store_inspect_run(sb_store_conn_t *c, const char *run_id, size_t max, sb_store_inspect_cb cb, void *arg)
+{
+    sb_store_t *s = c->store;
+    sb_token_t *toks[SB_MAX_INSPECT_TOKENS];
+    sb_store_usage_t usage = {0, 0, 0};
+    size_t ntoks = 0, nlive = 0;
+    int64_t now;
+
+    if (max > SB_MAX_INSPECT_TOKENS)
+        max = SB_MAX_INSPECT_TOKENS;
+    if (s->is_redis) {
+        sb_store__redis_inspect_run(c->redis, run_id, max, cb, arg);
+        return;
+    }
+    now = sb_now_ms();
+    pthread_mutex_lock(&s->mu);
+    /* read only: the counters are found, never created or expired here */
+    for (quota_entry_t *q = s->qbuckets[run_bucket(s->nqbuckets, run_id)]; q != NULL; q = q->next) {
+        if (strcmp(q->run_id, run_id) == 0 && (q->expires_at_ms > now || q->inflight != 0)) {
+            usage.calls = q->calls;
+            usage.inflight = q->inflight;
+            usage.fetched_bytes = q->fetched;
+            break;
+        }
+    }
+    /* a full scan, as a run revocation does: inspection is an operator's request, not the call path */
+    for (size_t i = 0; max != 0 && i < s->nbuckets; ++i) {
+        for (sb_token_t *t = s->buckets[i]; t != NULL; t = t->_next) {
+            if (t->expires_at_ms <= now || strcmp(t->run_id, run_id) != 0)
+                continue;
+            if (ntoks < max) {
+                sb_token_addref(t);
+                toks[ntoks++] = t;
+            }
+            ++nlive;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    cb(arg, SB_OK, toks, ntoks, nlive, &usage);
+    for (size_t i = 0; i < ntoks; ++i)
+        sb_token_release(toks[i]);
+}
+
 /* ---- per-run quotas (memory backend) --------------------------------------------------------------------------------- */
 
-static size_t run_bucket(const sb_store_t *s, const char *run_id)
+/* drops the counters of runs whose tokens have all expired and that have nothing in flight; with the lock held */
+static void sweep_quotas_locked(sb_store_t *s, int64_t now)
 {
-    /* FNV-1a: run ids come from the host, not the guest */
-    uint64_t h = 1469598103934665603ull;
-    for (const char *p = run_id; *p != '\0'; ++p)
-        h = (h ^ (uint8_t)*p) * 1099511628211ull;
-    return (size_t)(h & (s->nbuckets - 1));
+    for (size_t i = 0; i < s->nqbuckets; ++i) {
+        quota_entry_t **qp = &s->qbuckets[i];
+        while (*qp != NULL) {
+            quota_entry_t *q = *qp;
+            if (q->expires_at_ms <= now && q->inflight == 0) {
+                *qp = q->next;
+                sb_mem_free(q);
+                --s->qcount;
+            } else {
+                qp = &q->next;
+            }
+        }
+    }
+}
+
+/* doubles the counters' table as grow_tokens_locked does, up to the power of two above 2 * max_tokens */
+static void grow_quotas_locked(sb_store_t *s)
+{
+    size_t n = s->nqbuckets * 2;
+    quota_entry_t **nb;
+
+    if (s->qcount < s->nqbuckets || s->nqbuckets >= pow2_at_least(2 * s->max_tokens) ||
+        (nb = sb_mem_try_calloc(n, sizeof(*nb))) == NULL)
+        return;
+    for (size_t i = 0; i < s->nqbuckets; ++i) {
+        quota_entry_t *q = s->qbuckets[i];
+        while (q != NULL) {
+            quota_entry_t *next = q->next;
+            size_t b = run_bucket(n, q->run_id);
+            q->next = nb[b];
+            nb[b] = q;
+            q = next;
+        }
+    }
+    sb_mem_free(s->qbuckets);
+    s->qbuckets = nb;
+    s->nqbuckets = n;
 }
 
 /* finds (or creates) the run's counters; called with the lock held; NULL when the table is full */
 static quota_entry_t *quota_entry(sb_store_t *s, const sb_token_t *tok, int create)
 {
-    size_t b = run_bucket(s, tok->run_id);
     int64_t now = sb_now_ms();
-    quota_entry_t **pp = &s->qbuckets[b];
+    quota_entry_t **pp = &s->qbuckets[run_bucket(s->nqbuckets, tok->run_id)];
 
     while (*pp != NULL) {
         quota_entry_t *q = *pp;
         if (q->expires_at_ms <= now && q->inflight == 0) {
             /* the run's tokens are all gone: so are its counters */
             *pp = q->next;
-            free(q);
+            sb_mem_free(q);
             --s->qcount;
             continue;
         }
@@ -329,25 +445,17 @@ static quota_entry_t *quota_entry(sb_store_t *s, const sb_token_t *tok, int crea
         return NULL;
     if (s->qcount >= 2 * s->max_tokens) {
         /* full: drop the counters of runs whose tokens have all expired, then try once more */
-        for (size_t i = 0; i < s->nbuckets; ++i) {
-            quota_entry_t **qp = &s->qbuckets[i];
-            while (*qp != NULL) {
-                quota_entry_t *q = *qp;
-                if (q->expires_at_ms <= now && q->inflight == 0) {
-                    *qp = q->next;
-                    free(q);
-                    --s->qcount;
-                } else {
-                    qp = &q->next;
-                }
-            }
-        }
+        sweep_quotas_locked(s, now);
         if (s->qcount >= 2 * s->max_tokens)
             return NULL;
     }
+    grow_quotas_locked(s);
     {
-        quota_entry_t *q = sb_mem_calloc(1, sizeof(*q));
-        memcpy(q->run_id, tok->run_id, strlen(tok->run_id) + 1);
+        size_t rlen = strlen(tok->run_id), b = run_bucket(s->nqbuckets, tok->run_id);
+        quota_entry_t *q = sb_mem_try_calloc(1, sizeof(*q) + rlen + 1); /* rlen <= SB_MAX_RUN_ID (sb_token_build) */
+        if (q == NULL)
+            return NULL;
+        memcpy(q->run_id, tok->run_id, rlen + 1);
         q->expires_at_ms = tok->expires_at_ms;
         q->next = s->qbuckets[b];
         s->qbuckets[b] = q;
@@ -359,7 +467,7 @@ static quota_entry_t *quota_entry(sb_store_t *s, const sb_token_t *tok, int crea
 void sb_store_lookup_acquire(sb_store_conn_t *c, const uint8_t hash[32], sb_store_lookup_cb cb, void *arg)
 {
     sb_store_t *s = c->store;
-    sb_token_t *found = NULL;
+    sb_token_t *found;
     quota_entry_t *q;
     sb_status_t st = SB_OK;
     const char *why = NULL;
@@ -371,21 +479,7 @@ void sb_store_lookup_acquire(sb_store_conn_t *c, const uint8_t hash[32], sb_stor
     }
     now = sb_now_ms();
     pthread_mutex_lock(&s->mu);
-    for (mem_entry_t **pp = &s->buckets[bucket_of(s, hash)]; *pp != NULL; pp = &(*pp)->next) {
-        mem_entry_t *e = *pp;
-        if (memcmp(e->tok->hash, hash, 32) != 0)
-            continue;
-        if (e->tok->expires_at_ms <= now) {
-            *pp = e->next;
-            sb_token_release(e->tok);
-            free(e);
-            --s->count;
-        } else {
-            found = e->tok;
-            sb_token_addref(found);
-        }
-        break;
-    }
+    found = find_locked(s, hash, now);
     if (found == NULL) {
         st = SB_E_UNAUTHORIZED;
     } else if ((q = quota_entry(s, found, 1)) == NULL) {
@@ -453,4 +547,27 @@ void sb_store_quota_fetch_add(sb_store_conn_t *c, const sb_token_t *tok, uint64_
     if ((q = quota_entry(s, tok, 1)) != NULL)
         q->fetched += (int64_t)bytes;
     pthread_mutex_unlock(&s->mu);
+}
+
+void sb_store_quota_tool_call(sb_store_conn_t *c, const sb_token_t *tok, unsigned max_calls, sb_quota_cb cb, void *arg)
+{
+    sb_store_t *s = c->store;
+    quota_entry_t *q;
+    sb_status_t st = SB_OK;
+    const char *why = NULL;
+
+    if (s->is_redis) {
+        sb_store__redis_quota_tool_call(c->redis, tok, max_calls, cb, arg);
+        return;
+    }
+    pthread_mutex_lock(&s->mu);
+    if ((q = quota_entry(s, tok, 1)) == NULL) {
+        st = SB_E_UNAVAILABLE;
+        why = "the quota table is full";
+    } else if (++q->tool_calls > (int64_t)max_calls) {
+        st = SB_E_RATE_LIMITED;
+        why = "tools.call per run";
+    }
+    pthread_mutex_unlock(&s->mu);
+    cb(arg, st, why);
 }

@@ -25,8 +25,8 @@
 
 /** one scope binding, e.g. tenantId = "t1" */
 typedef struct st_sb_scope_kv_t {
-    char *key;
-    char *value;
+    const char *key;
+    const char *value;
 } sb_scope_kv_t;
 
 /** per-run limits, resolved at mint (the config's defaults unless the mint overrides them) */
@@ -39,18 +39,27 @@ typedef struct st_sb_quota_t {
 /**
  * A token record. Immutable once built and reference-counted, so worker
  * threads share it without locks; release with sb_token_release.
+ *
+ * One allocation: the strings and the scope array live right after the
+ * struct (sb_token_build sizes it), and the manifest is shared with every
+ * token that names the same one (authz.h: manifests are interned). A field
+ * added here that points at per-token data should point into that same
+ * allocation (sb_token_build lays it out) or own its memory and be released
+ * in sb_token_release.
  */
 typedef struct st_sb_token_t {
     _Atomic int _refcnt;
     uint8_t hash[32];
-    char run_id[SB_MAX_RUN_ID + 1];
-    char target[SB_MAX_TARGET_NAME + 1]; /* "" when the run has no target */
-    sb_scope_kv_t scope[SB_MAX_SCOPE_ENTRIES];
-    size_t scope_len;
     int64_t expires_at_ms;
     sb_quota_t quota;
     sb_manifest_t *manifest;
+    const char *run_id;   /* 1 to SB_MAX_RUN_ID bytes, NUL-terminated */
+    const char *target;   /* "" when the run has no target */
+    sb_scope_kv_t *scope; /* scope_len bindings, at most SB_MAX_SCOPE_ENTRIES */
+    size_t scope_len;
     struct st_sb_secrets_t *secrets; /* authz/secrets.h; NULL when the run has none (owned, zeroed when freed) */
+    /* the memory store's hash chain: written only by that store, under its lock */
+    struct st_sb_token_t *_next;
 } sb_token_t;
 
 void sb_token_addref(sb_token_t *t);
@@ -59,15 +68,18 @@ void sb_token_release(sb_token_t *t);
 /**
  * Builds a token record from the admin mint body fields (already type-checked
  * by the caller) or from a stored record.
+ * @param out receives a record with one reference (sb_token_release)
  * @param err receives a message naming the offending path on SB_E_BAD_ARGS
+ * @return SB_OK, SB_E_BAD_ARGS, or SB_E_NOMEM (err says "out of memory")
  */
 SB_WARN_UNUSED sb_status_t sb_token_build(const uint8_t hash[32], const char *run_id, const json_t *capabilities,
                                           const char *target, const json_t *scope, int64_t expires_at_ms, sb_token_t **out,
                                           char *err, size_t errsz);
 /**
  * serialises a record to JSON for the redis backend (capabilities kept
- * verbatim, a random mint id added, secrets sealed: authz/secrets.h); NULL
- * when no randomness is available, or the record has secrets and no key is set
+ * verbatim, a random mint id added, secrets sealed: authz/secrets.h),
+ * released with sb_mem_free_foreign (json_dumps text); NULL when no
+ * randomness is available, or the record has secrets and no key is set
  */
 char *sb_token_serialize(const sb_token_t *t, const json_t *capabilities);
 /** parses a serialised record; SB_E_UNAVAILABLE when it is unreadable (fail closed) */
@@ -139,6 +151,31 @@ void sb_store_put(sb_store_conn_t *c, sb_token_t *tok, const json_t *capabilitie
 void sb_store_revoke_token(sb_store_conn_t *c, const uint8_t hash[32], sb_store_done_cb cb, void *arg);
 void sb_store_revoke_run(sb_store_conn_t *c, const char *run_id, sb_store_done_cb cb, void *arg);
 
+/** what a run has used of its quotas (PROTOCOL.md section 9, quotas) */
+typedef struct st_sb_store_usage_t {
+    int64_t calls;         /* calls counted, denied ones included */
+    int64_t inflight;      /* calls holding a concurrency slot now */
+    int64_t fetched_bytes; /* http.fetch response bytes */
+} sb_store_usage_t;
+
+/**
+ * called with a run's live tokens and its usage (sb_store_inspect_run):
+ *   SB_OK             toks holds ntoks records (at most the max asked for), nlive
+ *                     is how many live tokens the run has in all (0: none)
+ *   SB_E_UNAVAILABLE  the store cannot answer (or holds a record it cannot read); nothing else is set
+ * The records are borrowed for the call: take a reference to keep one.
+ */
+typedef void (*sb_store_inspect_cb)(void *arg, sb_status_t st, sb_token_t *const *toks, size_t ntoks, size_t nlive,
+                                    const sb_store_usage_t *usage);
+/**
+ * The admin inspection of a run (GET /admin/v1/runs/<runId>, and the usage
+ * of GET /admin/v1/tokens/<token>): reads, counts nothing. The memory store
+ * scans its table (bounded by max_tokens), Redis runs one read-only script.
+ * @param max the most records to hand back, at most SB_MAX_INSPECT_TOKENS; 0
+ *        asks for the usage alone (then nlive is 0)
+ */
+void sb_store_inspect_run(sb_store_conn_t *c, const char *run_id, size_t max, sb_store_inspect_cb cb, void *arg);
+
 /*
  * Per-run quotas (PROTOCOL.md, "Quotas"), kept where the tokens are: in the
  * memory store's table, or in Redis counters shared by every instance, which
@@ -172,5 +209,14 @@ void sb_store_quota_release(sb_store_conn_t *c, const sb_token_t *tok);
 void sb_store_quota_fetch_check(sb_store_conn_t *c, const sb_token_t *tok, sb_quota_cb cb, void *arg);
 /** adds fetched bytes; fire and forget, checked and counted like a release (update="fetch_bytes") */
 void sb_store_quota_fetch_add(sb_store_conn_t *c, const sb_token_t *tok, uint64_t bytes);
+/**
+ * Counts one tools.call of the token's run against `max_calls` (the target's
+ * limit, PROTOCOL.md section 6b), in one step: one counter per run next to the
+ * run's other counters (on Redis one script, one round trip, shared by every
+ * instance), living as long as the run's tokens.
+ * cb: SB_OK while the run has calls left, SB_E_RATE_LIMITED once it has none
+ * (why "tools.call per run"), SB_E_UNAVAILABLE when the store cannot answer
+ */
+void sb_store_quota_tool_call(sb_store_conn_t *c, const sb_token_t *tok, unsigned max_calls, sb_quota_cb cb, void *arg);
 
 #endif

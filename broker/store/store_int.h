@@ -5,12 +5,11 @@
 #include <pthread.h>
 #include "store/store.h"
 
-typedef struct st_mem_entry_t mem_entry_t;
 typedef struct st_quota_entry_t quota_entry_t;
 
 #define SB_STORE_MAX_SENTINELS 16
 #define SB_STORE_MAX_MASTER_NAME 64
-#define SB_STORE_NSCRIPTS 5
+#define SB_STORE_NSCRIPTS 7
 
 /** a numeric address hiredis can connect to without resolving anything */
 typedef struct st_sb_store_addr_t {
@@ -20,13 +19,14 @@ typedef struct st_sb_store_addr_t {
 
 struct st_sb_store_t {
     int is_redis;
-    /* memory backend */
+    /* memory backend: two chained hash tables that grow with their contents (load factor at most 1) */
     pthread_mutex_t mu;
-    mem_entry_t **buckets;
-    size_t nbuckets;
+    sb_token_t **buckets; /* chained through sb_token_t._next */
+    size_t nbuckets;      /* a power of two */
     size_t count;
     size_t max_tokens;
-    quota_entry_t **qbuckets; /* per-run counters, same bucket count as tokens */
+    quota_entry_t **qbuckets; /* per-run counters */
+    size_t nqbuckets;         /* a power of two */
     size_t qcount;
     /* redis backend */
     char *prefix;
@@ -62,9 +62,11 @@ void sb_store__redis_lookup_acquire(void *rc, const uint8_t hash[32], sb_store_l
 void sb_store__redis_put(void *rc, sb_token_t *tok, const json_t *caps, sb_store_done_cb cb, void *arg);
 void sb_store__redis_revoke_token(void *rc, const uint8_t hash[32], sb_store_done_cb cb, void *arg);
 void sb_store__redis_revoke_run(void *rc, const char *run_id, sb_store_done_cb cb, void *arg);
+void sb_store__redis_inspect_run(void *rc, const char *run_id, size_t max, sb_store_inspect_cb cb, void *arg);
 void sb_store__redis_quota_release(void *rc, const sb_token_t *tok);
 void sb_store__redis_quota_fetch_check(void *rc, const sb_token_t *tok, sb_quota_cb cb, void *arg);
 void sb_store__redis_quota_fetch_add(void *rc, const sb_token_t *tok, uint64_t bytes);
+void sb_store__redis_quota_tool_call(void *rc, const sb_token_t *tok, unsigned max_calls, sb_quota_cb cb, void *arg);
 
 /**
  * Parses a Sentinel "+switch-master" message: "<name> <old-ip> <old-port>

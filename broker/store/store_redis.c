@@ -72,7 +72,7 @@
 
 /* ---- scripts ----------------------------------------------------------------------------------------------------------- */
 
-enum { SC_LOOKUP = 0, SC_RELEASE, SC_FETCH_ADD, SC_MINT, SC_REVOKE_RUN };
+enum { SC_LOOKUP = 0, SC_RELEASE, SC_FETCH_ADD, SC_MINT, SC_REVOKE_RUN, SC_INSPECT_RUN, SC_TOOL_CALL };
 
 /*
  * Slots given back (KEYS[first..], ARGV[same index + off] = how many):
@@ -169,6 +169,41 @@ static const char script_revoke_run[] = "#!lua\n"
                                         "local m = redis.call('SMEMBERS', KEYS[1])\n"
                                         "for _, h in ipairs(m) do redis.call('DEL', ARGV[1] .. h) end\n"
                                         "redis.call('DEL', KEYS[1]) return #m\n";
+/*
+ * inspect a run, reading only: KEYS[1] its token index, KEYS[2..4] its calls,
+ * in-flight and fetched-bytes counters; ARGV[1] the token key prefix, ARGV[2]
+ * the most records to return. Returns {calls, inflight, bytes, live, hash,
+ * record, ...}: the index also holds revoked tokens (a token revocation
+ * deletes only the record), which have no record and are not counted.
+ */
+static const char script_inspect_run[] = "#!lua\n"
+                                         "local out = {redis.call('GET', KEYS[2]) or '0', redis.call('GET', KEYS[3]) or '0',\n"
+                                         "             redis.call('GET', KEYS[4]) or '0', 0}\n"
+                                         "local live, max = 0, tonumber(ARGV[2])\n"
+                                         "for _, h in ipairs(redis.call('SMEMBERS', KEYS[1])) do\n"
+                                         "  local r = redis.call('GET', ARGV[1] .. h)\n"
+                                         "  if r then\n"
+                                         "    live = live + 1\n"
+                                         "    if live <= max then out[#out + 1] = h out[#out + 1] = r end\n"
+                                         "  end\n"
+                                         "end\n"
+                                         "out[4] = live return out\n";
+
+/*
+ * One tools.call of a run: KEYS[1] the run's tools.call counter, KEYS[2] its
+ * call counter (which the mint keeps alive as long as the run's latest token),
+ * ARGV[1] the calling token's expiry. Counts, then makes the counter live as
+ * long as the later of the two, so it cannot expire, and start again from 0,
+ * while the run still has a token. Returns the count, this call included.
+ */
+static const char script_tool_call[] =
+    "#!lua\n"
+    "local n = redis.call('INCR', KEYS[1])\n"
+    "local exp = tonumber(ARGV[1])\n"
+    "local run = redis.call('PEXPIRETIME', KEYS[2])\n"
+    "if run > exp then exp = run end\n"
+    "if redis.call('PEXPIRETIME', KEYS[1]) < exp then redis.call('PEXPIREAT', KEYS[1], exp) end\n"
+    "return n\n";
 
 static const struct {
     const char *body;
@@ -176,7 +211,8 @@ static const struct {
 } scripts[SB_STORE_NSCRIPTS] = {
     {script_lookup, sizeof(script_lookup) - 1},         {script_release, sizeof(script_release) - 1},
     {script_fetch_add, sizeof(script_fetch_add) - 1},   {script_mint, sizeof(script_mint) - 1},
-    {script_revoke_run, sizeof(script_revoke_run) - 1},
+    {script_revoke_run, sizeof(script_revoke_run) - 1}, {script_inspect_run, sizeof(script_inspect_run) - 1},
+    {script_tool_call, sizeof(script_tool_call) - 1},
 };
 
 /* ---- configuration ----------------------------------------------------------------------------------------------------- */
@@ -427,13 +463,13 @@ static void free_secret(char *p)
 {
     if (p != NULL) {
         explicit_bzero(p, strlen(p));
-        free(p);
+        sb_mem_free(p);
     }
 }
 
 void sb_store__redis_free(sb_store_t *s)
 {
-    free(s->unix_path);
+    sb_mem_free(s->unix_path);
     free_secret(s->password);
     free_secret(s->sentinel_password);
 }
@@ -822,6 +858,7 @@ struct st_cmd_t {
         sb_store_lookup_cb lookup;
         sb_store_done_cb done;
         sb_quota_cb quota;
+        sb_store_inspect_cb inspect;
     } cb;
     void *arg;
     uint8_t hash[32];
@@ -844,7 +881,7 @@ static void cmd_finish(cmd_t *cmd, redisReply *reply)
     h2o_linklist_unlink(&cmd->link);
     cmd->done(cmd, reply);
     sb_token_release(cmd->known);
-    free(cmd);
+    sb_mem_free(cmd);
 }
 
 /* decimal digits of v at p; returns the end */
@@ -902,7 +939,7 @@ static void cmd_send(cmd_t *cmd)
         memcpy(p, cmd->resp + cmd->args, rest);
         p += rest;
         ok = redisAsyncFormattedCommand(ac, on_cmd_reply, cmd, buf, (size_t)(p - buf)) == REDIS_OK;
-        free(buf);
+        sb_mem_free(buf);
     }
     if (!ok)
         cmd_finish(cmd, NULL);
@@ -1486,7 +1523,7 @@ void sb_store__redis_conn_destroy(void *p)
     h2o_timeout_dispose(rc->loop, &rc->flush_timeout);
     for (size_t i = 0; i < RCACHE_SLOTS; ++i)
         sb_token_release(rc->cache[i].tok);
-    free(rc);
+    sb_mem_free(rc);
 }
 
 int sb_store__redis_healthy(void *p)
@@ -1979,7 +2016,7 @@ void sb_store__redis_put(void *rcp, sb_token_t *tok, const json_t *caps, sb_stor
     argv[8] = exp;
     lens[8] = (size_t)snprintf(exp, sizeof(exp), "%lld", (long long)tok->expires_at_ms);
     cmd = cmd_new(rc, "the mint", on_put, SC_MINT, 9, argv, lens);
-    free(rec);
+    sb_mem_free_foreign(rec); /* json_dumps text */
     cmd->cb.done = cb;
     cmd->arg = arg;
     cmd_send(cmd);
@@ -2033,6 +2070,108 @@ void sb_store__redis_revoke_run(void *rcp, const char *run_id, sb_store_done_cb 
     cmd_send(cmd);
 }
 
+/* ---- admin inspection ------------------------------------------------------------------------------------------------ */
+
+/* a counter as the script returned it: the decimal text Redis holds ("0" when absent) */
+static int counter_of(const redisReply *r, int64_t *out)
+{
+    char *end;
+    long long v;
+
+    if (r->type != REDIS_REPLY_STRING || r->len == 0 || r->len > 20)
+        return 0;
+    v = strtoll(r->str, &end, 10);
+    if (end != r->str + r->len || v < 0)
+        return 0;
+    *out = (int64_t)v;
+    return 1;
+}
+
+static int unhex32(const char *s, size_t len, uint8_t out[32])
+{
+    if (len != 64 || !sb_is_token_format(s, len))
+        return 0;
+    for (size_t i = 0; i < 32; ++i) {
+        int hi = s[2 * i] <= '9' ? s[2 * i] - '0' : s[2 * i] - 'a' + 10,
+            lo = s[2 * i + 1] <= '9' ? s[2 * i + 1] - '0' : s[2 * i + 1] - 'a' + 10;
+        out[i] = (uint8_t)(hi << 4 | lo);
+    }
+    return 1;
+}
+
+static void on_inspect_run(cmd_t *cmd, redisReply *reply)
+{
+    sb_token_t *toks[SB_MAX_INSPECT_TOKENS];
+    sb_store_usage_t usage = {0, 0, 0};
+    size_t ntoks = 0, nlive = 0, npairs;
+    int64_t now = sb_now_ms();
+    sb_status_t st = SB_E_UNAVAILABLE;
+
+    if (reply == NULL || reply->type != REDIS_REPLY_ARRAY || reply->elements < 4 || (reply->elements - 4) % 2 != 0 ||
+        !counter_of(reply->element[0], &usage.calls) || !counter_of(reply->element[1], &usage.inflight) ||
+        !counter_of(reply->element[2], &usage.fetched_bytes) || reply->element[3]->type != REDIS_REPLY_INTEGER ||
+        reply->element[3]->integer < 0)
+        goto Done;
+    nlive = (size_t)reply->element[3]->integer;
+    npairs = (reply->elements - 4) / 2;
+    if (npairs > (size_t)cmd->limit || npairs > nlive)
+        goto Done;
+    for (size_t i = 0; i < npairs; ++i) {
+        const redisReply *h = reply->element[4 + 2 * i], *rec = reply->element[5 + 2 * i];
+        uint8_t hash[32];
+        sb_token_t *tok;
+        /* a record under the run's index that is not the run's, or that we cannot read: no answer rather than a wrong one */
+        if (h->type != REDIS_REPLY_STRING || rec->type != REDIS_REPLY_STRING || !unhex32(h->str, h->len, hash) ||
+            sb_token_deserialize(hash, rec->str, rec->len, &tok) != SB_OK)
+            goto Done;
+        toks[ntoks++] = tok;
+        if (strcmp(tok->run_id, cmd->run_id) != 0)
+            goto Done;
+        if (tok->expires_at_ms <= now) {
+            /* Redis expiry and our clock disagree: believe the stricter one */
+            sb_token_release(toks[--ntoks]);
+            --nlive;
+        }
+    }
+    st = SB_OK;
+Done:
+    if (st == SB_OK) {
+        cmd->cb.inspect(cmd->arg, SB_OK, toks, ntoks, nlive, &usage);
+    } else {
+        cmd->cb.inspect(cmd->arg, SB_E_UNAVAILABLE, NULL, 0, 0, NULL);
+    }
+    for (size_t i = 0; i < ntoks; ++i)
+        sb_token_release(toks[i]);
+}
+
+void sb_store__redis_inspect_run(void *rcp, const char *run_id, size_t max, sb_store_inspect_cb cb, void *arg)
+{
+    redis_conn_t *rc = rcp;
+    size_t rlen = strlen(run_id);
+    char rkey[1024], ck[KEY_MAX], ik[KEY_MAX], bk[KEY_MAX], tprefix[KEY_MAX], maxs[24];
+    const char *argv[7] = {"4", rkey, ck, ik, bk, tprefix, maxs};
+    size_t lens[7];
+    cmd_t *cmd;
+
+    if (!usable(rc)) {
+        cb(arg, SB_E_UNAVAILABLE, NULL, 0, 0, NULL);
+        return;
+    }
+    lens[0] = 1;
+    lens[1] = key_for(rc->store, "run", run_id, rlen, rkey, sizeof(rkey));
+    lens[2] = quota_key(rc->store, "calls", run_id, rlen, ck, sizeof(ck));
+    lens[3] = quota_key(rc->store, "inflight", run_id, rlen, ik, sizeof(ik));
+    lens[4] = quota_key(rc->store, "bytes", run_id, rlen, bk, sizeof(bk));
+    lens[5] = (size_t)snprintf(tprefix, sizeof(tprefix), "%stok:", rc->store->prefix);
+    lens[6] = (size_t)snprintf(maxs, sizeof(maxs), "%zu", max);
+    cmd = cmd_new(rc, "the run inspection", on_inspect_run, SC_INSPECT_RUN, 7, argv, lens);
+    cmd->cb.inspect = cb;
+    cmd->arg = arg;
+    cmd->limit = (int64_t)max;
+    memcpy(cmd->run_id, run_id, rlen + 1);
+    cmd_send(cmd);
+}
+
 /* ---- fetched bytes ----------------------------------------------------------------------------------------------------- */
 
 static void on_fetch_check(cmd_t *cmd, redisReply *reply)
@@ -2073,6 +2212,43 @@ void sb_store__redis_quota_fetch_check(void *rcp, const sb_token_t *tok, sb_quot
     cmd->cb.quota = cb;
     cmd->arg = arg;
     cmd->limit = tok->quota.fetch_bytes;
+    cmd_send(cmd);
+}
+
+/* ---- tools.call per run ------------------------------------------------------------------------------------------------- */
+
+static void on_tool_call(cmd_t *cmd, redisReply *reply)
+{
+    if (reply == NULL || reply->type != REDIS_REPLY_INTEGER) {
+        cmd->cb.quota(cmd->arg, SB_E_UNAVAILABLE, "the token store is unavailable");
+        return;
+    }
+    if (reply->integer > cmd->limit)
+        cmd->cb.quota(cmd->arg, SB_E_RATE_LIMITED, "tools.call per run");
+    else
+        cmd->cb.quota(cmd->arg, SB_OK, NULL);
+}
+
+void sb_store__redis_quota_tool_call(void *rcp, const sb_token_t *tok, unsigned max_calls, sb_quota_cb cb, void *arg)
+{
+    redis_conn_t *rc = rcp;
+    char tk[KEY_MAX], ck[KEY_MAX], exp[32];
+    const char *argv[4] = {"2", tk, ck, exp};
+    size_t lens[4];
+    cmd_t *cmd;
+
+    if (!usable(rc)) {
+        cb(arg, SB_E_UNAVAILABLE, "the token store is unavailable");
+        return;
+    }
+    lens[0] = 1;
+    lens[1] = quota_key(rc->store, "tools", tok->run_id, strlen(tok->run_id), tk, sizeof(tk));
+    lens[2] = quota_key(rc->store, "calls", tok->run_id, strlen(tok->run_id), ck, sizeof(ck));
+    lens[3] = (size_t)snprintf(exp, sizeof(exp), "%lld", (long long)tok->expires_at_ms);
+    cmd = cmd_new(rc, "the tools.call count", on_tool_call, SC_TOOL_CALL, 4, argv, lens);
+    cmd->cb.quota = cb;
+    cmd->arg = arg;
+    cmd->limit = max_calls;
     cmd_send(cmd);
 }
 

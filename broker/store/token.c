@@ -9,7 +9,10 @@
 #include "store/store.h"
 #include "authz/secrets.h"
 #include "util/util.h"
+#include "sb/mem.h"
 #include "sb/value.h"
+
+_Static_assert(sizeof(sb_token_t) % _Alignof(sb_scope_kv_t) == 0, "the scope array follows the struct, aligned");
 
 void sb_token_addref(sb_token_t *t)
 {
@@ -20,13 +23,9 @@ void sb_token_release(sb_token_t *t)
 {
     if (t == NULL || atomic_fetch_sub_explicit(&t->_refcnt, 1, memory_order_acq_rel) != 1)
         return;
-    for (size_t i = 0; i < t->scope_len; ++i) {
-        free(t->scope[i].key);
-        free(t->scope[i].value);
-    }
     sb_manifest_free(t->manifest);
     sb_secrets_free(t->secrets);
-    free(t);
+    sb_mem_free(t);
 }
 
 static int is_printable_utf8(const char *s, size_t n)
@@ -37,12 +36,24 @@ static int is_printable_utf8(const char *s, size_t n)
     return sb_utf8_valid((const uint8_t *)s, n);
 }
 
+/* copies `len` bytes and a NUL to *at, advancing it; returns the copy */
+static const char *put_str(char **at, const char *s, size_t len)
+{
+    char *p = *at;
+    memcpy(p, s, len);
+    p[len] = '\0';
+    *at = p + len + 1;
+    return p;
+}
+
 sb_status_t sb_token_build(const uint8_t hash[32], const char *run_id, const json_t *capabilities, const char *target,
                            const json_t *scope, int64_t expires_at_ms, sb_token_t **out, char *err, size_t errsz)
 {
     sb_token_t *t;
-    size_t rlen = strlen(run_id);
+    sb_manifest_t *manifest;
+    size_t rlen = strlen(run_id), tlen = target != NULL ? strlen(target) : 0, nscope = 0, size;
     sb_status_t st;
+    char *at;
 
     if (rlen == 0 || rlen > SB_MAX_RUN_ID || !is_printable_utf8(run_id, rlen)) {
         snprintf(err, errsz, "runId: expected 1-%u printable bytes", SB_MAX_RUN_ID);
@@ -52,7 +63,11 @@ sb_status_t sb_token_build(const uint8_t hash[32], const char *run_id, const jso
         snprintf(err, errsz, "target: expected a name of [A-Za-z0-9_-]{1,%u}", SB_MAX_TARGET_NAME);
         return SB_E_BAD_ARGS;
     }
+    /* every string is bounded here, so the record's size is: at most about 5.6 KiB */
+    size = sizeof(*t) + rlen + 1 + tlen + 1;
     if (scope != NULL && !json_is_null(scope)) {
+        const char *k;
+        json_t *v;
         if (!json_is_object(scope)) {
             snprintf(err, errsz, "scope: expected an object");
             return SB_E_BAD_ARGS;
@@ -61,50 +76,56 @@ sb_status_t sb_token_build(const uint8_t hash[32], const char *run_id, const jso
             snprintf(err, errsz, "scope: more than %u entries", SB_MAX_SCOPE_ENTRIES);
             return SB_E_BAD_ARGS;
         }
-    }
-
-    t = sb_mem_calloc(1, sizeof(*t));
-    atomic_init(&t->_refcnt, 1);
-    memcpy(t->hash, hash, 32);
-    memcpy(t->run_id, run_id, rlen + 1);
-    if (target != NULL)
-        memcpy(t->target, target, strlen(target) + 1);
-    t->expires_at_ms = expires_at_ms;
-    if (scope != NULL && json_is_object(scope)) {
-        const char *k;
-        json_t *v;
         json_object_foreach((json_t *)scope, k, v)
         {
             size_t vlen;
             if (!sb_is_name(k, 64)) {
                 /* cut on a code point boundary: the message is JSON text */
                 snprintf(err, errsz, "scope.%.*s: expected a key of [A-Za-z0-9_-]{1,64}", (int)sb_utf8_cut(k, strlen(k), 64), k);
-                st = SB_E_BAD_ARGS;
-                goto Error;
+                return SB_E_BAD_ARGS;
             }
             if (!json_is_string(v) || (vlen = json_string_length(v)) == 0 || vlen > SB_MAX_SCOPE_VALUE ||
                 !is_printable_utf8(json_string_value(v), vlen)) {
                 snprintf(err, errsz, "scope.%s: expected a string of 1-%u printable bytes", k, SB_MAX_SCOPE_VALUE);
-                st = SB_E_BAD_ARGS;
-                goto Error;
+                return SB_E_BAD_ARGS;
             }
-            t->scope[t->scope_len].key = sb_mem_strdup(k);
-            t->scope[t->scope_len].value = sb_mem_strdup(json_string_value(v));
-            ++t->scope_len;
+            size += sizeof(sb_scope_kv_t) + strlen(k) + 1 + vlen + 1;
+            ++nscope;
         }
     }
     {
         char merr[256];
-        if ((st = sb_manifest_parse(capabilities, &t->manifest, merr, sizeof(merr))) != SB_OK) {
+        if ((st = sb_manifest_parse(capabilities, &manifest, merr, sizeof(merr))) != SB_OK) {
             snprintf(err, errsz, "%s", merr);
-            goto Error;
+            return st;
+        }
+    }
+    if ((t = sb_mem_try_calloc(1, size)) == NULL) {
+        sb_manifest_free(manifest);
+        snprintf(err, errsz, "out of memory");
+        return SB_E_NOMEM;
+    }
+    /* the layout: the struct, the scope array (pointer-aligned: sizeof(*t) is), then the strings */
+    atomic_init(&t->_refcnt, 1);
+    memcpy(t->hash, hash, 32);
+    t->expires_at_ms = expires_at_ms;
+    t->manifest = manifest;
+    t->scope = (sb_scope_kv_t *)(void *)(t + 1);
+    at = (char *)(t->scope + nscope);
+    t->run_id = put_str(&at, run_id, rlen);
+    t->target = put_str(&at, target != NULL ? target : "", tlen);
+    if (nscope != 0) {
+        const char *k;
+        json_t *v;
+        json_object_foreach((json_t *)scope, k, v)
+        {
+            t->scope[t->scope_len].key = put_str(&at, k, strlen(k));
+            t->scope[t->scope_len].value = put_str(&at, json_string_value(v), json_string_length(v));
+            ++t->scope_len;
         }
     }
     *out = t;
     return SB_OK;
-Error:
-    sb_token_release(t);
-    return st;
 }
 
 char *sb_token_serialize(const sb_token_t *t, const json_t *capabilities)

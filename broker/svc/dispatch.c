@@ -10,9 +10,11 @@
  * reason: a handler receives only calls that decoded whole.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "svc/dispatch.h"
 #include "svc/handlers.h"
+#include "util/util.h"
 
 static int name_is(const sb_method_t *m, const char *s)
 {
@@ -69,6 +71,59 @@ static int wires_data(const sb_target_t *t, const sb_call_t *call)
     return 0;
 }
 
+/* a tools.call waiting for the store to count it against the run's max_calls */
+typedef struct st_tool_count_t {
+    const sb_svc_env_t *env;
+    const sb_target_t *t;
+    sb_token_t *tok;
+    const sb_call_t *call;
+    sb_dispatch_cb cb;
+    void *arg;
+} tool_count_t;
+
+static void on_tool_counted(void *p, sb_status_t st, const char *why)
+{
+    tool_count_t *tc = p;
+
+    (void)why;
+    if (st == SB_E_RATE_LIMITED)
+        sb_answer_error(tc->cb, tc->arg, SB_E_RATE_LIMITED, "%s", SB_TOOLS_MSG_LIMIT);
+    else if (st != SB_OK)
+        sb_answer_error(tc->cb, tc->arg, SB_E_UNAVAILABLE, "sandbox token store is unavailable");
+    else if (!refused(tc->call, tc->cb, tc->arg))
+        sb_tools_handle(tc->env, tc->t, tc->tok, tc->call, tc->cb, tc->arg);
+    sb_token_release(tc->tok);
+    sb_mem_free(tc);
+}
+
+/*
+ * Every tools.call attempt counts against max_calls, a malformed one included
+ * (PROTOCOL.md section 6b): counted per run in the token store, so the limit
+ * is one across workers and, on Redis, across instances. The env is the
+ * worker's and the target belongs to a configuration a reload never frees
+ * while calls run, so both outlive the count's round trip.
+ */
+static void count_tool_call(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok, const sb_call_t *call,
+                            sb_dispatch_cb cb, void *arg)
+{
+    tool_count_t *tc;
+
+    if (env->store == NULL) {
+        /* nothing to count in: fail closed */
+        sb_answer_error(cb, arg, SB_E_UNAVAILABLE, "sandbox token store is unavailable");
+        return;
+    }
+    tc = sb_mem_calloc(1, sizeof(*tc));
+    tc->env = env;
+    tc->t = t;
+    sb_token_addref(tok);
+    tc->tok = tok;
+    tc->call = call;
+    tc->cb = cb;
+    tc->arg = arg;
+    sb_store_quota_tool_call(env->store, tok, t->tools->max_calls, on_tool_counted, tc);
+}
+
 void sb_dispatch(const sb_svc_env_t *env, sb_token_t *tok, const sb_call_t *call, sb_dispatch_cb cb, void *arg)
 {
     const sb_method_t *m = &call->m;
@@ -109,9 +164,8 @@ void sb_dispatch(const sb_svc_env_t *env, sb_token_t *tok, const sb_call_t *call
         break;
     case SB_MK_TOOLS:
         if (t != NULL && t->tools != NULL && env->tools != NULL) {
-            /* every tools.call attempt counts against max_calls, a malformed one included (PROTOCOL.md section 6b) */
-            if (m->op == SB_OP_CALL && sb_tools_count_call(t->tools, tok) != SB_OK) {
-                sb_answer_error(cb, arg, SB_E_RATE_LIMITED, "%s", SB_TOOLS_MSG_LIMIT);
+            if (m->op == SB_OP_CALL) {
+                count_tool_call(env, t, tok, call, cb, arg);
                 return;
             }
             if (!refused(call, cb, arg))

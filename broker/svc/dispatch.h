@@ -20,6 +20,7 @@ struct st_sb_fetch_ctx_t;
 struct st_sb_targets_t;
 struct st_sb_tools_ctx_t;
 struct st_sb_pg_pool_t;
+struct st_sb_files_ctx_t;
 
 /** what a worker offers the handlers */
 typedef struct st_sb_svc_env_t {
@@ -27,8 +28,9 @@ typedef struct st_sb_svc_env_t {
     const struct st_sb_targets_t *targets;
     struct st_sb_fetch_ctx_t *fetch; /* NULL when egress could not be set up */
     struct st_sb_tools_ctx_t *tools;
-    struct st_sb_pg_pool_t *pg; /* NULL without database_url */
-    sb_store_conn_t *store;     /* the worker's token store connection (quotas) */
+    struct st_sb_pg_pool_t *pg;      /* NULL without database_url */
+    struct st_sb_files_ctx_t *files; /* the worker's end of the server's files pool */
+    sb_store_conn_t *store;          /* the worker's token store connection (quotas) */
 } sb_svc_env_t;
 
 /**

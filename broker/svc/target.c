@@ -346,10 +346,10 @@ sb_status_t sb_targets_parse(const json_t *targets, sb_targets_t **out, char *er
 static void free_scope(sb_scope_bind_t *s, size_t n)
 {
     for (size_t i = 0; i < n; ++i) {
-        free(s[i].column);
-        free(s[i].scope_key);
+        sb_mem_free(s[i].column);
+        sb_mem_free(s[i].scope_key);
     }
-    free(s);
+    sb_mem_free(s);
 }
 
 void sb_targets_free(sb_targets_t *t)
@@ -360,47 +360,47 @@ void sb_targets_free(sb_targets_t *t)
         sb_target_t *g = &t->v[i];
         for (size_t c = 0; c < g->ncollections; ++c) {
             sb_collection_conf_t *cc = &g->collections[c];
-            free(cc->name);
-            free(cc->table);
-            free(cc->key);
+            sb_mem_free(cc->name);
+            sb_mem_free(cc->table);
+            sb_mem_free(cc->key);
             for (size_t k = 0; k < cc->ncolumns; ++k)
-                free(cc->columns[k]);
-            free(cc->columns);
+                sb_mem_free(cc->columns[k]);
+            sb_mem_free(cc->columns);
             free_scope(cc->scope, cc->nscope);
         }
-        free(g->collections);
+        sb_mem_free(g->collections);
         if (g->document_store != NULL) {
-            free(g->document_store->table);
+            sb_mem_free(g->document_store->table);
             free_scope(g->document_store->scope, g->document_store->nscope);
-            free(g->document_store);
+            sb_mem_free(g->document_store);
         }
         if (g->files != NULL) {
-            free(g->files->root);
-            free(g->files);
+            sb_mem_free(g->files->root);
+            sb_mem_free(g->files);
         }
         if (g->tools != NULL) {
-            free(g->tools->upstream);
+            sb_mem_free(g->tools->upstream);
             for (size_t k = 0; k < g->tools->nrelease; ++k)
-                free(g->tools->release[k]);
-            free(g->tools->release);
-            free(g->tools);
+                sb_mem_free(g->tools->release[k]);
+            sb_mem_free(g->tools->release);
+            sb_mem_free(g->tools);
         }
         for (size_t k = 0; k < g->nglobals; ++k) {
             sb_global_conf_t *gc = &g->globals[k];
-            free(gc->name);
+            sb_mem_free(gc->name);
             msgpack_sbuffer_destroy(&gc->value);
-            free(gc->table);
-            free(gc->key);
-            free(gc->row);
-            free(gc->column);
+            sb_mem_free(gc->table);
+            sb_mem_free(gc->key);
+            sb_mem_free(gc->row);
+            sb_mem_free(gc->column);
             free_scope(gc->scope, gc->nscope);
         }
-        free(g->globals);
+        sb_mem_free(g->globals);
         sb_secrets_free(g->secrets);
-        free(g->name);
+        sb_mem_free(g->name);
     }
-    free(t->v);
-    free(t);
+    sb_mem_free(t->v);
+    sb_mem_free(t);
 }
 
 const sb_target_t *sb_targets_find(const sb_targets_t *t, const char *name)

@@ -10,36 +10,6 @@
 #include <openssl/evp.h>
 #include "util/util.h"
 
-void sb_fatal(const char *file, int line, const char *msg)
-{
-    fprintf(stderr, "{\"level\":\"fatal\",\"msg\":\"%s\",\"file\":\"%s\",\"line\":%d}\n", msg, file, line);
-    abort();
-}
-
-void *sb_mem__alloc(size_t sz, const char *file, int line)
-{
-    void *p = malloc(sz != 0 ? sz : 1);
-    if (p == NULL)
-        sb_fatal(file, line, "out of memory");
-    return p;
-}
-
-void *sb_mem__calloc(size_t n, size_t sz, const char *file, int line)
-{
-    void *p = calloc(n != 0 ? n : 1, sz != 0 ? sz : 1);
-    if (p == NULL)
-        sb_fatal(file, line, "out of memory");
-    return p;
-}
-
-char *sb_mem__strdup(const char *s, const char *file, int line)
-{
-    size_t n = strlen(s) + 1;
-    char *p = sb_mem__alloc(n, file, line);
-    memcpy(p, s, n);
-    return p;
-}
-
 int64_t sb_now_ms(void)
 {
     struct timespec ts;

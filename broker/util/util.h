@@ -1,25 +1,16 @@
 /*
- * broker/util: memory, time, randomness and hashing helpers.
+ * broker/util: time, randomness, hashing and text helpers.
  *
- * OOM policy (STYLE rule 8): fixed-size allocations go through sb_mem_alloc,
- * which aborts with file and line; sizes derived from input are checked
- * against a cap first and use plain malloc with a status on failure.
+ * Memory comes from sb/mem.h (the one allocation API, STYLE rule 8), which
+ * this header includes for the modules that reach it through here.
  */
 #ifndef SB_UTIL_H
 #define SB_UTIL_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include "sb/mem.h"
 #include "sb/status.h"
-
-#define sb_mem_alloc(sz) sb_mem__alloc((sz), __FILE__, __LINE__)
-#define sb_mem_calloc(n, sz) sb_mem__calloc((n), (sz), __FILE__, __LINE__)
-#define sb_mem_strdup(s) sb_mem__strdup((s), __FILE__, __LINE__)
-void *sb_mem__alloc(size_t sz, const char *file, int line);
-void *sb_mem__calloc(size_t n, size_t sz, const char *file, int line);
-char *sb_mem__strdup(const char *s, const char *file, int line);
-/** logs "fatal" with the location and aborts */
-__attribute__((noreturn)) void sb_fatal(const char *file, int line, const char *msg);
 
 /** wall-clock milliseconds since the epoch (token expiry is wall-clock, as upstream) */
 int64_t sb_now_ms(void);

@@ -16,11 +16,11 @@
  * call/url.c (raw host, label), svc/pg/pg_query.h (SB_PG_MAX_*: SQL,
  * parameters), svc/pg/pg_int.h (queue), svc/tools/tools.c (SB_TOOLS_MAX_*:
  * MCP list and result sizes, pages, cursor), svc/tools/mcp_client.h and
- * mcp_wire.h (session id, event type), svc/files/files.c, files_fs.c and
+ * mcp_wire.h (session id, event type, request), svc/files/files.c, files_fs.c and
  * files_path.h (listing, write depth, queue, scope key), http/reply.h (error
  * bodies), fetch/client.h (SB_MAX_RESPONSE_HEAD), fetch/ipclass.h (CIDR
  * entries), authz/manifest.c (timeout, memory), obs/log.h (SB_LOGLINE_MAX),
- * obs/audit.h (SB_AUDIT_BUFFER), obs/metrics.c, and the shim's own
+ * obs/audit.h (SB_AUDIT_BUFFER), obs/metrics.h and .c, and the shim's own
  * SB_SHIM_MAX_* in the headers of supervisor-shim/. scripts/checksrc refuses
  * a cap a header defines and a file outside its folder uses, unless it is
  * defined here or from a cap here.
@@ -62,6 +62,10 @@
 #define SB_MAX_NODES 100000u
 /* correlation ids: ^[\w-]{1,128}$ */
 #define SB_MAX_CORRELATION_ID 128u
+/* an X-Request-Id the broker logs and echoes: 1-128 bytes of [A-Za-z0-9._:-] */
+#define SB_MAX_REQUEST_ID 128u
+/* live tokens one run inspection lists (GET /admin/v1/runs/<runId>) */
+#define SB_MAX_INSPECT_TOKENS 100u
 
 /* manifests: entries per list or map, and bytes per string */
 #define SB_MAX_MANIFEST_ENTRIES 256u

@@ -14,7 +14,10 @@
  * module converts by renaming calls: malloc -> sb_mem_try_alloc, calloc ->
  * sb_mem_try_calloc, realloc -> sb_mem_try_realloc, free -> sb_mem_free.
  * Everything returned by any helper here is released with sb_mem_free (or
- * sb_mem_free_secret for memory that held a secret).
+ * sb_mem_free_secret for memory that held a secret); a block a library made
+ * with malloc for its caller to free() goes back through sb_mem_free_foreign.
+ * No other file calls malloc, calloc, realloc, free, strdup or strndup
+ * (scripts/checksrc).
  *
  * Failure injection: sb_mem_fail_nth(n) makes the n-th sb_mem_try_* call from
  * now on, in the calling thread, fail once, the way curl's torture tests and
@@ -92,11 +95,27 @@ SB_WARN_UNUSED void *sb_mem_try_realloc_array(void *p, size_t n, size_t sz);
  * @return the copy (n + 1 bytes), or NULL when allocation fails
  */
 SB_WARN_UNUSED char *sb_mem_try_strndup(const char *s, size_t n);
+/**
+ * Copies a NUL-terminated string.
+ * @return the copy, or NULL when allocation fails
+ */
+SB_WARN_UNUSED char *sb_mem_try_strdup(const char *s);
 
 /** releases memory from any helper here (NULL is fine) */
 void sb_mem_free(void *p);
 /** zeroes `n` bytes at `p` (in a way the compiler keeps), then releases it: for keys, tokens, passwords */
 void sb_mem_free_secret(void *p, size_t n);
+/**
+ * Releases a block that a library allocated with the C library's malloc and
+ * whose documentation tells the caller to free() it: today jansson's
+ * json_dumps text (jansson allocates with malloc, json_set_alloc_funcs is never
+ * called) and the buffer of open_memstream. Memory of a library that has its
+ * own release function goes back through that function (PQfreemem,
+ * freeReplyObject, ares_free_data, msgpack_sbuffer_destroy), never here.
+ * Kept apart from sb_mem_free so that scripts/checksrc and a reader can tell
+ * the two kinds of block apart. NULL is fine.
+ */
+void sb_mem_free_foreign(void *p);
 
 /**
  * Failure injection (see the top of this file): the n-th sb_mem_try_* call

@@ -13,27 +13,35 @@
  *   resolved:   direct, after the name resolution the broker does: an A and
  *               an AAAA query for bench.test to the same dnsmasq, sent
  *               together, both answers awaited (what curl without --resolve
- *               would add); it tells how much of the gap is DNS.
+ *               would add); it tells how much of the gap is DNS;
+ *   broker-ka:  http.fetch of http://bench.test:UP/ka with a second token (a
+ *               second run): the upstream keeps those connections alive, so
+ *               from the second fetch of that run on the broker reuses its
+ *               parked connection (after resolving and validating afresh);
+ *   resolved-ka: the same lookups, then GET /ka on one kept-alive connection
+ *               to the upstream: a kept-alive direct request plus the lookups.
  * Every response is checked (status 200 and the 1024-byte body; for the
  * broker an RPC answer with "status":200 and the body's 1368 base64
  * characters; DNS answers without error); one failure ends the run with
  * exit status 1.
  *
- *   fetch_client BROKER_PORT TOKEN UPSTREAM_PORT DNS_PORT ROUNDS PER_ROUND WARMUP [SECRET_TOKEN VALUE]
+ *   fetch_client BROKER_PORT TOKEN UPSTREAM_PORT DNS_PORT ROUNDS PER_ROUND WARMUP TOKEN_KA
+ *   fetch_client BROKER_PORT TOKEN UPSTREAM_PORT DNS_PORT ROUNDS PER_ROUND WARMUP SECRET_TOKEN VALUE
  *
- * With SECRET_TOKEN (fetch_secret.sh), the third side is "secret" instead of
- * "resolved": the same fetch on a second keep-alive connection, with the
- * token of a run that holds one secret for bench.test and the header
- * "authorization: Bearer {{secret:bench}}", so the broker substitutes it on
- * the way out and redacts the answer on the way back, while the "broker" side
- * sends "authorization: Bearer VALUE" itself (the same request bytes on the
- * wire, without the feature); it prints
+ * With SECRET_TOKEN (fetch_secret.sh) there are three sides, and the third is
+ * "secret" instead of "resolved": the same fetch on a second keep-alive
+ * connection, with the token of a run that holds one secret for bench.test
+ * and the header "authorization: Bearer {{secret:bench}}", so the broker
+ * substitutes it on the way out and redacts the answer on the way back, while
+ * the "broker" side sends "authorization: Bearer VALUE" itself (the same
+ * request bytes on the wire, without the feature); it prints
  * "paired_p50_ratio_secret=..": the median over rounds of secret p50 /
  * broker p50.
  *
  * Prints one line per side: "<side> n=.. p50_us=.. p90_us=.. p99_us=.. mean_us=.. min_us=.. max_us=..",
- * then "paired_p50_ratio=.." and "paired_p50_ratio_resolved=..": the median over rounds of
- * broker p50 / direct (resolved) p50 in the same round. Per-round lines go to stderr.
+ * then "paired_p50_ratio=..", "paired_p50_ratio_resolved=.." and "paired_p50_ratio_ka=..": the
+ * median over rounds of broker p50 / direct (resolved) p50, and broker-ka p50 / resolved-ka p50,
+ * in the same round. Per-round lines go to stderr.
  *
  * Build (fetch.sh does this):
  *   gcc -std=c11 -O2 -D_GNU_SOURCE -Wall -Wextra -Werror -o fetch_client fetch_client.c
@@ -148,8 +156,19 @@ static int read_response(int fd, const char **body, size_t *body_len)
     return status;
 }
 
-static char direct_req[512], rpc_req[2048], rpc_req_secret[2048];
-static size_t direct_req_len, rpc_req_len, rpc_req_secret_len;
+static char direct_req[512], rpc_req[2048], direct_ka_req[512], rpc_ka_req[2048];
+static size_t direct_req_len, rpc_req_len, direct_ka_req_len, rpc_ka_req_len;
+static char rpc_req_secret[2048];
+static size_t rpc_req_secret_len;
+
+static void check_direct(int status, const char *body, size_t body_len)
+{
+    if (status != 200 || body_len != BODY_LEN || body[0] != 'a' || body[BODY_LEN - 1] != 'a' + (BODY_LEN - 1) % 26) {
+        errno = 0;
+        fprintf(stderr, "direct: status %d, %zu body bytes\n", status, body_len);
+        die("unexpected direct response");
+    }
+}
 
 static uint64_t time_direct(int up_port)
 {
@@ -162,11 +181,7 @@ static uint64_t time_direct(int up_port)
     status = read_response(fd, &body, &body_len);
     close(fd);
     t1 = now_ns();
-    if (status != 200 || body_len != BODY_LEN || body[0] != 'a' || body[BODY_LEN - 1] != 'a' + (BODY_LEN - 1) % 26) {
-        errno = 0;
-        fprintf(stderr, "direct: status %d, %zu body bytes\n", status, body_len);
-        die("unexpected direct response");
-    }
+    check_direct(status, body, body_len);
     return t1 - t0;
 }
 
@@ -249,7 +264,28 @@ static uint64_t time_resolved(int up_port, int dns_port)
     return now_ns() - t0;
 }
 
-static uint64_t time_broker_req(int fd, const char *req, size_t req_len)
+/* the lookups, then GET /ka on the one kept-alive connection (made on first use, outside the timing) */
+static int ka_fd = -1;
+
+static uint64_t time_resolved_ka(int up_port, int dns_port)
+{
+    const char *body;
+    size_t body_len;
+    uint64_t t0, t1;
+    int status;
+
+    if (ka_fd < 0)
+        ka_fd = connect_loopback(up_port);
+    t0 = now_ns();
+    resolve(dns_port);
+    send_all(ka_fd, direct_ka_req, direct_ka_req_len);
+    status = read_response(ka_fd, &body, &body_len);
+    t1 = now_ns();
+    check_direct(status, body, body_len);
+    return t1 - t0;
+}
+
+static uint64_t time_broker(int fd, const char *req, size_t req_len)
 {
     const char *body, *b64;
     size_t body_len;
@@ -268,11 +304,6 @@ static uint64_t time_broker_req(int fd, const char *req, size_t req_len)
         die("unexpected broker response");
     }
     return t1 - t0;
-}
-
-static uint64_t time_broker(int fd)
-{
-    return time_broker_req(fd, rpc_req, rpc_req_len);
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -322,20 +353,19 @@ static double p50_of(const uint64_t *v, size_t n, uint64_t *tmp)
 
 int main(int argc, char **argv)
 {
-    int broker_port, up_port, dns_port, rounds, per, warmup, bfd, sfd = -1;
-    const char *token, *secret_token = NULL, *literal = NULL;
-    uint64_t *t[3], *tmp;
-    double *ratio_d, *ratio_r;
-    size_t n[3] = {0, 0, 0}, total;
+    enum { SIDES = 5 };
+    static const char *const names[SIDES] = {"broker", "direct", "resolved", "broker-ka", "resolved-ka"};
+    int broker_port, up_port, dns_port, rounds, per, warmup, bfd, sfd = -1, nsides = SIDES;
+    const char *token, *token_ka = "", *secret_token = NULL, *literal = NULL;
+    uint64_t *t[SIDES], *tmp;
+    double *ratio_d, *ratio_r, *ratio_k;
+    size_t n[SIDES] = {0}, total;
     char body[256];
     int blen;
 
-    if (argc != 8 && argc != 10) {
-        fprintf(stderr, "usage: fetch_client BROKER_PORT TOKEN UPSTREAM_PORT DNS_PORT ROUNDS PER_ROUND WARMUP [SECRET_TOKEN VALUE]\n");
-        return 2;
-    }
-    if (argc == 10 && (strlen(secret_token = argv[8]) > 128 || strlen(literal = argv[9]) > 128)) {
-        fprintf(stderr, "fetch_client: bad arguments\n");
+    if (argc != 9 && argc != 10) {
+        fprintf(stderr, "usage: fetch_client BROKER_PORT TOKEN UPSTREAM_PORT DNS_PORT ROUNDS PER_ROUND WARMUP "
+                        "{TOKEN_KA | SECRET_TOKEN VALUE}\n");
         return 2;
     }
     broker_port = atoi(argv[1]);
@@ -345,7 +375,15 @@ int main(int argc, char **argv)
     rounds = atoi(argv[5]);
     per = atoi(argv[6]);
     warmup = atoi(argv[7]);
-    if (broker_port <= 0 || up_port <= 0 || dns_port <= 0 || rounds <= 0 || per <= 0 || warmup < 0 || strlen(token) > 128) {
+    if (argc == 9) {
+        token_ka = argv[8];
+    } else {
+        secret_token = argv[8];
+        literal = argv[9];
+        nsides = 3;
+    }
+    if (broker_port <= 0 || up_port <= 0 || dns_port <= 0 || rounds <= 0 || per <= 0 || warmup < 0 || strlen(token) > 128 ||
+        strlen(token_ka) > 128 || (secret_token != NULL && (strlen(secret_token) > 128 || strlen(literal) > 128))) {
         fprintf(stderr, "fetch_client: bad arguments\n");
         return 2;
     }
@@ -365,6 +403,14 @@ int main(int argc, char **argv)
                                    "POST /api/sandbox/rpc HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
                                    "x-questpie-sandbox-token: %s\r\nContent-Length: %d\r\n\r\n%s",
                                    broker_port, token, blen, body);
+    direct_ka_req_len =
+        (size_t)snprintf(direct_ka_req, sizeof(direct_ka_req),
+                         "GET /ka HTTP/1.1\r\nHost: bench.test:%d\r\nUser-Agent: curl/7.88.1\r\nAccept: */*\r\n\r\n", up_port);
+    blen = snprintf(body, sizeof(body), "{\"method\":\"http.fetch\",\"args\":{\"url\":\"http://bench.test:%d/ka\"}}", up_port);
+    rpc_ka_req_len = (size_t)snprintf(rpc_ka_req, sizeof(rpc_ka_req),
+                                      "POST /api/sandbox/rpc HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
+                                      "x-questpie-sandbox-token: %s\r\nContent-Length: %d\r\n\r\n%s",
+                                      broker_port, token_ka, blen, body);
     if (secret_token != NULL) {
         blen = snprintf(body, sizeof(body),
                         "{\"method\":\"http.fetch\",\"args\":{\"url\":\"http://bench.test:%d/\","
@@ -377,59 +423,78 @@ int main(int argc, char **argv)
     }
 
     total = (size_t)rounds * (size_t)per;
-    for (int k = 0; k < 3; ++k)
+    for (int k = 0; k < SIDES; ++k)
         if ((t[k] = calloc(total, sizeof(uint64_t))) == NULL)
             die("calloc");
     tmp = calloc(total, sizeof(*tmp));
     ratio_d = calloc((size_t)rounds, sizeof(double));
     ratio_r = calloc((size_t)rounds, sizeof(double));
-    if (tmp == NULL || ratio_d == NULL || ratio_r == NULL)
+    ratio_k = calloc((size_t)rounds, sizeof(double));
+    if (tmp == NULL || ratio_d == NULL || ratio_r == NULL || ratio_k == NULL)
         die("calloc");
     bfd = connect_loopback(broker_port);
     if (secret_token != NULL)
         sfd = connect_loopback(broker_port);
 
     for (int i = 0; i < warmup; ++i) {
-        time_broker(bfd);
+        time_broker(bfd, rpc_req, rpc_req_len);
         time_direct(up_port);
-        if (sfd >= 0)
-            time_broker_req(sfd, rpc_req_secret, rpc_req_secret_len);
-        else
-            time_resolved(up_port, dns_port);
+        if (sfd >= 0) {
+            time_broker(sfd, rpc_req_secret, rpc_req_secret_len);
+            continue;
+        }
+        time_resolved(up_port, dns_port);
+        time_broker(bfd, rpc_ka_req, rpc_ka_req_len);
+        time_resolved_ka(up_port, dns_port);
     }
     for (int r = 0; r < rounds; ++r) {
-        size_t start[3] = {n[0], n[1], n[2]};
-        double p[3];
+        size_t start[SIDES];
+        double p[SIDES];
+        memcpy(start, n, sizeof(start));
         /* rotate which side goes first, so a drift during the run hits every side alike */
-        for (int step = 0; step < 3; ++step) {
-            int side = (r + step) % 3;
+        for (int step = 0; step < nsides; ++step) {
+            int side = (r + step) % nsides;
             for (int i = 0; i < per; ++i)
-                t[side][n[side]++] = side == 0   ? time_broker(bfd)
+                t[side][n[side]++] = side == 0   ? time_broker(bfd, rpc_req, rpc_req_len)
                                      : side == 1 ? time_direct(up_port)
-                                     : sfd >= 0  ? time_broker_req(sfd, rpc_req_secret, rpc_req_secret_len)
-                                                 : time_resolved(up_port, dns_port);
+                                     : side == 2 ? (sfd >= 0 ? time_broker(sfd, rpc_req_secret, rpc_req_secret_len)
+                                                             : time_resolved(up_port, dns_port))
+                                     : side == 3 ? time_broker(bfd, rpc_ka_req, rpc_ka_req_len)
+                                                 : time_resolved_ka(up_port, dns_port);
         }
-        for (int k = 0; k < 3; ++k)
+        for (int k = 0; k < nsides; ++k)
             p[k] = p50_of(t[k] + start[k], (size_t)per, tmp);
         ratio_d[r] = p[0] / p[1];
         ratio_r[r] = p[0] / p[2];
-        if (sfd >= 0)
+        if (sfd >= 0) {
             ratio_r[r] = p[2] / p[0];
-        fprintf(stderr, "  round %2d: p50 broker %7.1f us, direct %6.1f us, %s %6.1f us: %.2fx, %.2fx\n", r + 1, p[0], p[1],
-                sfd >= 0 ? "secret" : "direct+dns", p[2], ratio_d[r], ratio_r[r]);
+            fprintf(stderr, "  round %2d: p50 broker %7.1f us, direct %6.1f us, secret %6.1f us: %.2fx, %.2fx\n", r + 1, p[0], p[1],
+                    p[2], ratio_d[r], ratio_r[r]);
+            continue;
+        }
+        ratio_k[r] = p[3] / p[4];
+        fprintf(stderr,
+                "  round %2d: p50 broker %7.1f us, direct %6.1f us, direct+dns %6.1f us: %.2fx, %.2fx; "
+                "kept-alive: broker %6.1f us, direct+dns %6.1f us: %.2fx\n",
+                r + 1, p[0], p[1], p[2], ratio_d[r], ratio_r[r], p[3], p[4], ratio_k[r]);
     }
     close(bfd);
-    report("broker", t[0], n[0]);
-    report("direct", t[1], n[1]);
-    report(sfd >= 0 ? "secret" : "resolved", t[2], n[2]);
+    if (ka_fd >= 0)
+        close(ka_fd);
     if (sfd >= 0) {
         close(sfd);
+        report("broker", t[0], n[0]);
+        report("direct", t[1], n[1]);
+        report("secret", t[2], n[2]);
         printf("paired_p50_ratio=%.3f\n", median(ratio_d, rounds));
         printf("paired_p50_ratio_secret=%.3f\n", median(ratio_r, rounds));
         return 0;
     }
+    for (int k = 0; k < SIDES; ++k)
+        report(names[k], t[k], n[k]);
     /* medians of the per-round p50 ratios */
     printf("paired_p50_ratio=%.3f\n", median(ratio_d, rounds));
     printf("paired_p50_ratio_resolved=%.3f\n", median(ratio_r, rounds));
+    printf("paired_p50_ratio_ka=%.3f\n", median(ratio_k, rounds));
     return 0;
 }

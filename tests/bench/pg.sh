@@ -2,9 +2,13 @@
 # collections.<n>.findOne by key: through the broker (wrk, JSON RPC) against the
 # same parameterised statement sent straight through libpq (pg_direct.c, one
 # connection per thread), at equal concurrency, against one throwaway
-# PostgreSQL, alternating the two cases round by round in one run. Prints
-# throughput and p50/p99 for both and the ratio broker/direct (target >= 0.70x,
-# informational). A third case, "ceiling", calls globals.site.get through the
+# PostgreSQL, alternating the cases round by round in one run. Two direct
+# baselines: "direct" sends the statement whole every call (PQexecParams),
+# "directp" prepares it once per connection (PQexecPrepared), as the broker's
+# statement cache does. Prints throughput, p50/p99 and, for the broker cases,
+# the broker's CPU time per call (from /proc, so a busy machine skews it
+# less than the rates), and the ratios broker/direct and broker/directp
+# (target >= 0.9x, informational). A further case, "ceiling", calls globals.site.get through the
 # same broker (no database): the broker's own RPC cost at this concurrency, to
 # tell the database path from the HTTP layer. Everything listens on
 # 127.0.0.1; the cluster, the broker and the work directory are removed on
@@ -20,7 +24,8 @@
 #   BENCH_ROWS      rows in the table                     (default: 10000)
 #   BENCH_PG_BIN    PostgreSQL server binaries            (default: newest /usr/lib/postgresql/*/bin)
 #   BENCH_BUILD_DIR where pg_direct is built              (default: build/bench)
-#   BENCH_CASES     subset of "direct broker ceiling"    (default: all three)
+#   BENCH_CASES     subset of "direct directp broker ceiling" (default: all four)
+#   BENCH_PG_SOCKET=1  the broker and pg_direct reach PostgreSQL over its unix socket (default: 127.0.0.1)
 #   BENCH_KEEP=1    keep the work directory (logs, lua script, raw results)
 # Exit status: 0 when both cases ran and every call returned its row (the
 # ratio target is informational); 1 otherwise.
@@ -39,7 +44,7 @@ ROWS=${BENCH_ROWS:-10000}
 BUILD_DIR=${BENCH_BUILD_DIR:-$ROOT/build/bench}
 SECRET="bench-admin-secret-$$-0123456789abcdef"
 TENANT=bench
-CASES=${BENCH_CASES:-direct broker ceiling}
+CASES=${BENCH_CASES:-direct directp broker ceiling}
 
 say() { printf '%s\n' "$*" >&2; }
 die() { say "pg.sh: $*"; exit 1; }
@@ -99,11 +104,24 @@ mkdir -p "$WORK/pg"
 [ ${#AS_PG[@]} -eq 0 ] || chown postgres: "$WORK/pg"
 "${AS_PG[@]}" "$PG_BIN/initdb" -D "$WORK/pg/data" -A trust -U postgres --no-sync -E UTF8 --locale=C.UTF-8 >"$WORK/initdb.log" 2>&1 ||
     die "initdb failed: $(tail -5 "$WORK/initdb.log")"
-"${AS_PG[@]}" "$PG_BIN/pg_ctl" -D "$WORK/pg/data" -l "$WORK/pg/log" -w -s -o \
-    "-p $PG_PORT -k $WORK/pg -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c max_connections=300" \
-    start || die "pg_ctl start failed: $(tail -5 "$WORK/pg/log")"
-PG_STARTED=1
+# a port that was free when looked at can be taken before the server binds it: try another
+for attempt in 1 2 3 4 5; do
+    if "${AS_PG[@]}" "$PG_BIN/pg_ctl" -D "$WORK/pg/data" -l "$WORK/pg/log" -w -s -o \
+        "-p $PG_PORT -k $WORK/pg -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c max_connections=300" \
+        start >/dev/null 2>&1; then
+        PG_STARTED=1
+        break
+    fi
+    PG_PORT=$(free_port) || die "no free port for PostgreSQL"
+done
+[ "$PG_STARTED" = 1 ] || die "pg_ctl start failed: $(tail -5 "$WORK/pg/log")"
 PG_URL="postgresql://postgres@127.0.0.1:$PG_PORT/postgres"
+DIRECT_CONNINFO="host=127.0.0.1 port=$PG_PORT user=postgres dbname=postgres"
+if [ "${BENCH_PG_SOCKET:-0}" = 1 ]; then
+    # the broker and pg_direct both over the cluster's unix socket (no TCP stack on the database's side)
+    PG_URL="host=$WORK/pg port=$PG_PORT user=postgres dbname=postgres"
+    DIRECT_CONNINFO=$PG_URL
+fi
 psql "$PG_URL" -X -q -v ON_ERROR_STOP=1 >/dev/null <<SQL || die "schema setup failed"
 CREATE TABLE posts (id bigserial PRIMARY KEY, tenant_id text NOT NULL, title text, views int, score float8, price numeric,
                     published boolean, meta jsonb, blob bytea, created timestamptz DEFAULT now(), uid uuid);
@@ -159,7 +177,7 @@ TOKEN=$(new_token) || exit 1
 GOT=$(curl -s -X POST -H 'Content-Type: application/json' -H "x-questpie-sandbox-token: $TOKEN" \
     -d '{"method":"collections.posts.findOne","args":{"where":{"id":42}}}' "http://127.0.0.1:$PORT/api/sandbox/rpc")
 case $GOT in *'"ok":true'*'"id":42'*) ;; *) die "broker findOne answered: $GOT" ;; esac
-"$DIRECT" "host=127.0.0.1 port=$PG_PORT user=postgres dbname=postgres" 1 0.2 "$ROWS" "$TENANT" >/dev/null ||
+"$DIRECT" "$DIRECT_CONNINFO" 1 0.2 "$ROWS" "$TENANT" >/dev/null ||
     die "pg_direct sanity run failed"
 
 # write_lua FILE BODY-EXPRESSION TOKEN: a wrk script counting replies that are ok and not null
@@ -203,21 +221,35 @@ RESULTS=$WORK/results.txt
 : >"$RESULTS"
 WRK_THREADS=$(( $(nproc) > 1 ? 2 : 1 ))
 
+# the broker's utime + stime, in clock ticks (/proc/PID/stat fields 14 and 15; the name in field 2 has no spaces)
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$BROKER_PID/stat"; }
+
 # run_case CASE SECONDS ROUND (ROUND 0 = warm-up, not recorded)
 run_case() {
     local c=$1 secs=$2 round=$3 out line
-    if [ "$c" != direct ]; then
+    if [ "$c" != direct ] && [ "$c" != directp ]; then
         local body_var=BODY_$c tok
+        local cpu0 cpu1 req
         tok=$(new_token) || exit 1
         write_lua "$WORK/$c.lua" "${!body_var}" "$tok"
+        cpu0=$(cpu_ticks)
         out=$(wrk -t"$WRK_THREADS" -c"$CONNS" -d"${secs}s" --timeout 5s -s "$WORK/$c.lua" "http://127.0.0.1:$PORT" 2>&1)
+        cpu1=$(cpu_ticks)
         kill -0 "$BROKER_PID" 2>/dev/null || { say "the broker died; log tail:"; tail -5 "$WORK/broker.log" >&2; exit 1; }
     else
-        out=$("$DIRECT" "host=127.0.0.1 port=$PG_PORT user=postgres dbname=postgres" "$CONNS" "$secs" "$ROWS" "$TENANT" 2>&1)
+        local mode=unnamed
+        [ "$c" = directp ] && mode=prepared
+        out=$("$DIRECT" "$DIRECT_CONNINFO" "$CONNS" "$secs" "$ROWS" "$TENANT" "$mode" 2>&1)
     fi
     line=$(printf '%s\n' "$out" | grep '^BENCH ' | tail -1)
     if [ -z "$line" ]; then
         say "case $c gave no result:"; say "$out"; FAILED=1; return
+    fi
+    if [ "$c" != direct ] && [ "$c" != directp ]; then
+        # the broker's CPU (user + system) per call over the measurement
+        req=$(printf '%s\n' "$line" | sed -n 's/.* requests=\([0-9]*\).*/\1/p')
+        line="$line cpu_us=$(awk -v a="$cpu0" -v b="$cpu1" -v n="$req" -v hz="$(getconf CLK_TCK)" \
+            'BEGIN { printf "%.1f", (n > 0 ? (b - a) * 1e6 / hz / n : 0) }')"
     fi
     [ "$round" = 0 ] && return
     echo "$c $round $line" >>"$RESULTS"
@@ -231,7 +263,7 @@ awk -v l="$LOAD0" 'BEGIN { exit !(l > 0.5) }' &&
 say "collections.posts.findOne by key: $(nproc) cores, broker threads=$THREADS (pool of $POOL connections each), -c$CONNS" \
     "(pg_direct: $CONNS threads, one connection each), ${ROUNDS}x${SECS}s, $ROWS rows"
 for c in $CASES; do
-    case $c in direct|broker|ceiling) ;; *) die "unknown case $c (cases: direct broker ceiling)" ;; esac
+    case $c in direct|directp|broker|ceiling) ;; *) die "unknown case $c (cases: direct directp broker ceiling)" ;; esac
 done
 for c in $CASES; do run_case "$c" "$WARMUP" 0; done
 for r in $(seq "$ROUNDS"); do
@@ -242,26 +274,31 @@ awk '
 function val(s, k,   i, a) { for (i = 3; i <= NF; ++i) { split($i, a, "="); if (a[1] == k) return a[2] } return 0 }
 {
     c = $1; n[c]++
-    rps[c] += val($0, "rps"); p50[c] += val($0, "p50_us"); p99[c] += val($0, "p99_us")
+    rps[c] += val($0, "rps"); p50[c] += val($0, "p50_us"); p99[c] += val($0, "p99_us"); cpu[c] += val($0, "cpu_us")
     req[c] += val($0, "requests"); bad[c] += val($0, "bad"); serr[c] += val($0, "sockerr")
     byround[c, $2] = val($0, "rps"); rounds[$2] = 1
 }
-function paired(   k, m, i, j, t, v) {
+function paired(base,   k, m, i, j, t, v) {
     m = 0
-    for (k in rounds) if (((("broker", k) in byround) && ("direct", k) in byround) && byround["direct", k] > 0) v[++m] = byround["broker", k] / byround["direct", k]
+    for (k in rounds) if (((("broker", k) in byround) && (base, k) in byround) && byround[base, k] > 0) v[++m] = byround["broker", k] / byround[base, k]
     if (m == 0) return -1
     for (i = 2; i <= m; ++i) for (j = i; j > 1 && v[j - 1] > v[j]; --j) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
     return (m % 2) ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2
 }
 END {
-    printf "\n%-8s %10s %9s %9s %10s %6s %7s\n", "case", "calls/s", "p50 ms", "p99 ms", "calls", "bad", "sockerr"
-    for (i = 1; i <= 3; ++i) {
-        c = (i == 1) ? "direct" : (i == 2) ? "broker" : "ceiling"; if (!(c in n)) continue
-        printf "%-8s %10.0f %9.3f %9.3f %10d %6d %7d\n", c, rps[c] / n[c], p50[c] / n[c] / 1000, p99[c] / n[c] / 1000, req[c], bad[c], serr[c]
+    printf "\n%-8s %10s %9s %9s %10s %6s %7s %12s\n", "case", "calls/s", "p50 ms", "p99 ms", "calls", "bad", "sockerr", "cpu us/call"
+    for (i = 1; i <= 4; ++i) {
+        c = (i == 1) ? "direct" : (i == 2) ? "directp" : (i == 3) ? "broker" : "ceiling"; if (!(c in n)) continue
+        printf "%-8s %10.0f %9.3f %9.3f %10d %6d %7d %12s\n", c, rps[c] / n[c], p50[c] / n[c] / 1000, p99[c] / n[c] / 1000, req[c], bad[c], serr[c],
+            (c == "broker" || c == "ceiling") ? sprintf("%.1f", cpu[c] / n[c]) : "-"
     }
-    if (("direct" in n) && ("broker" in n) && rps["direct"] > 0) {
-        r = (rps["broker"] / n["broker"]) / (rps["direct"] / n["direct"]); p = paired()
-        printf "\nbroker / direct throughput: %.2fx (median of per-round ratios %.2fx); target >= 0.70x: %s (informational)\n", r, p, (r >= 0.7 ? "PASS" : "FAIL")
+    for (i = 1; i <= 2; ++i) {
+        base = (i == 1) ? "direct" : "directp"
+        if ((base in n) && ("broker" in n) && rps[base] > 0) {
+            r = (rps["broker"] / n["broker"]) / (rps[base] / n[base]); p = paired(base)
+            printf "\nbroker / %s throughput: %.2fx (median of per-round ratios %.2fx); target >= 0.90x: %s (informational); p99 %.3f ms vs %.3f ms\n",
+                base, r, p, (r >= 0.9 ? "PASS" : "FAIL"), p99["broker"] / n["broker"] / 1000, p99[base] / n[base] / 1000
+        }
     }
     if (("ceiling" in n) && ("broker" in n) && rps["ceiling"] > 0)
         printf "broker findOne / the same broker without a database (globals.site.get): %.2fx\n", (rps["broker"] / n["broker"]) / (rps["ceiling"] / n["ceiling"])

@@ -8,8 +8,11 @@
  *   BENCH rps=<calls/s> p50_us=<us> p99_us=<us> requests=<n> good=<n> bad=<n> last_bad=0 sockerr=0
  *
  * "good" counts calls that returned exactly one row (every key exists).
+ * With MODE "prepared" each connection prepares the statement once and runs
+ * it with PQexecPrepared, as the broker does with its per-connection cache;
+ * "unnamed" (the default) sends it whole every call (PQexecParams).
  *
- * usage: pg_direct CONNINFO THREADS SECONDS MAX_ID TENANT
+ * usage: pg_direct CONNINFO THREADS SECONDS MAX_ID TENANT [unnamed|prepared]
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -29,6 +32,7 @@ typedef struct {
     long max_id;
     double seconds;
     unsigned seed;
+    int prepared;
     uint32_t *lat; /* microseconds, one per call */
     size_t nlat, cap;
     long good, bad;
@@ -56,6 +60,14 @@ static void *run(void *arg)
         fprintf(stderr, "pg_direct: connect: %s", PQerrorMessage(pg));
         w->failed = 1;
     }
+    if (!w->failed && w->prepared) {
+        PGresult *res = PQprepare(pg, "findone", sql, 2, NULL);
+        if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+            fprintf(stderr, "pg_direct: prepare: %s", PQerrorMessage(pg));
+            w->failed = 1;
+        }
+        PQclear(res);
+    }
     pthread_barrier_wait(&start_line);
     if (w->failed) {
         PQfinish(pg);
@@ -68,7 +80,10 @@ static void *run(void *arg)
         if (t0 >= end)
             break;
         snprintf(id, sizeof(id), "%ld", 1 + (long)(rand_r(&w->seed) % w->max_id));
-        res = PQexecParams(pg, sql, 2, NULL, params, NULL, NULL, 0);
+        if (w->prepared)
+            res = PQexecPrepared(pg, "findone", 2, params, NULL, NULL, 0);
+        else
+            res = PQexecParams(pg, sql, 2, NULL, params, NULL, NULL, 0);
         t1 = now_s();
         if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
             ++w->good;
@@ -103,8 +118,9 @@ int main(int argc, char **argv)
     double t0, elapsed;
     int failed = 0;
 
-    if (argc != 6 || (n = atoi(argv[2])) < 1 || n > 1024) {
-        fprintf(stderr, "usage: pg_direct CONNINFO THREADS SECONDS MAX_ID TENANT\n");
+    if ((argc != 6 && argc != 7) || (n = atoi(argv[2])) < 1 || n > 1024 ||
+        (argc == 7 && strcmp(argv[6], "prepared") != 0 && strcmp(argv[6], "unnamed") != 0)) {
+        fprintf(stderr, "usage: pg_direct CONNINFO THREADS SECONDS MAX_ID TENANT [unnamed|prepared]\n");
         return 2;
     }
     w = calloc((size_t)n, sizeof(*w));
@@ -117,6 +133,7 @@ int main(int argc, char **argv)
         w[i].seconds = atof(argv[3]);
         w[i].max_id = atol(argv[4]);
         w[i].tenant = argv[5];
+        w[i].prepared = argc == 7 && strcmp(argv[6], "prepared") == 0;
         w[i].seed = 0x9e3779b9u * (unsigned)(i + 1);
         if (w[i].max_id < 1)
             w[i].max_id = 1;

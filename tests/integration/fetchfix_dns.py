@@ -234,7 +234,8 @@ class FakeDns:
     by itself (one family failing). dnsmasq forwards a subdomain to it (--server=/sub.test/127.0.0.1#port).
 
     table: {(name, "A" | "AAAA"): ("rcode", name) | ("addrs", [address text, ...]) | ("drop", None)};
-    anything else is NXDOMAIN; "drop" never answers. Every query is counted in .queries as (qtype name, name).
+    anything else is NXDOMAIN; "drop" never answers. Every query is counted in .queries as (qtype name, name),
+    and where it came from in .sources as (source port, query id).
     """
 
     RCODES = {"SERVFAIL": 2, "NXDOMAIN": 3, "REFUSED": 5}
@@ -242,6 +243,7 @@ class FakeDns:
     def __init__(self, table):
         self.table = dict(table)
         self.queries = []
+        self.sources = []
         self.sock = None
         self.thread = None
         self._stop = False
@@ -271,6 +273,8 @@ class FakeDns:
                 continue
             except OSError:
                 return
+            if len(msg) >= 2:
+                self.sources.append((peer[1], struct.unpack(">H", msg[:2])[0]))
             try:
                 answer = self._answer(msg)
                 if answer is not None:

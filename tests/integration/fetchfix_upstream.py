@@ -1,6 +1,7 @@
 """Loopback upstreams for the http.fetch tests: plain and TLS HTTP/1.1 servers that record everything.
 
-Upstream(routes) runs a ThreadingHTTPServer (protocol_version "HTTP/1.1") on 127.0.0.1:<free port>.
+Upstream(routes) runs a ThreadingHTTPServer (protocol_version "HTTP/1.1") on 127.0.0.1:<free port> (or
+another loopback address and a given port).
 It records every accepted TCP connection, every request (request line, method, target, raw header
 list in wire order, body bytes) and, for TLS, the SNI name the client sent, the negotiated protocol
 version and any handshake failure. A route is a function (handler, record) that answers; the
@@ -87,7 +88,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _dispatch(self):
         up = self.server.upstream
-        body = self._read_body()
+        # a path in unread_body is answered without reading its body (which the server then parses as the next request)
+        body = b"" if self.path.split("?")[0] in up.unread_body else self._read_body()
         with up.lock:
             conn, sni, version = up.conn_info.get(self.connection, (None, None, None))
         rec = Record(conn, self.requestline, self.command, self.path, list(self.headers.items()), body,
@@ -155,6 +157,7 @@ class _Server(http.server.ThreadingHTTPServer):
                 return
             with up.lock:
                 up.conn_info[tls_sock] = (conn_id, up.sni_of.pop(fd, None), tls_sock.version())
+                up.resumed.append(tls_sock.session_reused)
             request = tls_sock
         try:
             self.RequestHandlerClass(request, client_address, self)
@@ -171,9 +174,11 @@ class _Server(http.server.ThreadingHTTPServer):
 class Upstream:
     """A recording HTTP(S) server on 127.0.0.1:<free port>."""
 
-    def __init__(self, routes=None, tls=None, port=0):
+    def __init__(self, routes=None, tls=None, port=0, host="127.0.0.1"):
         self.routes = dict(routes or {})
+        self.unread_body = set()  # paths whose request body the server leaves unread (a buggy upstream)
         self.want_port = port
+        self.host = host
         self.tls = tls  # an ssl.SSLContext (server side) or None
         self.lock = threading.Lock()
         self.stop_event = threading.Event()
@@ -181,6 +186,7 @@ class Upstream:
         self.requests = []
         self.snis = []
         self.handshake_errors = []
+        self.resumed = []  # per completed TLS handshake: whether the client resumed a session
         self.conn_info = {}  # socket -> (connection number, SNI, TLS version)
         self.sni_of = {}  # fd -> SNI, between the ClientHello and the end of the handshake
         self.server = None
@@ -197,7 +203,7 @@ class Upstream:
     def start(self):
         if self.tls is not None:
             self.tls.sni_callback = self._on_sni
-        self.server = _Server(("127.0.0.1", self.want_port), _Handler)
+        self.server = _Server((self.host, self.want_port), _Handler)
         self.server.upstream = self
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -224,6 +230,7 @@ class Upstream:
             self.requests = []
             self.snis = []
             self.handshake_errors = []
+            self.resumed = []
 
     def snapshot(self):
         with self.lock:

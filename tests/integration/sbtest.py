@@ -431,7 +431,7 @@ class RedisServer:
 
 class DelayProxy:
     """A loopback TCP proxy that delays every chunk flowing back from the target by `delay` seconds
-    (a slow Redis, for instance)."""
+    (a slow Redis, for instance). `delay` may be changed while the proxy runs: each chunk reads it."""
 
     def __init__(self, target_port, delay):
         self.target_port = target_port
@@ -442,6 +442,7 @@ class DelayProxy:
         self.ls.listen(64)
         self.port = self.ls.getsockname()[1]
         self.socks = []
+        self.evalsha = 0  # EVALSHA commands seen on their way to the target
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
@@ -458,7 +459,7 @@ class DelayProxy:
                 continue
             self.socks += [c, u]
             threading.Thread(target=self._pump, args=(c, u, 0), daemon=True).start()
-            threading.Thread(target=self._pump, args=(u, c, self.delay), daemon=True).start()
+            threading.Thread(target=self._pump, args=(u, c, None), daemon=True).start()
 
     def _pump(self, src, dst, delay):
         try:
@@ -466,8 +467,11 @@ class DelayProxy:
                 data = src.recv(65536)
                 if not data:
                     break
-                if delay:
-                    time.sleep(delay)
+                wait = self.delay if delay is None else delay
+                if wait:
+                    time.sleep(wait)
+                if delay is not None:
+                    self.evalsha += data.count(b"EVALSHA")
                 dst.sendall(data)
         except OSError:
             pass

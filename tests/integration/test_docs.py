@@ -182,5 +182,102 @@ class Docs(sbtest.BrokerTestCase):
         self.assertTrue(os.access(os.path.join(sbtest.BIN_DIR, "sandbox-shim"), os.X_OK))
 
 
+def documented_sub_keys():
+    """The nested keys docs/config.md documents: rows of its targets.<name> and egress tables, as paths
+    ("files.root", "collections.<n>.table", "egress.dns_tries"), and the keys of its targets example."""
+    text = read("docs/config.md")
+    targets = text[text.index("## `targets.<name>`"):text.index("## `egress` (http.fetch)")]
+    egress = text[text.index("## `egress` (http.fetch)"):text.index("## Reloading")]
+    rows = set()
+    for cell in re.findall(r"^\| (`[^|]*`) \|", targets, re.M):
+        names = re.findall(r"`([^`]+)`", cell)
+        rows.add(names[0])
+        # "`collections.<n>.table` / `key`": a bare name is a sibling of the first
+        for other in names[1:]:
+            rows.add(other if "." in other else names[0].rsplit(".", 1)[0] + "." + other)
+    rows |= {"egress." + k for k in re.findall(r"^\| `([a-z_]+)` \|", egress, re.M) if k != "key"}
+    rows.discard("key")
+    example = json.loads("{" + re.search(r"```json\n(\"targets\".*?)\n```", targets, re.S).group(1) + "}")
+    in_example = set()
+
+    def walk(obj, path):
+        for k, v in obj.items():
+            # named entries (collections, globals) and values that are the operator's own (scope maps, a global's value)
+            key = "<n>" if path in ("collections", "globals") else k
+            p = path + "." + key if path else key
+            if isinstance(v, dict) and k not in ("scope", "value"):
+                walk(v, p)
+            elif "." in p:
+                in_example.add(p)
+
+    for target in example["targets"].values():
+        walk(target, "")
+    return rows, in_example
+
+
+def loader_sub_keys():
+    """The nested keys the loader's own tables accept (broker/svc/target.c, broker/fetch/conf.c)."""
+    out = set()
+    with open(os.path.join(ROOT, "broker", "svc", "target.c")) as f:
+        src = f.read()
+    tables = {name: re.findall(r'"([a-z_]+)"', body)
+              for name, body in re.findall(r"static const char \*const (\w+)\[\] = \{([^}]*)\}", src)}
+    for section, table in (("files", "fknown"), ("tools", "tknown"), ("document_store", "dknown")):
+        out |= {section + "." + k for k in tables[table]}
+    # target.c's three `known` tables, in order: a collection's, a global's, and a target's sections
+    knowns = re.findall(r"static const char \*const known\[\] = \{([^}]*)\}", src)
+    assert len(knowns) == 3, knowns
+    out |= {"collections.<n>." + k for k in re.findall(r'"([a-z_]+)"', knowns[0])}
+    out |= {"globals.<n>." + k for k in re.findall(r'"([a-z_]+)"', knowns[1])}
+    # the sections themselves are objects: their keys are what is documented
+    sections = set(re.findall(r'"([a-z_]+)"', knowns[2]))
+    assert {p.split(".")[0] for p in out} == sections, (out, sections)
+    with open(os.path.join(ROOT, "broker", "fetch", "conf.c")) as f:
+        body = re.search(r"static const char \*known\[\] = \{([^}]*)\}", f.read()).group(1)
+    out |= {"egress." + k for k in re.findall(r'"([a-z_]+)"', body)}
+    return out
+
+
+class SubKeys(sbtest.BrokerTestCase):
+    """Every nested key docs/config.md documents is one the binary takes, and the other way round."""
+
+    def probe(self, path):
+        """The binary's --check-config verdict on a configuration holding `path` (with 1 for its value)."""
+        parts = path.split(".")
+        leaf = {parts[-1]: 1}
+        for part in reversed(parts[:-1]):
+            leaf = {"n" if part == "<n>" else part: leaf}
+        cfg = leaf if parts[0] == "egress" else {"targets": {"t": leaf}}
+        with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+            json.dump(cfg, f)
+            f.flush()
+            rc, out, err = sbtest.run_broker_once(["--check-config", "--offline", "--config", f.name], sbtest.base_env())
+        where = ("" if parts[0] == "egress" else "targets.t.") + path.replace("<n>", "n")
+        return rc, err, where
+
+    def test_every_documented_sub_key_is_accepted(self):
+        rows, in_example = documented_sub_keys()
+        self.assertIn("files.max_entries", rows)
+        self.assertIn("collections.<n>.max_limit", rows)
+        self.assertIn("egress.dns_tries", rows)
+        # the example shows nothing the tables leave unexplained
+        self.assertLessEqual(in_example, rows)
+        for path in sorted(rows):
+            with self.subTest(key=path):
+                rc, err, where = self.probe(path)
+                self.assertNotIn(where + ": unknown key", err)
+                # the probe can tell: a misspelling of the same key is refused, named by its path
+                rc, err, where = self.probe(path + "x")
+                self.assertEqual(rc, 1)
+                self.assertIn(where + ": unknown key", err)
+
+    def test_every_sub_key_the_loader_takes_is_documented(self):
+        rows, _ = documented_sub_keys()
+        loader = loader_sub_keys()
+        self.assertIn("tools.concurrency", loader)
+        self.assertIn("globals.<n>.row", loader)
+        self.assertEqual(sorted(loader - rows), [])
+
+
 if __name__ == "__main__":
     sbtest.main()

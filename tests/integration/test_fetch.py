@@ -332,8 +332,9 @@ class T1Get(FetchCase):
                 self.assertEqual(len(reqs), 1, reqs)
                 rec = reqs[0]
                 self.assertEqual(rec.requestline, "GET /hello?q=1 HTTP/1.1")
-                # a GET without a body carries exactly the broker's two headers
-                self.assertEqual(rec.headers, [("host", "ok.test:%d" % port), ("connection", "close")])
+                # a GET without a body carries exactly the broker's one header: no "connection: close", the
+                # connection may be kept for a later fetch of this run (egress.keepalive_pool_size, on by default)
+                self.assertEqual(rec.headers, [("host", "ok.test:%d" % port)])
                 self.assertEqual(rec.body, b"")
                 self.assertEqual(UP["a"].connections, 1)
                 self.assertQueryPairs("ok.test", mark, 1)
@@ -424,6 +425,7 @@ class T2Request(FetchCase):
                 rec = reqs[0]
                 self.assertEqual(rec.requestline, "POST /echo?x=1 HTTP/1.1")
                 self.assertEqual(rec.body, payload)
+                # a request with a body asks for the close: its connection is never kept (PROTOCOL.md section 6a)
                 self.assertEqual(rec.headers[:2], [("host", "ok.test:%d" % port), ("connection", "close")])
                 self.assertEqual(sorted(rec.headers[2:]), sorted(self.KEPT + [("content-length", str(len(payload)))]))
                 for dropped in ("transfer-encoding", "proxy-authorization", "proxy-connection", "keep-alive", "upgrade"):
@@ -462,7 +464,8 @@ class T2Request(FetchCase):
         self.assertFetched(self.fetch(["ok.test"], {"url": url("a", "/echo"), "headers": {
             "X-Num": 5, "X-Nil": None, "X-List": ["a"], "X-Ok": "1", "X-UPPER": "Value Kept"}}), "json")
         rec = UP["a"].snapshot()[0]
-        self.assertEqual(rec.headers[2:], [("x-ok", "1"), ("x-upper", "Value Kept")])
+        self.assertEqual(rec.headers[0], ("host", "ok.test:%d" % UP["a"].port))
+        self.assertEqual(rec.headers[1:], [("x-ok", "1"), ("x-upper", "Value Kept")])
         many = {"X-H%02d" % i: "v" for i in range(65)}
         r = self.fetch(["ok.test"], {"url": url("a", "/echo"), "headers": many})
         self.assertBadArgs(r, "http.fetch headers exceed 64 entries or 65536 bytes")
@@ -942,8 +945,10 @@ class T6Redirects(FetchCase):
         self.assertEqual(self.assertExecError(r), "too many redirects (> 5)")
         time.sleep(0.2)
         self.assertEqual([x.target for x in UP["a"].snapshot()], ["/r/loop"] * 6)
-        self.assertEqual(UP["a"].connections, 6)  # a fresh connection per hop
+        # every hop resolved and was validated afresh; the same origin in the same run then kept the connection
         self.assertEqual([d[0] for d in self.decisions(r.run, 6)], [0, 1, 2, 3, 4, 5])
+        self.assertEqual(UP["a"].connections, 1)
+        self.assertEqual([e.get("reused") for e in self.wait_events(r.run, "egress.response", 6)], [0, 1, 1, 1, 1, 1])
 
     def test_five_redirects_are_fine(self):
         for i in range(5):
@@ -1026,11 +1031,24 @@ class T6Redirects(FetchCase):
                 self.assertFetched(self.fetch(["ok.test", "ok2.test", "tls.test", "ok.test:%d" % UP["b"].port],
                                               {"url": url("a", "/r/cross"), "headers": self.CREDS}), "json")
                 first, = UP["a"].snapshot()
-                self.assertEqual(sorted(first.names()),
-                                 sorted(["host", "connection", "authorization", "cookie", "proxy-foo", "x-keep"]))
+                self.assertEqual(sorted(first.names()), sorted(["host", "authorization", "cookie", "proxy-foo", "x-keep"]))
                 second, = UP[up].snapshot()
-                self.assertEqual(sorted(second.names()), ["connection", "host", "x-keep"], second.headers)
+                self.assertEqual(sorted(second.names()), ["host", "x-keep"], second.headers)
                 self.assertEqual(second.header("x-keep"), "k")
+
+    def test_a_hop_to_another_origin_never_takes_the_connection(self):
+        # ok.test and ok2.test are the same address and port: another host name is another origin (another
+        # Host, another TLS name), so its hop connects afresh, even within one fetch of one run
+        port = UP["a"].port
+        UP["a"].route("/r/rename", redirect(302, "http://ok2.test:%d/land" % port))
+        r = self.fetch(["ok.test", "ok2.test"], {"url": url("a", "/r/rename")})
+        v, body = self.assertFetched(r, "json")
+        self.assertEqual(body, b"landed GET")
+        reqs = UP["a"].snapshot()
+        self.assertEqual([(x.target, x.header("host")) for x in reqs],
+                         [("/r/rename", "ok.test:%d" % port), ("/land", "ok2.test:%d" % port)])
+        self.assertEqual(len(set(x.conn_id for x in reqs)), 2, reqs)
+        self.assertEqual([e.get("reused") for e in self.wait_events(r.run, "egress.response", 2)], [0, 0])
 
     def test_same_origin_hop_keeps_credentials(self):
         UP["a"].route("/r/same", redirect(302, url("a", "/land")))  # absolute, but the same origin
@@ -1047,7 +1065,7 @@ class T6Redirects(FetchCase):
         self.assertFetched(self.fetch(["ok.test", "ok2.test"], {"url": url("a", "/r/away"), "headers": self.CREDS}), "json")
         first, last = UP["a"].snapshot()
         self.assertIn("authorization", first.names())
-        self.assertEqual(sorted(last.names()), ["connection", "host", "x-keep"])
+        self.assertEqual(sorted(last.names()), ["host", "x-keep"])
 
     def test_http_to_https_hop(self):
         UP["a"].route("/r/tls", redirect(302, url("tls", "/secure?y=2", "tls.test", "https")))
@@ -1116,7 +1134,28 @@ class T7Rebinding(FetchCase):
         self.assertQueryPairs("stable.test", mark, 2)
         self.assertEqual(self.decisions(r.run, 2), [(0, "stable.test", LOOPBACK_ALLOWED, "allow"),
                                                     (1, "stable.test", LOOPBACK_ALLOWED, "allow")])
-        self.assertEqual(UP["a"].connections, 2)
+        # the fresh answer still holds the connected address: the second hop may take the kept connection
+        self.assertEqual(UP["a"].connections, 1)
+        self.assertEqual([e.get("reused") for e in self.wait_events(r.run, "egress.response", 2)], [0, 1])
+
+    def test_a_hop_rebound_to_another_allowed_address_connects_there(self):
+        # between the hops the name moves to 127.0.0.3, allowed but where nothing listens: the second hop must go
+        # there (and fail to connect), never over the connection kept from the first hop to 127.0.0.1
+        port = UP["a"].port
+        mark = DNS.mark()
+
+        def first(h, rec):
+            DNS.rebind({"rebind.test": ["127.0.0.3"], "stable.test": ["127.0.0.1"]})
+            h.reply(302, b"", [("Location", "/rebind/second")])
+
+        UP["a"].route("/rebind/first", first)
+        r = self.fetch(["rebind.test"], {"url": "http://rebind.test:%d/rebind/first" % port})
+        self.assertEqual(self.assertExecError(r), "http.fetch rebind.test: connect failed to every validated address")
+        time.sleep(0.2)
+        self.assertEqual([x.target for x in UP["a"].snapshot()], ["/rebind/first"])
+        self.assertEqual(self.decisions(r.run, 2), [(0, "rebind.test", LOOPBACK_ALLOWED, "allow"),
+                                                    (1, "rebind.test", "127.0.0.3=allow(operator allow_cidrs)", "allow")])
+        self.assertQueryPairs("rebind.test", mark, 2)
 
 
 # ================================================================================================================

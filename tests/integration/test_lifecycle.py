@@ -7,6 +7,7 @@ import http.client
 import json
 import os
 import signal
+import select
 import socket
 import sys
 import threading
@@ -220,6 +221,53 @@ class Lifecycle(sbtest.BrokerTestCase):
             for s in socks:
                 s.close()
             b.kill()
+
+    def test_idle_keep_alive_connections_are_closed_while_the_drain_waits(self):
+        """h2o leaves an idle HTTP/1 keep-alive connection open until the process exits; a proxy that
+        sends a call on it in that moment gets a reset and fails the call. The broker closes idle
+        connections as the drain begins, while a slow call is still in flight, so the proxy sees the
+        close first and picks another connection."""
+        redis = sbtest.RedisServer().start()
+        proxy = sbtest.DelayProxy(redis.port, 0)
+        b = sbtest.Broker(env={"SANDBOX_BROKER_THREADS": "1", "SANDBOX_BROKER_STORE_TIMEOUT_MS": "15000",
+                               "SANDBOX_BROKER_TOKEN_STORE": "redis://127.0.0.1:%d" % proxy.port}).start()
+        idle = []
+        try:
+            self.assertTrue(b.wait_store_up(1), b.log())
+            tok = b.mint_ok("run-idle-close", CAPS)
+            body = b'{"method":"services.mailer.send"}'
+            req = (b"POST /api/sandbox/rpc HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   b"x-questpie-sandbox-token: " + tok.encode() + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            for _ in range(3):
+                s = socket.create_connection(("127.0.0.1", b.port), timeout=15)
+                s.sendall(req)
+                self.assertTrue(s.recv(65536).startswith(b"HTTP/1.1 501 "))
+                idle.append(s)
+            proxy.delay = 3.0  # from now on the store answers 3 s late
+            seen = proxy.evalsha
+            slow = socket.create_connection(("127.0.0.1", b.port), timeout=15)
+            slow.sendall(req)  # in flight until the delayed store answers
+            # taken by the broker (its lookup reached the store) before the shutdown begins
+            self.assertTrue(sbtest.poll(lambda: proxy.evalsha > seen, 10), b.log()[-3000:])
+            b.proc.send_signal(signal.SIGTERM)
+            self.assertIsNotNone(b.wait_for_event("shutdown"))
+            for s in idle:
+                s.settimeout(15)
+                self.assertEqual(s.recv(4096), b"", "the idle connection is closed, not answered")
+            # before the fix those closes came only with the exit, after the slow call's answer
+            readable, _, _ = select.select([slow], [], [], 0)
+            self.assertEqual(readable, [], "the idle connections were closed only after the drain had ended")
+            answer = slow.recv(65536)
+            self.assertTrue(answer.startswith(b"HTTP/1.1 501 "), answer)
+            self.assertIn(b"connection: close", answer.lower())
+            slow.close()
+            self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        finally:
+            for s in idle:
+                s.close()
+            b.kill()
+            proxy.close()
+            redis.stop()
 
     def test_call_arriving_during_shutdown_is_not_failed_by_the_shutdown(self):
         """A call on an open keep-alive connection right after SIGTERM, with a Redis that answers in 150 ms:

@@ -142,6 +142,36 @@ class ThroughNginx(sbtest.BrokerTestCase):
         r = self.rpc(token, "services.billing.charge")
         self.assertRegex(r.headers.get("x-request-id", ""), r"^[0-9a-f]{32}$")
 
+    def test_request_id_joins_the_nginx_and_broker_lines(self):
+        import http.client
+        token = self.a.mint_ok("nginx-rid-join", {"services": ["billing"]})
+        body = sbtest.encode({"method": "services.billing.charge", "args": {}}, "json")
+        # a safe id from the client, an unsafe one (nginx replaces it with its own), and none
+        for sent in ("join-1:a.b_c", 'bad id"', None):
+            with self.subTest(sent=sent):
+                a0, b0 = len(self.a.events()), len(self.b.events())
+                conn = http.client.HTTPConnection("127.0.0.1", self.nginx.port, timeout=10)
+                hdrs = {"Content-Type": "application/json", sbtest.TOKEN_HEADER: token}
+                if sent is not None:
+                    hdrs["X-Request-Id"] = sent
+                conn.request("POST", sbtest.RPC_PATH, body=body, headers=hdrs)
+                r = conn.getresponse()
+                r.read()
+                ids = [v for k, v in r.getheaders() if k.lower() == "x-request-id"]
+                conn.close()
+                self.assertEqual(r.status, 501)
+                # exactly once: nginx's add_header, the broker's echo hidden
+                self.assertEqual(len(ids), 1, r.getheaders())
+                if sent == "join-1:a.b_c":
+                    self.assertEqual(ids[0], sent)
+                else:
+                    self.assertRegex(ids[0], r"^[0-9a-f]{32}$")
+                lines = sbtest.poll(lambda: [e for e in self.a.events()[a0:] + self.b.events()[b0:]
+                                             if e.get("event") == "rpc"], 5)
+                self.assertEqual(len(lines), 1, lines)
+                self.assertEqual(lines[0]["requestId"], ids[0])
+                self.assertRegex(lines[0]["cid"], r"^[0-9a-f-]{36}$")
+
     def test_body_cap_matches_the_protocol(self):
         token = self.a.mint_ok("nginx-cap", {"services": ["billing"]})
         # 7,121,580 bytes pass nginx and reach the broker's per-method cap (65,536 for services: 413 bad_args)

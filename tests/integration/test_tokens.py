@@ -175,9 +175,9 @@ class Mint(TokenBase):
         r = self.b.admin("GET", "/admin/v1/tokens")
         self.assertError(r, 405, "bad_method", "use POST")
         r = self.b.admin("POST", "/admin/v1/tokens/" + "ab" * 32, {"runId": "r"})
-        self.assertError(r, 405, "bad_method", "use DELETE")
-        r = self.b.admin("GET", "/admin/v1/runs/r")
-        self.assertError(r, 405, "bad_method", "use DELETE")
+        self.assertError(r, 405, "bad_method", "use GET or DELETE")
+        r = self.b.admin("PUT", "/admin/v1/runs/r")
+        self.assertError(r, 405, "bad_method", "use GET or DELETE")
 
     # ---- registering the caller's own token ----
 

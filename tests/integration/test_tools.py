@@ -642,6 +642,85 @@ class StatelessFakeTests(ToolsCase):
         self.assertEqual(FAKE_SL.methods().count("initialize"), 1)
 
 
+def shared_redis_port():
+    """The port of SB_TEST_REDIS_URL when it names a loopback Redis without a password, else None."""
+    from urllib.parse import urlparse
+    url = os.environ.get("SB_TEST_REDIS_URL")
+    if not url:
+        return None
+    u = urlparse(url)
+    if u.scheme != "redis" or u.hostname not in ("127.0.0.1", "localhost") or u.password or u.path not in ("", "/"):
+        return None
+    port = u.port or 6379
+    return port if sbtest.redis_ping(port) else None
+
+
+class SharedRedisLimitTests(ToolsCase):
+    """max_calls is per run, not per instance: two brokers on one Redis count one limit."""
+
+    needs_everything = False
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.redis = None
+        cls.up = FakeMcp().start()
+        cls.up.b.tools = [tool("alpha")]
+        cls.up.b.call = lambda name, args: ("result", text_result("ok"))
+        port = shared_redis_port()
+        if port is None:
+            cls.redis = sbtest.RedisServer().start()
+            port = cls.redis.port
+        cls.redis_port = port
+        cls.prefix = "sbtest-tools-%d-%d:" % (os.getpid(), int(time.monotonic() * 1000))
+        env = {"SANDBOX_BROKER_TOKEN_STORE": "redis://127.0.0.1:%d" % port, "SANDBOX_BROKER_REDIS_PREFIX": cls.prefix}
+        cfg = {"threads": 2, "targets": {"limited": {"tools": {"upstream": cls.up.url, "release": ["alpha"], "max_calls": 3}}}}
+        cls.one = sbtest.Broker(env=env, config=cfg).start()
+        cls.two = sbtest.Broker(env=env, config=cfg).start()
+        for br in (cls.one, cls.two):
+            if not br.wait_store_up(2):
+                raise AssertionError("broker never connected to Redis:\n" + br.log())
+
+    @classmethod
+    def tearDownClass(cls):
+        errors = stop_clean(cls.one) + stop_clean(cls.two)
+        try:
+            keys = sbtest.redis_command(cls.redis_port, "KEYS", cls.prefix + "*")
+            if keys:
+                sbtest.redis_command(cls.redis_port, "DEL", *keys)
+        except OSError:
+            pass
+        if cls.redis is not None:
+            cls.redis.stop()
+        cls.up.stop()
+        if errors:
+            raise AssertionError("\n".join(errors))
+
+    def test_one_limit_across_instances(self):
+        run = "shared-limit-%f" % time.monotonic()
+        tok = self.one.mint_ok(run, {"tools": ["*"]}, target="limited")
+        self.assertOk(self.call(tok, "alpha", {}))                  # 1, on one
+        self.assertOk(self.two_call(tok))                           # 2, on two
+        self.assertOk(self.call(tok, "alpha", {}))                  # 3, on one
+        for enc in ENCODINGS:                                        # 4 and 5, refused on both
+            self.assertError(self.two_call(tok, enc), 429, "rate_limited", MSG_LIMIT, enc=enc)
+            self.assertError(self.call(tok, "alpha", {}, enc=enc), 429, "rate_limited", MSG_LIMIT, enc=enc)
+        self.assertEqual(self.up.methods().count("tools/call"), 3)
+        # the count lives next to the run's other counters and expires with them
+        key = self.prefix + "q:tools:" + run
+        self.assertEqual(sbtest.redis_command(self.redis_port, "GET", key), b"7")
+        self.assertGreater(sbtest.redis_command(self.redis_port, "PTTL", key), 0)
+        # another run has its own count
+        other = self.two.mint_ok(run + "-other", {"tools": ["*"]}, target="limited")
+        self.assertOk(self.call(other, "alpha", {}))
+
+    def b(self):
+        return self.one
+
+    def two_call(self, tok, enc="json"):
+        return self.two.rpc(tok, "tools.call", {"name": "alpha", "arguments": {}}, enc=enc)
+
+
 class ShutdownTests(ToolsCase):
     """SIGTERM with a tools call still in flight after the drain: the call is answered once, and the
     worker frees everything (the sanitizer build would report a leak or a use after free)."""

@@ -53,6 +53,17 @@ static void test_mem(void)
     s = sb_mem_strdup("fixed");
     is_str(s, "fixed", "sb_mem_strdup");
     sb_mem_free(s);
+    s = sb_mem_try_strdup("try");
+    is_str(s, "try", "sb_mem_try_strdup");
+    sb_mem_free(s);
+    sb_mem_fail_nth(1);
+    ok(sb_mem_try_strdup("x") == NULL, "sb_mem_try_strdup is a try-allocation: fail_nth reaches it");
+    sb_mem_fail_nth(0);
+    /* a block a library made with the C allocator, for its caller to free() */
+    s = strdup("foreign");
+    ok(s != NULL, "a library's block");
+    sb_mem_free_foreign(s);
+    sb_mem_free_foreign(NULL); /* must not crash */
     p = sb_mem_calloc(3, 5);
     ok(p != NULL && ((char *)p)[14] == 0, "sb_mem_calloc");
     p = sb_mem_realloc(p, 100);

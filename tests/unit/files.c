@@ -3,7 +3,8 @@
  * template substitution, MIME types, the filesystem layer
  * on a scratch directory (containment, atomic replace, listing), and the
  * handler's worker pool (results on the loop thread, rate_limited when the
- * queue is full, token references returned).
+ * queue is full, token references returned), and the pool's life cycle: each
+ * server owns one, and destroying it joins its threads.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -21,6 +22,7 @@
 #include <unistd.h>
 #include "tap.h"
 #include "sb/limits.h"
+#include "sb/mem.h"
 #include "svc/files/files_fs.h"
 #include "svc/files/files_path.h"
 #include "call/call.h"
@@ -344,6 +346,43 @@ static void test_fs(void)
     st = sb_files_fs_list(rootfd, NULL, show_all, NULL, 100, 3 * 64 + 15, &v, &n, &truncated, msg, sizeof(msg));
     ok(st == SB_OK && n == 3 && truncated, "the byte budget cuts the listing too");
     sb_files_fs_entries_free(v, n);
+    /* each allocation of a read and of a listing failed in turn: "out of memory", nothing returned, nothing leaked */
+    {
+        unsigned long k, points = 0, bad = 0;
+        st = SB_E_EXECUTION;
+        for (k = 1; k < 1000 && st != SB_OK; ++k) {
+            data = NULL;
+            sb_mem_fail_nth(k);
+            st = sb_files_fs_read(rootfd, "ten", 10, &data, &len, msg, sizeof(msg));
+            sb_mem_fail_nth(0);
+            if (st == SB_OK)
+                ok(len == 10 && memcmp(data, "0123456789", 10) == 0, "read: the bytes once no allocation fails");
+            else if (++points, st != SB_E_EXECUTION || strcmp(msg, "files.read out of memory") != 0 || data != NULL)
+                ++bad;
+            sb_mem_free(data);
+        }
+        ok(points >= 1 && bad == 0, "read: %lu failure points, each \"files.read out of memory\"", points);
+        points = bad = 0;
+        v = NULL;
+        n = 0;
+        st = SB_E_EXECUTION;
+        for (k = 1; k < 1000 && st != SB_OK; ++k) {
+            sb_mem_fail_nth(k);
+            st = sb_files_fs_list(rootfd, NULL, show_all, NULL, 100, 100000, &v, &n, &truncated, msg, sizeof(msg));
+            sb_mem_fail_nth(0);
+            if (st == SB_OK)
+                ok(n == 5, "list: every entry once no allocation fails");
+            else if (++points, st != SB_E_EXECUTION || strcmp(msg, "files.list out of memory") != 0 || v != NULL || n != 0)
+                ++bad;
+            if (st == SB_OK)
+                sb_files_fs_entries_free(v, n);
+        }
+        ok(points >= 6 && bad == 0, "list: %lu failure points (the array and each path), each \"files.list out of memory\"",
+           points);
+    }
+    v = NULL;
+    n = 0;
+    sb_files_fs_entries_free(v, n);
     st = sb_files_fs_list(rootfd, NULL, show_txt_files, NULL, 100, 100000, &v, &n, &truncated, msg, sizeof(msg));
     ok(st == SB_OK && n == 1 && strcmp(v[0].path, "z.txt") == 0, "the filter applies");
     sb_files_fs_entries_free(v, n);
@@ -365,6 +404,9 @@ static void test_fs(void)
 #define NCALLS 200
 
 static pthread_t loop_thread;
+/* a loop and its queue live as long as the process (h2o 2.2.5 never frees a destroyed queue) */
+static h2o_loop_t *loop_queue_loop;
+static h2o_multithread_queue_t *loop_queue;
 static size_t ncb, nok, nlimited, nother, noff_thread;
 
 static void on_result(void *arg, sb_result_t *res)
@@ -389,6 +431,7 @@ static void test_handler(void)
     sb_token_t *tok = NULL;
     sb_files_conf_t fc;
     sb_svc_env_t env;
+    sb_files_pool_t *pool;
     sb_method_t m;
     sb_call_t call;
     msgpack_zone zone;
@@ -410,7 +453,10 @@ static void test_handler(void)
     fc.max_write = sizeof(body);
     fc.max_entries = 100;
     memset(&env, 0, sizeof(env));
-    env.loop = h2o_evloop_create();
+    env.loop = loop_queue_loop = h2o_evloop_create();
+    pool = sb_files_pool_create(2);
+    loop_queue = h2o_multithread_create_queue(env.loop);
+    env.files = sb_files_ctx_create(pool, loop_queue);
     loop_thread = pthread_self();
     if (sb_method_parse("files.write", 11, &m) != SB_OK)
         abort();
@@ -450,6 +496,7 @@ static void test_handler(void)
     is_int(nother, 0, "nothing else happens");
     is_int(noff_thread, 0, "every callback runs on the loop thread");
     is_int(atomic_load(&tok->_refcnt), 1, "every job returned its token reference");
+    is_int(sb_files_ctx_pending(env.files), 0, "and none is pending");
 
     /* refusals on the loop, before any job exists */
     {
@@ -489,9 +536,120 @@ static void test_handler(void)
         snprintf(out, sizeof(out), "%s/d0", root);
         ok(access(in, F_OK) == 0 && access(out, F_OK) != 0, "the files landed under the tenant root");
     }
+    sb_files_ctx_destroy(env.files);
+    sb_files_pool_destroy(pool);
     sb_token_release(tok);
     json_decref(caps);
     json_decref(scope);
+    rm_tree(root);
+}
+
+/* the threads of this process, from /proc/self/task */
+static int count_threads(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    struct dirent *e;
+    int n = 0;
+
+    if (d == NULL)
+        abort();
+    while ((e = readdir(d)) != NULL)
+        if (e->d_name[0] != '.')
+            ++n;
+    closedir(d);
+    return n;
+}
+
+/* what one pool thread reports when it runs a job: the job ran on a thread of that pool */
+static void on_pool_result(void *arg, sb_result_t *res)
+{
+    int *answered = arg;
+    *answered += res->status == SB_OK ? 1 : 100;
+}
+
+/*
+ * Two servers in one process each own a pool: both run jobs, and destroying
+ * one joins its threads while the other keeps working (no process-wide pool).
+ */
+static void test_pool_life_cycle(void)
+{
+    int base = count_threads(), answered = 0;
+    sb_files_pool_t *a, *b;
+    h2o_loop_t *loop = loop_queue_loop;
+    sb_files_ctx_t *ca, *cb;
+    sb_files_conf_t fc;
+    sb_svc_env_t env;
+    sb_method_t m;
+    sb_call_t call;
+    msgpack_zone zone;
+    msgpack_unpacked up;
+    msgpack_sbuffer sbuf;
+    msgpack_packer pk;
+    char root[64], err[256];
+    uint8_t hash[32] = {2};
+    json_t *caps = json_loads("{\"files\": {\"read\": [\"**\"], \"write\": [\"**\"]}}", 0, NULL);
+    sb_token_t *tok = NULL;
+    uint64_t deadline;
+
+    snprintf(root, sizeof(root), "/tmp/sb-unit-files-p-XXXXXX");
+    if (mkdtemp(root) == NULL || sb_token_build(hash, "run-p", caps, "app", NULL, INT64_MAX, &tok, err, sizeof(err)) != SB_OK)
+        abort();
+    a = sb_files_pool_create(2);
+    b = sb_files_pool_create(3);
+    is_int(count_threads(), base + 5, "each pool starts its own threads when it is created");
+    ca = sb_files_ctx_create(a, loop_queue);
+    cb = sb_files_ctx_create(b, loop_queue);
+
+    memset(&fc, 0, sizeof(fc));
+    fc.root = root;
+    fc.max_read = fc.max_write = 1024;
+    fc.max_entries = 10;
+    if (sb_method_parse("files.write", 11, &m) != SB_OK)
+        abort();
+    msgpack_sbuffer_init(&sbuf);
+    msgpack_packer_init(&pk, &sbuf, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, 2);
+    msgpack_pack_str_with_body(&pk, "path", 4);
+    msgpack_pack_str_with_body(&pk, "p.txt", 5);
+    msgpack_pack_str_with_body(&pk, "content", 7);
+    msgpack_pack_bin_with_body(&pk, "x", 1);
+    msgpack_unpacked_init(&up);
+    if (msgpack_unpack_next(&up, sbuf.data, sbuf.size, NULL) != MSGPACK_UNPACK_SUCCESS)
+        abort();
+    msgpack_zone_init(&zone, 1024);
+    if (sb_call_decode(&call, &m, "files.write", 11, &up.data, 1, &zone) != SB_OK)
+        abort();
+    memset(&env, 0, sizeof(env));
+    env.loop = loop;
+    env.files = ca;
+    sb_files_handle(&env, &fc, tok, &call, on_pool_result, &answered);
+    env.files = cb;
+    sb_files_handle(&env, &fc, tok, &call, on_pool_result, &answered);
+    deadline = sb_mono_us() + 30u * 1000000u;
+    while (answered < 2 && sb_mono_us() < deadline)
+        h2o_evloop_run(loop, 10);
+    is_int(answered, 2, "a job runs on either server's pool and is answered on the loop");
+
+    /* the first server goes: its threads are joined, the second's keep running jobs */
+    sb_files_ctx_destroy(ca);
+    sb_files_pool_destroy(a);
+    is_int(count_threads(), base + 3, "destroying a pool joins its threads");
+    answered = 0;
+    sb_files_handle(&env, &fc, tok, &call, on_pool_result, &answered);
+    deadline = sb_mono_us() + 30u * 1000000u;
+    while (answered < 1 && sb_mono_us() < deadline)
+        h2o_evloop_run(loop, 10);
+    is_int(answered, 1, "the other server's pool still answers");
+    is_int(sb_files_ctx_pending(cb), 0, "nothing is pending once answered");
+    sb_files_ctx_destroy(cb);
+    sb_files_pool_destroy(b);
+    is_int(count_threads(), base, "no files thread outlives its server");
+
+    msgpack_zone_destroy(&zone);
+    msgpack_unpacked_destroy(&up);
+    msgpack_sbuffer_destroy(&sbuf);
+    sb_token_release(tok);
+    json_decref(caps);
     rm_tree(root);
 }
 
@@ -501,5 +659,6 @@ int main(void)
     test_mime();
     test_fs();
     test_handler();
+    test_pool_life_cycle();
     return done_testing();
 }

@@ -1,13 +1,17 @@
 /*
  * Unit tests for broker/authz/manifest.c: strict manifest parsing and the
- * exact error messages naming the offending path. What a parsed manifest
- * grants is tested through sb_authz_check in authz_check.c.
+ * exact error messages naming the offending path, and the interning of
+ * parsed manifests. What a parsed manifest grants is tested through
+ * sb_authz_check in authz_check.c.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include "tap.h"
 #include "sb/limits.h"
+#include "sb/mem.h"
 #include "authz/authz.h"
+#include "authz/manifest_int.h"
 
 static const struct {
     const char *json;
@@ -353,10 +357,325 @@ static void test_misc(void)
     sb_manifest_free(NULL);
 }
 
+/* the text of sb_manifest_to_json for a manifest text, compact with sorted keys; NULL when it does not parse */
+static char *enforced_text(const char *text)
+{
+    sb_manifest_t *m = NULL;
+    char err[256], *out;
+    json_t *j;
+
+    if (parse_text(text, &m, err, sizeof(err)) != SB_OK)
+        return NULL;
+    j = sb_manifest_to_json(m);
+    sb_manifest_free(m);
+    out = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(j);
+    return out;
+}
+
+/* sb_manifest_to_json: the enforced form, which parses back to itself */
+static void test_to_json(void)
+{
+    static const struct {
+        const char *in, *out;
+    } exact[] = {
+        {"null", "{}"},
+        {"{\"net\": [], \"files\": {\"read\": []}, \"data\": {\"collections\": {}}, \"tools\": []}", "{}"},
+        {"{\"net\": [\"Example.COM:443\", \"*.Example.com\", \"*.x.org:8443\", \"[0:0::1]:8080\", \"::1\", \"example.com.\"]}",
+         "{\"net\":[\"example.com:443\",\"*.example.com\",\"*.x.org:8443\",\"[::1]:8080\",\"[::1]\",\"example.com\"]}"},
+        {"{\"files\": {\"read\": [\"./a//b/**\"], \"write\": [\"out/*\"]}}", "{\"files\":{\"read\":[\"a/b/**\"],\"write\":[\"out/*\"]}}"},
+        {"{\"data\": {\"collections\": {\"posts\": [\"delete\", \"read\", \"read\"], \"empty\": []},"
+         " \"globals\": {\"site\": [\"write\", \"read\"]}}}",
+         "{\"data\":{\"collections\":{\"empty\":[],\"posts\":[\"read\",\"delete\"]},\"globals\":{\"site\":[\"read\",\"write\"]}}}"},
+        {"{\"services\": [\"b\"], \"jobs\": [\"j\"], \"workflows\": [\"w\"], \"tools\": [\"gh.*\"], \"import\": [\"deno.land\"],"
+         " \"timeoutMs\": 5000, \"memoryMb\": 64}",
+         "{\"import\":[\"deno.land\"],\"jobs\":[\"j\"],\"memoryMb\":64,\"services\":[\"b\"],\"timeoutMs\":5000,\"tools\":[\"gh.*\"],"
+         "\"workflows\":[\"w\"]}"},
+    };
+    size_t i;
+
+    for (i = 0; i != sizeof(exact) / sizeof(exact[0]); ++i) {
+        char *got = enforced_text(exact[i].in);
+        is_str(got != NULL ? got : "(refused)", exact[i].out, "enforced form of %s", exact[i].in);
+        free(got);
+    }
+    /* every manifest the table accepts: its enforced form parses, to the same enforced form */
+    for (i = 0; i != sizeof(cases) / sizeof(cases[0]); ++i) {
+        char *once, *twice;
+        if (cases[i].err != NULL)
+            continue;
+        once = enforced_text(cases[i].json);
+        twice = once != NULL ? enforced_text(once) : NULL;
+        ok(once != NULL && twice != NULL && strcmp(once, twice) == 0, "enforced form is a fixpoint: %s", cases[i].json);
+        free(once);
+        free(twice);
+    }
+}
+
+/* ---- interning ------------------------------------------------------------------------------------------------------- */
+
+static sb_manifest_t *must_parse(const char *text)
+{
+    sb_manifest_t *m = NULL;
+    char err[256];
+    if (parse_text(text, &m, err, sizeof(err)) != SB_OK)
+        printf("# parse of %s failed: %s\n", text, err);
+    return m;
+}
+
+static int url_allowed(const sb_manifest_t *m, const char *url)
+{
+    sb_url_t u;
+    const char *why;
+    if (sb_url_parse(url, strlen(url), &u, &why) != SB_OK) {
+        printf("# bad test URL %s: %s\n", url, why);
+        return -1;
+    }
+    return sb_authz_fetch_allows(m, &u, "GET");
+}
+
+#define TYPICAL                                                                                                                    \
+    "{\"data\": {\"collections\": {\"posts\": [\"read\", \"create\"], \"comments\": [\"read\"]}}, \"files\": {\"read\": "         \
+    "[\"uploads/**\"]}, \"net\": [\"api.example.com:443\"], \"timeoutMs\": 60000}"
+
+static void test_intern_share(void)
+{
+    size_t base = sb_manifest_interned_count();
+    sb_manifest_t *a = must_parse(TYPICAL), *b = must_parse(TYPICAL), *c, *d, *e;
+
+    ok(a != NULL && a == b, "the same manifest parsed twice is one object");
+    is_int(sb_manifest_interned_count(), base + 1, "  one interned manifest");
+    /* the packed form has a fixed axis order: the JSON key order does not matter */
+    c = must_parse("{\"timeoutMs\": 60000, \"net\": [\"api.example.com:443\"], \"files\": {\"read\": [\"uploads/**\"]}, \"data\": "
+                   "{\"collections\": {\"posts\": [\"read\", \"create\"], \"comments\": [\"read\"]}}}");
+    ok(c == a, "  the same axes in another key order are the same object");
+    /* verbs are a set: their order and repetition do not matter either */
+    d = must_parse("{\"data\": {\"collections\": {\"posts\": [\"create\", \"read\", \"read\"], \"comments\": [\"read\"]}}, \"files\": "
+                   "{\"read\": [\"uploads/**\"]}, \"net\": [\"api.example.com:443\"], \"timeoutMs\": 60000}");
+    ok(d == a, "  the same verbs in another order are the same object");
+    /* a normalised glob is what is compared */
+    e = must_parse("{\"data\": {\"collections\": {\"posts\": [\"read\", \"create\"], \"comments\": [\"read\"]}}, \"files\": {\"read\": "
+                   "[\"./uploads//**\"]}, \"net\": [\"API.example.com:443\"], \"timeoutMs\": 60000}");
+    ok(e == a, "  globs and hosts are compared in their normalised form");
+    is_int(sb_manifest_interned_count(), base + 1, "  still one interned manifest");
+
+    /* releasing all but one reference keeps the object alive and granting */
+    sb_manifest_free(b);
+    sb_manifest_free(c);
+    sb_manifest_free(d);
+    sb_manifest_free(e);
+    is_int(sb_manifest_interned_count(), base + 1, "releasing four of five references keeps it");
+    is_int(sb_manifest__collection_verbs(a, "posts", 5), SB_MANIFEST_VERB_BIT(SB_OP_READ) | SB_MANIFEST_VERB_BIT(SB_OP_CREATE),
+           "  and it still grants posts read+create");
+    is_int(url_allowed(a, "https://api.example.com/x"), 1, "  and api.example.com:443");
+    is_int(sb_manifest_timeout_ms(a), 60000, "  timeoutMs kept");
+    sb_manifest_free(a);
+    is_int(sb_manifest_interned_count(), base, "the last reference frees it");
+    a = must_parse(TYPICAL);
+    ok(a != NULL, "parsing it again makes a fresh one");
+    is_int(sb_manifest_interned_count(), base + 1, "  interned again");
+    is_int(url_allowed(a, "https://api.example.com/x"), 1, "  which grants the same");
+    sb_manifest_free(a);
+    is_int(sb_manifest_interned_count(), base, "  and is freed again");
+
+    a = must_parse("null");
+    b = must_parse("{}");
+    c = must_parse("{\"net\": [], \"data\": {}, \"files\": {\"read\": []}}");
+    ok(a != NULL && a == b && b == c, "null, {} and empty axes are the one empty manifest");
+    sb_manifest_free(a);
+    sb_manifest_free(b);
+    sb_manifest_free(c);
+    is_int(sb_manifest_interned_count(), base, "  freed with its last reference");
+}
+
+static void test_intern_distinct(void)
+{
+    /* each differs from the first in one thing the check reads */
+    static const char *const variants[] = {
+        TYPICAL,
+        "{\"data\": {\"collections\": {\"posts\": [\"read\"], \"comments\": [\"read\"]}}, \"files\": {\"read\": [\"uploads/**\"]}, "
+        "\"net\": [\"api.example.com:443\"], \"timeoutMs\": 60000}",
+        "{\"data\": {\"collections\": {\"posts\": [\"read\", \"create\"], \"comments\": [\"read\"]}}, \"files\": {\"read\": "
+        "[\"uploads/*\"]}, \"net\": [\"api.example.com:443\"], \"timeoutMs\": 60000}",
+        "{\"data\": {\"collections\": {\"posts\": [\"read\", \"create\"], \"comments\": [\"read\"]}}, \"files\": {\"write\": "
+        "[\"uploads/**\"]}, \"net\": [\"api.example.com:443\"], \"timeoutMs\": 60000}",
+        "{\"data\": {\"collections\": {\"posts\": [\"read\", \"create\"], \"comments\": [\"read\"]}}, \"files\": {\"read\": "
+        "[\"uploads/**\"]}, \"net\": [\"api.example.com:8443\"], \"timeoutMs\": 60000}",
+        "{\"data\": {\"collections\": {\"posts\": [\"read\", \"create\"], \"comments\": [\"read\"]}}, \"files\": {\"read\": "
+        "[\"uploads/**\"]}, \"net\": [\"*.api.example.com:443\"], \"timeoutMs\": 60000}",
+        "{\"data\": {\"collections\": {\"posts\": [\"read\", \"create\"], \"comments\": [\"read\"]}}, \"files\": {\"read\": "
+        "[\"uploads/**\"]}, \"import\": [\"api.example.com:443\"], \"timeoutMs\": 60000}",
+        "{\"data\": {\"globals\": {\"posts\": [\"read\"], \"comments\": [\"read\"]}}, \"files\": {\"read\": [\"uploads/**\"]}, "
+        "\"net\": [\"api.example.com:443\"], \"timeoutMs\": 60000}",
+        "{\"data\": {\"collections\": {\"posts\": [\"read\", \"create\"], \"comments\": [\"read\"]}}, \"files\": {\"read\": "
+        "[\"uploads/**\"]}, \"net\": [\"api.example.com:443\"], \"timeoutMs\": 60001}",
+        "{\"data\": {\"collections\": {\"posts\": [\"read\", \"create\"], \"comments\": [\"read\"]}}, \"files\": {\"read\": "
+        "[\"uploads/**\"]}, \"net\": [\"api.example.com:443\"], \"timeoutMs\": 60000, \"memoryMb\": 64}",
+        "{\"services\": [\"posts\"]}",
+        "{\"jobs\": [\"posts\"]}",
+        "{\"workflows\": [\"posts\"]}",
+        "{\"tools\": [\"posts\"]}",
+        "{\"net\": [\"[::1]:443\"]}",
+        "{\"net\": [\"[::2]:443\"]}",
+        "{\"net\": [\"::1\"]}",
+    };
+    enum { N = sizeof(variants) / sizeof(variants[0]) };
+    size_t base = sb_manifest_interned_count();
+    sb_manifest_t *m[N];
+    int distinct = 1;
+
+    for (size_t i = 0; i < N; ++i)
+        m[i] = must_parse(variants[i]);
+    for (size_t i = 0; i < N; ++i)
+        for (size_t j = i + 1; j < N; ++j)
+            if (m[i] == NULL || m[i] == m[j]) {
+                printf("# variants %zu and %zu share an object\n", i, j);
+                distinct = 0;
+            }
+    ok(distinct, "%d manifests that differ in one thing each are distinct objects", (int)N);
+    is_int(sb_manifest_interned_count(), base + N, "  all interned");
+    is_int(sb_manifest__collection_verbs(m[1], "posts", 5), SB_MANIFEST_VERB_BIT(SB_OP_READ), "  each grants its own verbs");
+    is_int(sb_manifest__collection_verbs(m[0], "posts", 5), SB_MANIFEST_VERB_BIT(SB_OP_READ) | SB_MANIFEST_VERB_BIT(SB_OP_CREATE),
+           "  and the first its own");
+    is_int(url_allowed(m[4], "https://api.example.com/x"), 0, "  port 8443 only: 443 denied");
+    is_int(url_allowed(m[4], "https://api.example.com:8443/x"), 1, "  port 8443 granted");
+    is_int(url_allowed(m[5], "https://api.example.com/x"), 0, "  a wildcard does not grant its apex");
+    is_int(url_allowed(m[5], "https://a.api.example.com/x"), 1, "  but a subdomain");
+    is_int(url_allowed(m[6], "https://api.example.com/x"), 0, "  import is not net");
+    is_int(url_allowed(m[14], "https://[::1]/x"), 1, "  [::1]:443 granted");
+    is_int(url_allowed(m[15], "https://[::1]/x"), 0, "  [::2] does not grant [::1]");
+    is_int(url_allowed(m[16], "http://[::1]:8080/x"), 1, "  bare ::1 grants every port");
+    is_int(sb_manifest__has_service(m[10], "posts", 5), 1, "  services lists posts");
+    is_int(sb_manifest__has_job(m[10], "posts", 5), 0, "  jobs does not");
+    is_int((long long)sb_manifest__tools_count(m[13]), 1, "  one tools glob");
+    for (size_t i = 0; i < N; ++i)
+        sb_manifest_free(m[i]);
+    is_int(sb_manifest_interned_count(), base, "  all freed");
+}
+
+/* enough distinct manifests to grow the intern table several times: each still found again */
+static void test_intern_many(void)
+{
+    enum { N = 3000 };
+    size_t base = sb_manifest_interned_count();
+    sb_manifest_t **m = sb_mem_calloc(N, sizeof(*m));
+    int found = 1, granted = 1;
+    char text[128];
+
+    for (int i = 0; i < N; ++i) {
+        snprintf(text, sizeof(text), "{\"services\": [\"s%d\"]}", i);
+        m[i] = must_parse(text);
+    }
+    is_int(sb_manifest_interned_count(), base + N, "%d distinct manifests interned", N);
+    for (int i = 0; i < N; ++i) {
+        sb_manifest_t *again;
+        char name[16];
+        snprintf(text, sizeof(text), "{\"services\": [\"s%d\"]}", i);
+        again = must_parse(text);
+        found &= again == m[i];
+        snprintf(name, sizeof(name), "s%d", i);
+        granted &= sb_manifest__has_service(again, name, strlen(name)) && !sb_manifest__has_service(again, "s", 1);
+        sb_manifest_free(again);
+    }
+    ok(found, "  every one found again after the table grew");
+    ok(granted, "  every one grants its own service only");
+    for (int i = 0; i < N; ++i)
+        sb_manifest_free(m[i]);
+    is_int(sb_manifest_interned_count(), base, "  all freed");
+    sb_mem_free(m);
+}
+
+/* every allocation of a parse failing in turn: SB_E_NOMEM, nothing leaked (the sanitizer run checks), nothing interned */
+static void test_intern_nomem(void)
+{
+    size_t base = sb_manifest_interned_count();
+    json_t *caps = json_loads(TYPICAL, 0, NULL);
+    sb_manifest_t *m = NULL;
+    unsigned long before, n;
+    int all_nomem = 1;
+    char err[64];
+
+    before = sb_mem_try_count();
+    if (sb_manifest_parse(caps, &m, err, sizeof(err)) != SB_OK)
+        all_nomem = 0;
+    n = sb_mem_try_count() - before;
+    sb_manifest_free(m);
+    ok(n >= 5, "a typical parse makes %lu try-allocations", n);
+    for (unsigned long i = 1; i <= n; ++i) {
+        sb_status_t st;
+        m = NULL;
+        sb_mem_fail_nth(i);
+        st = sb_manifest_parse(caps, &m, err, sizeof(err));
+        sb_mem_fail_nth(0);
+        if (st != SB_E_NOMEM || m != NULL || strcmp(err, "capabilities: out of memory") != 0) {
+            printf("# allocation %lu failing: status %d\n", i, (int)st);
+            all_nomem = 0;
+        }
+    }
+    ok(all_nomem, "  each failing in turn gives SB_E_NOMEM with its message");
+    is_int(sb_manifest_interned_count(), base, "  and interns nothing");
+    json_decref(caps);
+}
+
+/* threads parsing and releasing the same and their own manifests: the table ends as it began */
+typedef struct st_stress_t {
+    int id;
+    int bad;
+} stress_t;
+
+static void *stress_thread(void *arg)
+{
+    stress_t *st = arg;
+    char own[64];
+    json_t *shared = json_loads(TYPICAL, 0, NULL), *mine;
+
+    snprintf(own, sizeof(own), "{\"services\": [\"thread%d\"]}", st->id);
+    mine = json_loads(own, 0, NULL);
+    for (int i = 0; i < 20000; ++i) {
+        sb_manifest_t *a = NULL, *b = NULL;
+        char err[64];
+        if (sb_manifest_parse(shared, &a, err, sizeof(err)) != SB_OK || sb_manifest_parse(mine, &b, err, sizeof(err)) != SB_OK ||
+            sb_manifest_timeout_ms(a) != 60000 || sb_manifest__has_service(b, "thread", 6))
+            st->bad = 1;
+        sb_manifest_free(b);
+        sb_manifest_free(a);
+    }
+    json_decref(shared);
+    json_decref(mine);
+    return NULL;
+}
+
+static void test_intern_threads(void)
+{
+    enum { T = 4 };
+    size_t base = sb_manifest_interned_count();
+    pthread_t th[T];
+    stress_t st[T];
+    int bad = 0;
+
+    for (int i = 0; i < T; ++i) {
+        st[i].id = i;
+        st[i].bad = 0;
+        pthread_create(&th[i], NULL, stress_thread, &st[i]);
+    }
+    for (int i = 0; i < T; ++i) {
+        pthread_join(th[i], NULL);
+        bad |= st[i].bad;
+    }
+    ok(!bad, "%d threads parsing and releasing shared and own manifests saw the right ones", T);
+    is_int(sb_manifest_interned_count(), base, "  and left the table as it was");
+}
+
 int main(void)
 {
     test_table();
     test_caps();
     test_misc();
+    test_to_json();
+    test_intern_share();
+    test_intern_distinct();
+    test_intern_many();
+    test_intern_nomem();
+    test_intern_threads();
     return done_testing();
 }

@@ -5,6 +5,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include "sb/mem.h"
 #include "sb/value.h"
 #include "svc/tools/mcp_wire.h"
 #include "tap.h"
@@ -312,6 +313,120 @@ static void test_helpers(void)
     is_str(buf, "", "no hint: empty");
 }
 
+/* the POST to an MCP server: exact bytes, the cap, and every allocation failed in turn */
+static void test_request(void)
+{
+    static const char plain[] = "POST /mcp HTTP/1.1\r\nHost: tools.test:8000\r\nContent-Type: application/json\r\n"
+                                "Accept: application/json, text/event-stream\r\nUser-Agent: ua/1\r\n"
+                                "Content-Length: 2\r\nConnection: close\r\n\r\n{}";
+    static const char session[] = "POST /mcp HTTP/1.1\r\nHost: tools.test:8000\r\nContent-Type: application/json\r\n"
+                                  "Accept: application/json, text/event-stream\r\nUser-Agent: ua/1\r\n"
+                                  "Content-Length: 5\r\nConnection: close\r\nMcp-Session-Id: s-1\r\n"
+                                  "MCP-Protocol-Version: 2025-06-18\r\n\r\n[1,2]";
+    size_t n = sizeof(session) - 1;
+    unsigned long k, points = 0, bad = 0;
+    sb_status_t st = SB_E_NOMEM;
+    sb_buf_t b;
+    char *big;
+
+    sb_buf_init(&b, SB_MCP_MAX_REQUEST);
+    is_int(sb_mcp_build_request(&b, "/mcp", "tools.test:8000", "ua/1", NULL, NULL, "{}", 2), SB_OK, "request without a session");
+    ok(b.len == sizeof(plain) - 1 && memcmp(b.base, plain, b.len) == 0, "request without a session: the bytes");
+    sb_buf_reset(&b);
+    is_int(sb_mcp_build_request(&b, "/mcp", "tools.test:8000", "ua/1", "s-1", "2025-06-18", "[1,2]", 5), SB_OK,
+           "request in a session");
+    ok(b.len == n && memcmp(b.base, session, n) == 0, "request in a session: session id and version headers");
+    sb_buf_free(&b);
+
+    sb_buf_init(&b, n + 1);
+    ok(sb_buf_append(&b, "x", 1) == SB_OK, "prefix");
+    is_int(sb_mcp_build_request(&b, "/mcp", "tools.test:8000", "ua/1", "s-1", "2025-06-18", "[1,2]", 5), SB_OK,
+           "a cap of exactly prefix + request fits");
+    sb_buf_free(&b);
+    sb_buf_init(&b, n);
+    ok(sb_buf_append(&b, "x", 1) == SB_OK, "prefix");
+    is_int(sb_mcp_build_request(&b, "/mcp", "tools.test:8000", "ua/1", "s-1", "2025-06-18", "[1,2]", 5), SB_E_TOO_LARGE,
+           "one byte below: SB_E_TOO_LARGE");
+    ok(b.len == 1 && b.base[0] == 'x' && b.base[1] == '\0', "over the cap, the buffer holds only the prefix");
+    sb_buf_free(&b);
+
+    /* a body as large as the cap itself cannot fit with its head */
+    big = malloc(SB_MCP_MAX_REQUEST);
+    if (big != NULL) {
+        memset(big, 'a', SB_MCP_MAX_REQUEST);
+        sb_buf_init(&b, SB_MCP_MAX_REQUEST);
+        is_int(sb_mcp_build_request(&b, "/mcp", "h", "ua/1", NULL, NULL, big, SB_MCP_MAX_REQUEST), SB_E_TOO_LARGE,
+               "a body of SB_MCP_MAX_REQUEST bytes: SB_E_TOO_LARGE");
+        is_int(b.len, 0, "nothing kept");
+        sb_buf_free(&b);
+        free(big);
+    }
+
+    for (k = 1; k < 1000; ++k) {
+        sb_buf_init(&b, SB_MCP_MAX_REQUEST);
+        sb_mem_fail_nth(k);
+        st = sb_mcp_build_request(&b, "/mcp", "tools.test:8000", "ua/1", "s-1", "2025-06-18", "[1,2]", 5);
+        sb_mem_fail_nth(0);
+        if (st == SB_OK) {
+            if (b.len != n || memcmp(b.base, session, n) != 0)
+                ++bad;
+            sb_buf_free(&b);
+            break;
+        }
+        ++points;
+        if (st != SB_E_NOMEM || b.len != 0)
+            ++bad;
+        sb_buf_free(&b);
+    }
+    is_int(st, SB_OK, "request: built once no allocation fails");
+    ok(points >= 1, "request: %lu allocation failure points walked", points);
+    is_int(bad, 0, "request: every failure point is SB_E_NOMEM with nothing kept");
+}
+
+/* an event stream whose data buffer grows several times: each allocation failed in turn is SB_E_NOMEM */
+static void test_sse_alloc_failures(void)
+{
+    static const char head[] = ": priming\n\nevent: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":9,\"result\":{\"t\":[\n";
+    static const char line[] = "data: \"zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz\",\n";
+    static const char tail[] = "data: 0]}}\n\n";
+    size_t lines = 300, len = sizeof(head) - 1 + lines * (sizeof(line) - 1) + sizeof(tail) - 1, o;
+    char *body = malloc(len + 1);
+    unsigned long k, points = 0, stream = 0, decode = 0, bad = 0;
+    picked_t r;
+
+    if (body == NULL) {
+        ok(0, "memory for the stream");
+        return;
+    }
+    memcpy(body, head, sizeof(head) - 1);
+    o = sizeof(head) - 1;
+    for (size_t i = 0; i < lines; ++i, o += sizeof(line) - 1)
+        memcpy(body + o, line, sizeof(line) - 1);
+    memcpy(body + o, tail, sizeof(tail));
+    memset(&r, 0, sizeof(r));
+    r.st = SB_E_NOMEM;
+    for (k = 1; k < 10000; ++k) {
+        sb_mem_fail_nth(k);
+        r = pick(SB_MCP_BODY_SSE, body, 9, 65536);
+        sb_mem_fail_nth(0);
+        if (r.st == SB_OK)
+            break;
+        ++points;
+        if (r.st == SB_E_NOMEM && strcmp(r.err, "out of memory reading the event stream") == 0)
+            ++stream;
+        else if (r.st == SB_E_NOMEM && strcmp(r.err, "out of memory decoding an upstream message") == 0)
+            ++decode;
+        else
+            ++bad;
+    }
+    is_int(r.st, SB_OK, "SSE: picked once no allocation fails");
+    ok(strncmp(r.json, "{\"t\":[\"zzz", 9) == 0, "SSE: the result");
+    ok(stream >= 3, "SSE: the data buffer grew through %lu allocation failure points", stream);
+    ok(decode >= 1, "SSE: the message's decoding has %lu allocation failure points", decode);
+    is_int(bad, 0, "SSE: every one of the %lu failure points is SB_E_NOMEM with its message", points);
+    free(body);
+}
+
 int main(void)
 {
     test_events();
@@ -319,5 +434,7 @@ int main(void)
     test_pick_json();
     test_pick_sse();
     test_helpers();
+    test_request();
+    test_sse_alloc_failures();
     return done_testing();
 }

@@ -22,6 +22,7 @@
 #include <string.h>
 #include <msgpack.h>
 #include "tap.h"
+#include "sb/mem.h"
 #include "sb/value.h"
 #include "call/call.h"
 #include "svc/pg/pg_query.h"
@@ -64,12 +65,12 @@ static sb_pg_coll_t docs = {
 
 static sb_token_t tok_t1;      /* tenantId = t1 */
 static sb_token_t tok_noscope; /* binds nothing */
+static sb_scope_kv_t t1_scope[] = {{"tenantId", "t1"}};
 
 static void init_tokens(void)
 {
     memset(&tok_t1, 0, sizeof(tok_t1));
-    tok_t1.scope[0].key = "tenantId";
-    tok_t1.scope[0].value = "t1";
+    tok_t1.scope = t1_scope;
     tok_t1.scope_len = 1;
     memset(&tok_noscope, 0, sizeof(tok_noscope));
 }
@@ -1130,6 +1131,50 @@ static void test_pack(void)
     }
 }
 
+/* every allocation a build makes from the call's values may fail: each one in turn is SB_E_NOMEM, nothing leaks */
+static void test_out_of_memory(void)
+{
+    static const char *const cases[] = {
+        "{\"data\":{\"title\":\"a title\",\"blob\":\"AAE=\",\"meta\":{\"k\":[1,2]},\"views\":3}}",
+        "{\"where\":{\"title\":{\"contains\":\"50%_off\"},\"or\":[{\"views\":{\"in\":[1,2,3]}},{\"title\":{\"like\":\"a%\"}}]}}",
+    };
+    static const sb_method_op_t ops[] = {SB_OP_CREATE, SB_OP_FIND};
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); ++k) {
+        msgpack_object o = J(cases[k]);
+        char method[64];
+        sb_method_t m;
+        sb_call_t call;
+        msgpack_zone zone;
+        unsigned long before, tries;
+        int all = 1;
+
+        snprintf(method, sizeof(method), "collections.posts.%s", sb_method_op_name(ops[k]));
+        if (sb_method_parse(method, strlen(method), &m) != SB_OK)
+            abort();
+        msgpack_zone_init(&zone, 1024);
+        if (sb_call_decode(&call, &m, method, strlen(method), &o, 0, &zone) != SB_OK)
+            abort();
+        sb_sql_dispose(&last.q);
+        before = sb_mem_try_count();
+        last.st = sb_pg_build(&posts, ops[k], call.data, &tok_t1, 0, &last.q, last.err, sizeof(last.err));
+        tries = sb_mem_try_count() - before;
+        ok(last.st == SB_OK && tries >= 3, "case %zu builds with %lu fallible allocations", k, tries);
+        for (unsigned long n = 1; n <= tries; ++n) {
+            sb_sql_dispose(&last.q);
+            sb_mem_fail_nth(n);
+            last.st = sb_pg_build(&posts, ops[k], call.data, &tok_t1, 0, &last.q, last.err, sizeof(last.err));
+            sb_mem_fail_nth(0);
+            if (last.st != SB_E_NOMEM || strcmp(last.err, "out of memory") != 0) {
+                printf("#   allocation %lu of %lu: status %d, \"%s\"\n", n, tries, (int)last.st, last.err);
+                all = 0;
+            }
+        }
+        ok(all, "case %zu: each allocation failing in turn is SB_E_NOMEM \"out of memory\"", k);
+        sb_sql_dispose(&last.q);
+        msgpack_zone_destroy(&zone);
+    }
+}
+
 int main(void)
 {
     init_tokens();
@@ -1146,6 +1191,7 @@ int main(void)
     test_docstore();
     test_property();
     test_pack();
+    test_out_of_memory();
     sb_sql_dispose(&last.q);
     free_kept();
     return done_testing();

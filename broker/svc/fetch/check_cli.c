@@ -60,6 +60,7 @@ int sb_egress_check_main(int argc, char **argv)
     sb_manifest_t *m = NULL;
     sb_fetch_ctx_t *ctx = NULL;
     h2o_loop_t *loop = NULL;
+    sb_reaper_t reaper;
     check_state_t st = {0, 0, 0, "GET"};
     char errbuf[4096];
     int rc = 2;
@@ -111,7 +112,8 @@ int sb_egress_check_main(int argc, char **argv)
         }
     }
     loop = h2o_evloop_create();
-    if ((ctx = sb_fetch_ctx_create(fc, loop, &err)) == NULL) {
+    sb_reaper_init(&reaper, loop);
+    if ((ctx = sb_fetch_ctx_create(fc, loop, &reaper, &err)) == NULL) {
         fprintf(stderr, "egress-check: %s\n", err);
         goto Exit;
     }
@@ -122,10 +124,13 @@ int sb_egress_check_main(int argc, char **argv)
 Exit:
     if (rc == 2 && url == NULL && argc != 0)
         usage();
-    sb_fetch_ctx_destroy(ctx);
+    sb_fetch_ctx_release(ctx);
     if (loop != NULL) {
-        /* closed sockets are released on the next turn of the loop */
+        /* the context is freed on the reaper's turn, and the sockets it closed on the next one */
+        while (!sb_reaper_idle(&reaper))
+            h2o_evloop_run(loop, 0);
         h2o_evloop_run(loop, 0);
+        sb_reaper_dispose(&reaper);
         h2o_evloop_destroy(loop);
     }
     sb_manifest_free(m);

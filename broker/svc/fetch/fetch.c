@@ -10,7 +10,9 @@
  * nothing learned on one hop is reused on the next; a redirect is a new
  * request the guest did not make, so it must pass the allowlist again; one
  * blocked answer rejects the name, because the resolver the upstream host
- * uses might have picked that one.
+ * uses might have picked that one. (A kept-alive connection of the same run,
+ * set_reuse below, is taken only after the hop's own answers validated and
+ * still contain its address.)
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -28,41 +30,60 @@
 #define MAX_REQ_HEADERS SB_CALL_MAX_FETCH_HEADERS
 #define MAX_METHOD SB_CALL_MAX_FETCH_METHOD
 
+/*
+ * Owned by references (handlers.h): the creator's, then one per exchange. The
+ * exchanges' deadlines and connect timers are entries on this context's
+ * queues and their DNS queries run on its resolver, so both are disposed of
+ * only after the last exchange has been freed, on the reaper's turn.
+ */
 struct st_sb_fetch_ctx_t {
     const sb_fetch_conf_t *conf;
     h2o_loop_t *loop;
-    size_t live; /* exchanges not yet freed (a reload retires the context until this is 0) */
+    size_t refs;
+    sb_reaper_t *reaper;
+    h2o_timeout_entry_t reap;
     sb_resolver_t *resolver;
+    sb_http_pool_t *conns; /* kept-alive upstream connections, reused within a run only (fetch/client.h) */
     h2o_timeout_t deadline, connect_timeout;
 };
 
-sb_fetch_ctx_t *sb_fetch_ctx_create(const sb_fetch_conf_t *conf, h2o_loop_t *loop, const char **err)
+static void on_reap(h2o_timeout_entry_t *entry)
+{
+    sb_fetch_ctx_t *ctx = H2O_STRUCT_FROM_MEMBER(sb_fetch_ctx_t, reap, entry);
+    sb_reaper_t *reaper = ctx->reaper;
+
+    sb_http_pool_destroy(ctx->conns);
+    sb_resolver_destroy(ctx->resolver);
+    h2o_timeout_dispose(ctx->loop, &ctx->deadline);
+    h2o_timeout_dispose(ctx->loop, &ctx->connect_timeout);
+    sb_mem_free(ctx);
+    sb_reaper__freed(reaper);
+}
+
+sb_fetch_ctx_t *sb_fetch_ctx_create(const sb_fetch_conf_t *conf, h2o_loop_t *loop, sb_reaper_t *reaper, const char **err)
 {
     sb_fetch_ctx_t *ctx = sb_mem_calloc(1, sizeof(*ctx));
     ctx->conf = conf;
     ctx->loop = loop;
     if ((ctx->resolver = sb_resolver_create(loop, conf->dns_servers, conf->dns_timeout_ms, conf->dns_tries, err)) == NULL) {
-        free(ctx);
+        sb_mem_free(ctx);
         return NULL;
     }
     h2o_timeout_init(loop, &ctx->deadline, conf->deadline_ms);
     h2o_timeout_init(loop, &ctx->connect_timeout, conf->connect_timeout_ms);
+    ctx->conns = sb_http_pool_create(loop, conf->keepalive_pool_size, conf->keepalive_idle_ms);
+    ctx->refs = 1;
+    ctx->reaper = reaper;
+    ctx->reap.cb = on_reap;
+    sb_reaper__created(reaper);
     return ctx;
 }
 
-int sb_fetch_ctx_idle(const sb_fetch_ctx_t *ctx)
+void sb_fetch_ctx_release(sb_fetch_ctx_t *ctx)
 {
-    return ctx->live == 0;
-}
-
-void sb_fetch_ctx_destroy(sb_fetch_ctx_t *ctx)
-{
-    if (ctx == NULL)
+    if (ctx == NULL || --ctx->refs != 0)
         return;
-    sb_resolver_destroy(ctx->resolver);
-    h2o_timeout_dispose(ctx->loop, &ctx->deadline);
-    h2o_timeout_dispose(ctx->loop, &ctx->connect_timeout);
-    free(ctx);
+    sb_reaper__schedule(ctx->reaper, &ctx->reap);
 }
 
 /* ---- the exchange --------------------------------------------------------------------------------------------------- */
@@ -107,35 +128,36 @@ typedef struct st_fetch_t {
 
 static void free_header(req_header_t *h)
 {
-    free(h->name);
-    free(h->value);
-    free(h->ph);
-    free(h->sec);
+    sb_mem_free(h->name);
+    sb_mem_free(h->value);
+    sb_mem_free(h->ph);
+    sb_mem_free(h->sec);
 }
 
 static void wipe_request(fetch_t *f)
 {
     if (f->request != NULL && f->request_secret)
         explicit_bzero(f->request, f->request_len);
-    free(f->request);
+    sb_mem_free(f->request);
     f->request = NULL;
 }
 
 static void free_fetch(fetch_t *f)
 {
-    --f->ctx->live;
     if (h2o_timeout_is_linked(&f->deadline))
         h2o_timeout_unlink(&f->deadline);
     sb_resolve_cancel(f->dns);
     sb_http_cancel(f->http);
     for (size_t i = 0; i < f->nheaders; ++i)
         free_header(&f->headers[i]);
-    free(f->body);
+    sb_mem_free(f->body);
     wipe_request(f);
-    free(f->decision);
+    sb_mem_free(f->decision);
     if (f->tok != NULL)
         sb_token_release(f->tok);
-    free(f);
+    /* last: the exchange's timers and query are gone from the context's queues and resolver */
+    sb_fetch_ctx_release(f->ctx);
+    sb_mem_free(f);
 }
 
 /*
@@ -279,6 +301,18 @@ static size_t write_value(char *out, const req_header_t *h)
     return o + h->value_len - at;
 }
 
+/*
+ * Whether the connection may be parked after this hop (fetch/client.h): the
+ * pool is on, a run owns it, and the request carries no body. A body the
+ * upstream answered without reading to its end would otherwise be the start
+ * of the next request it reads from the connection: bytes the guest chose,
+ * ahead of a request of the broker's.
+ */
+static int may_park(const fetch_t *f)
+{
+    return f->ctx->conf->keepalive_pool_size != 0 && f->tok != NULL && f->body_len == 0;
+}
+
 static void build_request(fetch_t *f)
 {
     char host[SB_URL_MAX_HOST + 16];
@@ -291,8 +325,9 @@ static void build_request(fetch_t *f)
     sb_url_host_header(&f->url, host, sizeof(host));
     wipe_request(f);
     f->request = sb_mem_alloc(cap);
-    len += (size_t)snprintf(f->request + len, cap - len, "%s %s HTTP/1.1\r\nhost: %s\r\nconnection: close\r\n", f->method,
-                            f->url.target, host);
+    /* HTTP/1.1 connections persist by default (RFC 9112 section 9.3): "close" unless the worker may park this one */
+    len += (size_t)snprintf(f->request + len, cap - len, "%s %s HTTP/1.1\r\nhost: %s\r\n%s", f->method, f->url.target, host,
+                            may_park(f) ? "" : "connection: close\r\n");
     f->request_secret = 0;
     for (size_t i = 0; i < f->nheaders; ++i) {
         len += (size_t)snprintf(f->request + len, cap - len, "%s: ", f->headers[i].name);
@@ -361,7 +396,7 @@ static void pack_latin1(msgpack_packer *pk, const char *s, size_t n)
     }
     msgpack_pack_str_with_body(pk, buf, o);
     if (buf != small)
-        free(buf);
+        sb_mem_free(buf);
 }
 
 /*
@@ -424,10 +459,10 @@ static sb_status_t redact_response(const sb_secrets_t *s, sb_http_response_t *re
 
 static void free_redacted(redacted_t *r)
 {
-    free(r->reason);
+    sb_mem_free(r->reason);
     for (size_t i = 0; i < sizeof(r->hdr) / sizeof(r->hdr[0]); ++i)
-        free(r->hdr[i]);
-    free(r->body);
+        sb_mem_free(r->hdr[i]);
+    sb_mem_free(r->body);
 }
 
 static void succeed(fetch_t *f, sb_http_response_t *res)
@@ -491,7 +526,7 @@ static void succeed(fetch_t *f, sb_http_response_t *res)
         }
         pack_latin1(&pk, h->name, h->name_len);
         pack_latin1(&pk, joined, o);
-        free(joined);
+        sb_mem_free(joined);
     }
     /* JSON replies carry bin as base64 text: the field is named for what the guest reads */
     if (f->binary)
@@ -553,6 +588,7 @@ static void on_response(void *arg, const char *err, sb_http_response_t *res)
         sb_log_cstr(&l, "address", ipbuf);
         sb_log_int(&l, "status", res->status);
         sb_log_int(&l, "bytes", (long long)res->body_len);
+        sb_log_int(&l, "reused", res->reused);
         sb_log_end(&l);
     }
     /* RFC 9110 section 15.4: only a 3xx with Location is a redirect; anything else is the answer */
@@ -576,7 +612,7 @@ static void on_response(void *arg, const char *err, sb_http_response_t *res)
             return;
         }
         st_resolve = sb_url_resolve(&f->url, rloc != NULL ? rloc : loc, rlen, &next, &why);
-        free(rloc);
+        sb_mem_free(rloc);
     }
     if (st_resolve != SB_OK) {
         sb_metrics_egress("invalid redirect", 0);
@@ -587,7 +623,7 @@ static void on_response(void *arg, const char *err, sb_http_response_t *res)
     if (res->status == 303 ||
         ((res->status == 301 || res->status == 302) && strcmp(f->method, "GET") != 0 && strcmp(f->method, "HEAD") != 0)) {
         memcpy(f->method, "GET", 4);
-        free(f->body);
+        sb_mem_free(f->body);
         f->body = NULL;
         f->body_len = 0;
     }
@@ -599,9 +635,36 @@ static void on_response(void *arg, const char *err, sb_http_response_t *res)
     start_hop(f);
 }
 
+/*
+ * A parked connection serves this run only (the token's hash is the owner),
+ * for the same scheme, host (the SNI and verified name) and port, and only
+ * when its address is among the ones this hop has just resolved and
+ * validated: the client checks that against the pins. Only idempotent
+ * methods take one, since a parked connection the peer closed meanwhile
+ * costs a retry (RFC 9112 section 9.3.1); only a request without a body
+ * leaves its connection parked (may_park).
+ */
+static void set_reuse(fetch_t *f, sb_http_opts_t *o, sb_http_key_t *key)
+{
+    static const char *const idempotent[] = {"GET", "HEAD", "OPTIONS", "PUT", "DELETE", NULL};
+
+    memset(key, 0, sizeof(*key));
+    memcpy(key->owner, f->tok->hash, sizeof(key->owner));
+    key->tls = f->url.scheme == SB_URL_HTTPS;
+    key->port = f->url.port;
+    snprintf(key->host, sizeof(key->host), "%s", f->url.host);
+    o->pool = f->ctx->conns;
+    o->key = key;
+    o->may_park = may_park(f);
+    for (size_t i = 0; idempotent[i] != NULL; ++i)
+        if (strcmp(f->method, idempotent[i]) == 0)
+            o->may_reuse = 1;
+}
+
 static void connect_pins(fetch_t *f)
 {
     sb_http_opts_t o;
+    sb_http_key_t key;
 
     if (f->check_cb != NULL) {
         /* egress-check stops here: the decision is made, nothing is connected */
@@ -625,6 +688,8 @@ static void connect_pins(fetch_t *f)
     o.max_body = f->ctx->conf->max_body;
     o.connect_timeout = &f->ctx->connect_timeout;
     o.wipe = f->tok != NULL && sb_secrets_count(f->tok->secrets) != 0;
+    if (f->ctx->conf->keepalive_pool_size != 0 && f->tok != NULL)
+        set_reuse(f, &o, &key);
     {
         /* NULL means the callback already ran (and may have freed f): touch nothing */
         sb_http_t *h = sb_http_start(&o, on_response, f);
@@ -784,7 +849,7 @@ void sb_fetch_start(sb_fetch_ctx_t *ctx, sb_store_conn_t *store, sb_token_t *tok
         return;
     }
     f = sb_mem_calloc(1, sizeof(*f));
-    ++ctx->live;
+    ++ctx->refs;
     f->ctx = ctx;
     f->store = store;
     f->binary = call->binary;
@@ -809,7 +874,7 @@ void sb_egress_check(sb_fetch_ctx_t *ctx, const sb_manifest_t *m, const char *ur
     fetch_t *f = sb_mem_calloc(1, sizeof(*f));
     const char *why = NULL;
 
-    ++ctx->live;
+    ++ctx->refs;
     f->ctx = ctx;
     f->check_cb = cb;
     f->arg = arg;

@@ -23,11 +23,14 @@
  * median (20 ms worst) while the disk is shared with other load; a cold read
  * or a large directory can block for as long. On an h2o loop that stalls
  * every other call the worker carries, so every files operation runs on a
- * small pool of POOL_THREADS threads shared by all workers, behind a bounded
- * queue: a full queue answers rate_limited at once instead of growing without
- * bound. The loop side (argument parsing, the root template) runs before the
- * job is queued; the result goes back to the loop that started the call
- * through an h2o_multithread queue, and the callback runs there, never on a
+ * small pool of threads shared by all workers, behind a bounded queue: a full
+ * queue answers rate_limited at once instead of growing without bound. The
+ * pool belongs to the server, which creates it and joins its threads
+ * (sb_files_pool_create / destroy); each worker has a files context on its
+ * loop (sb_files_ctx_create) where the results of its jobs are delivered. The
+ * loop side (argument parsing, the root template) runs before the job is
+ * queued; the result goes back to the loop that started the call through the
+ * context's h2o_multithread queue, and the callback runs there, never on a
  * pool thread.
  * A job holds its own token reference (the manifest filters files.list) and
  * copies everything else it needs from the request, which may be gone by the
@@ -48,7 +51,6 @@
 #include "svc/handlers.h"
 #include "util/util.h"
 
-#define POOL_THREADS 2u
 /* jobs waiting for a thread; one more is rate_limited */
 #define POOL_QUEUE_MAX 64u
 /*
@@ -61,18 +63,29 @@
 /* the budget of a files.list reply (entries are costed as JSON, the larger encoding) */
 #define LIST_MAX_BYTES (SB_MAX_NATIVE_RESULT - 8192u)
 
-/* one per h2o loop that has started a files call: where the results of its jobs are delivered */
-typedef struct st_loop_ctx_t {
-    h2o_loop_t *loop;
+/* the server's pool: jobs waiting for a thread, and the threads */
+struct st_sb_files_pool_t {
+    pthread_mutex_t mutex;
+    pthread_cond_t cond;
+    struct st_files_job_t *head, *tail;
+    size_t queued;
+    int stopping;
+    pthread_t *threads;
+    unsigned nthreads;
+};
+
+/* one per worker loop: where the results of its jobs are delivered (a receiver on the loop's queue) */
+struct st_sb_files_ctx_t {
+    sb_files_pool_t *pool;
     h2o_multithread_queue_t *queue;
     h2o_multithread_receiver_t receiver;
-    struct st_loop_ctx_t *next;
-} loop_ctx_t;
+    size_t pending; /* jobs queued or running, not yet answered (loop-local) */
+};
 
 typedef struct st_files_job_t {
     h2o_multithread_message_t super; /* the delivery back to `home` */
     struct st_files_job_t *next;     /* the pool's queue */
-    loop_ctx_t *home;
+    sb_files_ctx_t *home;
     sb_token_t *tok; /* a reference of our own */
     sb_method_op_t op;
     int binary;
@@ -87,18 +100,6 @@ typedef struct st_files_job_t {
     sb_result_t res;
 } files_job_t;
 
-static struct {
-    pthread_mutex_t mutex;
-    pthread_cond_t cond;
-    files_job_t *head, *tail;
-    size_t queued;
-    unsigned nthreads;
-    loop_ctx_t *loops; /* never freed: a loop lives as long as the process */
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, 0, 0, NULL};
-
-/* the calling thread's loop context, so the common case takes no lock */
-static __thread loop_ctx_t *this_loop;
-
 /* ---- results -------------------------------------------------------------------------------------------------------- */
 
 __attribute__((format(printf, 3, 4))) static void fail(files_job_t *job, sb_status_t st, const char *fmt, ...)
@@ -112,9 +113,9 @@ __attribute__((format(printf, 3, 4))) static void fail(files_job_t *job, sb_stat
 static void job_free(files_job_t *job)
 {
     sb_result_dispose(&job->res);
-    free(job->content);
+    sb_mem_free(job->content);
     sb_token_release(job->tok);
-    free(job);
+    sb_mem_free(job);
 }
 
 /* answers on the loop thread and frees the job */
@@ -164,7 +165,7 @@ static void do_read(files_job_t *job, int rootfd)
     rc |= msgpack_pack_bin(&pk, len);
     if (len != 0) /* an empty file has no buffer, and memcpy must not see NULL */
         rc |= msgpack_pack_bin_body(&pk, data, len);
-    free(data);
+    sb_mem_free(data);
     packed_or_fail(job, rc);
 }
 
@@ -247,105 +248,124 @@ static void run_job(files_job_t *job)
 
 /* ---- the pool ------------------------------------------------------------------------------------------------------- */
 
-static void *pool_main(void *unused)
+/* runs jobs until the pool stops and its queue is empty: a job accepted is always run and answered */
+static void *pool_main(void *arg)
 {
+    sb_files_pool_t *p = arg;
+
     for (;;) {
         files_job_t *job;
-        pthread_mutex_lock(&pool.mutex);
-        while (pool.head == NULL)
-            pthread_cond_wait(&pool.cond, &pool.mutex);
-        job = pool.head;
-        if ((pool.head = job->next) == NULL)
-            pool.tail = NULL;
-        --pool.queued;
-        pthread_mutex_unlock(&pool.mutex);
+        pthread_mutex_lock(&p->mutex);
+        while (p->head == NULL && !p->stopping)
+            pthread_cond_wait(&p->cond, &p->mutex);
+        if ((job = p->head) == NULL) {
+            pthread_mutex_unlock(&p->mutex);
+            return NULL;
+        }
+        if ((p->head = job->next) == NULL)
+            p->tail = NULL;
+        --p->queued;
+        pthread_mutex_unlock(&p->mutex);
         run_job(job);
         h2o_multithread_send_message(&job->home->receiver, &job->super);
     }
-    return NULL;
 }
 
 /*
- * Started by the first files call. The threads inherit the signal mask of
- * the worker that starts them (main blocks SIGTERM and SIGINT for every thread
- * but its signal thread) and are detached: they hold no resource that outlives
- * a job, and a job cut short by exit leaves at most a temporary file.
+ * The threads inherit the signal mask of the thread that creates the pool
+ * (main blocks SIGTERM, SIGINT and the other handled signals for every thread
+ * but its signal thread before the server is created).
  */
-static SB_WARN_UNUSED int pool_start_locked(void)
+sb_files_pool_t *sb_files_pool_create(unsigned nthreads)
 {
-    pthread_attr_t attr;
+    sb_files_pool_t *p = sb_mem_calloc(1, sizeof(*p));
 
-    if (pool.nthreads != 0)
-        return 0;
-    if (pthread_attr_init(&attr) != 0)
-        return -1;
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    for (unsigned i = 0; i != POOL_THREADS; ++i) {
-        pthread_t tid;
-        if (pthread_create(&tid, &attr, pool_main, NULL) == 0)
-            ++pool.nthreads;
-    }
-    pthread_attr_destroy(&attr);
-    return pool.nthreads != 0 ? 0 : -1;
+    pthread_mutex_init(&p->mutex, NULL);
+    pthread_cond_init(&p->cond, NULL);
+    p->threads = sb_mem_calloc(nthreads != 0 ? nthreads : 1, sizeof(*p->threads));
+    for (unsigned i = 0; i != nthreads; ++i)
+        if (pthread_create(&p->threads[p->nthreads], NULL, pool_main, p) == 0)
+            ++p->nthreads;
+    return p;
 }
 
-static SB_WARN_UNUSED sb_status_t pool_submit(files_job_t *job)
+void sb_files_pool_destroy(sb_files_pool_t *p)
+{
+    if (p == NULL)
+        return;
+    pthread_mutex_lock(&p->mutex);
+    p->stopping = 1;
+    pthread_cond_broadcast(&p->cond);
+    pthread_mutex_unlock(&p->mutex);
+    for (unsigned i = 0; i != p->nthreads; ++i)
+        pthread_join(p->threads[i], NULL);
+    pthread_cond_destroy(&p->cond);
+    pthread_mutex_destroy(&p->mutex);
+    sb_mem_free(p->threads);
+    sb_mem_free(p);
+}
+
+static SB_WARN_UNUSED sb_status_t pool_submit(sb_files_pool_t *p, files_job_t *job)
 {
     sb_status_t st = SB_OK;
 
-    pthread_mutex_lock(&pool.mutex);
-    if (pool_start_locked() != 0) {
+    pthread_mutex_lock(&p->mutex);
+    if (p->nthreads == 0 || p->stopping) {
         st = SB_E_UNAVAILABLE;
-    } else if (pool.queued >= POOL_QUEUE_MAX) {
+    } else if (p->queued >= POOL_QUEUE_MAX) {
         st = SB_E_RATE_LIMITED;
     } else {
         job->next = NULL;
-        if (pool.tail != NULL)
-            pool.tail->next = job;
+        if (p->tail != NULL)
+            p->tail->next = job;
         else
-            pool.head = job;
-        pool.tail = job;
-        ++pool.queued;
-        pthread_cond_signal(&pool.cond);
+            p->head = job;
+        p->tail = job;
+        ++p->queued;
+        pthread_cond_signal(&p->cond);
     }
-    pthread_mutex_unlock(&pool.mutex);
+    pthread_mutex_unlock(&p->mutex);
     return st;
 }
 
 static void on_jobs_done(h2o_multithread_receiver_t *receiver, h2o_linklist_t *messages)
 {
+    sb_files_ctx_t *fc = H2O_STRUCT_FROM_MEMBER(sb_files_ctx_t, receiver, receiver);
+
     while (!h2o_linklist_is_empty(messages)) {
         files_job_t *job = H2O_STRUCT_FROM_MEMBER(files_job_t, super.link, messages->next);
         h2o_linklist_unlink(&job->super.link);
+        --fc->pending;
         finish(job);
     }
 }
 
 /*
- * The delivery queue of `loop`, created on first use. This runs on the loop's
- * own thread (handlers are called there), which is where h2o must create the
- * queue: it registers the queue's wake-up socket with that loop.
+ * A receiver on the loop's existing queue rather than a queue of its own:
+ * h2o 2.2.5's h2o_multithread_destroy_queue does not free the queue, so a
+ * queue lives as long as its loop.
  */
-static loop_ctx_t *loop_ctx(h2o_loop_t *loop)
+sb_files_ctx_t *sb_files_ctx_create(sb_files_pool_t *pool, h2o_multithread_queue_t *queue)
 {
-    loop_ctx_t *lc;
+    sb_files_ctx_t *fc = sb_mem_calloc(1, sizeof(*fc));
 
-    if (this_loop != NULL && this_loop->loop == loop)
-        return this_loop;
-    pthread_mutex_lock(&pool.mutex);
-    for (lc = pool.loops; lc != NULL && lc->loop != loop; lc = lc->next)
-        ;
-    if (lc == NULL) {
-        lc = sb_mem_calloc(1, sizeof(*lc));
-        lc->loop = loop;
-        lc->queue = h2o_multithread_create_queue(loop);
-        h2o_multithread_register_receiver(lc->queue, &lc->receiver, on_jobs_done);
-        lc->next = pool.loops;
-        pool.loops = lc;
-    }
-    pthread_mutex_unlock(&pool.mutex);
-    this_loop = lc;
-    return lc;
+    fc->pool = pool;
+    fc->queue = queue;
+    h2o_multithread_register_receiver(fc->queue, &fc->receiver, on_jobs_done);
+    return fc;
+}
+
+size_t sb_files_ctx_pending(const sb_files_ctx_t *fc)
+{
+    return fc != NULL ? fc->pending : 0;
+}
+
+void sb_files_ctx_destroy(sb_files_ctx_t *fc)
+{
+    if (fc == NULL)
+        return;
+    h2o_multithread_unregister_receiver(fc->queue, &fc->receiver);
+    sb_mem_free(fc);
 }
 
 /* ---- arguments (loop thread) ---------------------------------------------------------------------------------------- */
@@ -401,7 +421,7 @@ void sb_files_handle(const sb_svc_env_t *env, const sb_files_conf_t *fc, sb_toke
     job->binary = call->binary;
     job->cb = cb;
     job->arg = arg;
-    /* copied: the configuration is freed at exit, possibly while a detached pool thread still runs */
+    /* copied: the job may run after a reload has replaced the configuration */
     job->max_read = fc->max_read;
     job->max_write = fc->max_write;
     job->max_entries = fc->max_entries;
@@ -416,13 +436,14 @@ void sb_files_handle(const sb_svc_env_t *env, const sb_files_conf_t *fc, sb_toke
         fail(job, st, "%s", why);
         goto Answer;
     }
-    if (env->loop == NULL) {
+    if (env->files == NULL) {
         fail(job, SB_E_UNAVAILABLE, "files has no event loop to answer on");
         goto Answer;
     }
-    job->home = loop_ctx(env->loop);
-    switch (pool_submit(job)) {
+    job->home = env->files;
+    switch (pool_submit(env->files->pool, job)) {
     case SB_OK:
+        ++env->files->pending;
         return; /* answered by on_jobs_done, on this loop */
     case SB_E_RATE_LIMITED:
         fail(job, SB_E_RATE_LIMITED, "files queue is full (%u operations waiting)", POOL_QUEUE_MAX);

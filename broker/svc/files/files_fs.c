@@ -37,6 +37,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include "sb/buf.h"
 #include "sb/limits.h"
 #include "sb/value.h"
 #include "svc/files/files_fs.h"
@@ -143,12 +144,15 @@ sb_status_t sb_files_fs_read(int rootfd, const char *path, size_t cap, uint8_t *
 {
     int fd = -1;
     struct stat st;
-    uint8_t *buf = NULL;
-    size_t have = 0, alloc;
+    sb_buf_t buf;
+    size_t hint;
+    char *out;
     sb_status_t status;
 
     *data = NULL;
     *len = 0;
+    /* one byte over the cap shows a file that grew past it while we read */
+    sb_buf_init(&buf, cap < SB_BUF_MAX_CAP ? cap + 1 : SB_BUF_MAX_CAP);
     if ((fd = open_beneath(rootfd, path, O_RDONLY | O_NONBLOCK, 0)) < 0) {
         status = lookup_failed(errno, "open", msg, msgsz);
         goto Exit;
@@ -164,29 +168,24 @@ sb_status_t sb_files_fs_read(int rootfd, const char *path, size_t cap, uint8_t *
         goto Exit;
     }
     /*
-     * st_size is a hint, not a bound: the file may grow while we read. Room for
-     * one byte more than the hint shows growth; the buffer never passes cap + 1.
+     * st_size is a hint, not a bound: the file may grow while we read. The
+     * first read asks for one byte more than the hint, which shows growth;
+     * after that the buffer doubles, and never passes cap + 1.
      */
-    alloc = (size_t)st.st_size + 1;
-    if ((buf = malloc(alloc)) == NULL) {
-        status = say(SB_E_EXECUTION, msg, msgsz, "files.read out of memory");
-        goto Exit;
-    }
+    hint = (size_t)st.st_size + 1;
     for (;;) {
+        size_t want = buf.len < hint ? hint - buf.len : buf.len;
+        char *room;
         ssize_t n;
-        if (have == alloc) {
-            size_t grown = alloc > cap / 2 ? cap + 1 : alloc * 2;
-            uint8_t *nb;
-            if (alloc > cap)
-                break;
-            if ((nb = realloc(buf, grown)) == NULL) {
-                status = say(SB_E_EXECUTION, msg, msgsz, "files.read out of memory");
-                goto Exit;
-            }
-            buf = nb;
-            alloc = grown;
+        if (sb_buf_room(&buf) == 0)
+            break;
+        if (want > sb_buf_room(&buf))
+            want = sb_buf_room(&buf);
+        if (sb_buf_reserve(&buf, want, &room) != SB_OK) {
+            status = say(SB_E_EXECUTION, msg, msgsz, "files.read out of memory");
+            goto Exit;
         }
-        n = read(fd, buf + have, alloc - have);
+        n = read(fd, room, want);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -195,20 +194,23 @@ sb_status_t sb_files_fs_read(int rootfd, const char *path, size_t cap, uint8_t *
         }
         if (n == 0)
             break;
-        have += (size_t)n;
+        sb_buf_commit(&buf, (size_t)n);
     }
-    if (have > cap) {
+    if (buf.len > cap) {
         status = say(SB_E_BAD_ARGS, msg, msgsz, "files.read file exceeds %zu-byte cap", cap);
         goto Exit;
     }
-    if (have != 0) {
-        *data = buf;
-        buf = NULL;
+    if (buf.len != 0) {
+        /* the buffer holds bytes, so it has storage to hand over: this does not fail */
+        if (sb_buf_take(&buf, &out, len) != SB_OK) {
+            status = say(SB_E_EXECUTION, msg, msgsz, "files.read out of memory");
+            goto Exit;
+        }
+        *data = (uint8_t *)out;
     }
-    *len = have;
     status = SB_OK;
 Exit:
-    free(buf);
+    sb_buf_free(&buf);
     if (fd >= 0)
         close(fd);
     return status;
@@ -386,8 +388,8 @@ static int entry_cmp(const void *a, const void *b)
 void sb_files_fs_entries_free(sb_files_entry_t *v, size_t n)
 {
     for (size_t i = 0; i != n; ++i)
-        free(v[i].path);
-    free(v);
+        sb_mem_free(v[i].path);
+    sb_mem_free(v);
 }
 
 sb_status_t sb_files_fs_list(int rootfd, const char *dir, sb_files_list_filter_fn filter, void *ctx, size_t max_entries,
@@ -477,18 +479,17 @@ sb_status_t sb_files_fs_list(int rootfd, const char *dir, sb_files_list_filter_f
             sb_files_entry_t *nv;
             if (ncap > max_entries)
                 ncap = max_entries;
-            if ((nv = realloc(v, ncap * sizeof(*v))) == NULL) {
+            if ((nv = sb_mem_try_realloc_array(v, ncap, sizeof(*v))) == NULL) {
                 status = say(SB_E_EXECUTION, msg, msgsz, "files.list out of memory");
                 goto Exit;
             }
             v = nv;
             cap = ncap;
         }
-        if ((v[count].path = malloc(rlen + 1)) == NULL) {
+        if ((v[count].path = sb_mem_try_strndup(rel, rlen)) == NULL) {
             status = say(SB_E_EXECUTION, msg, msgsz, "files.list out of memory");
             goto Exit;
         }
-        memcpy(v[count].path, rel, rlen + 1);
         v[count].is_dir = is_dir;
         v[count].size = is_dir ? 0 : (uint64_t)st.st_size;
         ++count;

@@ -58,7 +58,7 @@ SB_WARN_UNUSED sb_status_t sb_files_fs_open_root(const char *root, int *fd, char
 /**
  * Reads a regular file with exactly one link beneath the root, at most `cap`
  * bytes: the loop stops at cap + 1 bytes whatever fstat claimed.
- * @param data receives a malloc'ed buffer (free it; NULL when empty)
+ * @param data receives the bytes (release with sb_mem_free; NULL when empty)
  * @return SB_OK; SB_E_FORBIDDEN (escape, symlink, not regular, hard link);
  *         SB_E_BAD_ARGS (missing, too large, ...); SB_E_UNAVAILABLE (no openat2);
  *         SB_E_EXECUTION (I/O errors, out of memory)

@@ -102,7 +102,7 @@ void sb_pg_global(const sb_svc_env_t *env, const sb_target_t *t, const sb_global
         return;
     }
     job = sb_mem_calloc(1, sizeof(*job));
-    sb_sql_init(&job->q);
+    /* calloc: the statement is empty (sb_sql_init) */
     /* the parameters in the statement's order: the row name, then the scope values */
     if (gc->key != NULL)
         job->q.params[job->q.nparams++] = sb_mem_strdup(gc->row);

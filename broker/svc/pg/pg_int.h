@@ -16,6 +16,9 @@
 
 /* jobs queued per pool; one more answers rate_limited */
 #define SB_PG_MAX_QUEUE 256
+/* prepared statements kept per connection (least recently used deallocated first), and the longest text kept */
+#define SB_PG_STMT_CACHE 64
+#define SB_PG_STMT_TEXT 8192
 
 typedef enum { C_DOWN = 0, C_CONNECTING, C_IDLE, C_BUSY } conn_state_t;
 
@@ -23,11 +26,15 @@ typedef struct st_job_t job_t;
 typedef struct st_pg_global_t pg_global_t;
 /* called when a statement completes (res) or the connection failed (err); returns 1 when the job sent another statement */
 typedef int (*job_cb)(job_t *job, PGresult *res, const char *err);
+/* called for each row of a statement run in single-row mode (row 0 of a PGRES_SINGLE_TUPLE result) */
+typedef void (*job_row_cb)(job_t *job, const PGresult *res, int row);
 
 struct st_job_t {
     h2o_linklist_t link;
     sb_sql_t q;
     job_cb cb;
+    /* rows one at a time (single-row mode), so a result is bounded while it arrives; NULL: the whole result at once */
+    job_row_cb on_row;
     /* the call */
     sb_token_t *tok;
     const sb_pg_coll_t *coll;
@@ -35,14 +42,36 @@ struct st_job_t {
     int binary;
     sb_dispatch_cb dcb;
     void *arg;
-    /* writes run in a transaction: BEGIN, the statement, then COMMIT or ROLLBACK */
-    int tx, phase; /* phase 0: BEGIN sent, 1: the statement, 2: COMMIT/ROLLBACK */
+    /*
+     * writes run in a transaction: BEGIN and the statement are sent together
+     * (phase 1), then COMMIT or ROLLBACK (phase 2) once the answer is decided
+     */
+    int tx, phase;
+    int unnamed; /* run without a prepared statement (the introspection: once per pool) */
     struct st_pconn_t *conn;
-    const Oid *types; /* the parameters' types (NULL: inferred from the casts in the statement) */
+    struct st_sb_pg_pool_t *pool; /* the reference the job holds, once queued */
+    const Oid *types;             /* the parameters' types (NULL: inferred from the casts in the statement) */
     const pg_global_t *global;
     sb_result_t prepared; /* the answer, decided after the statement, delivered after the transaction */
     int have_prepared;
+    /* the rows packed so far (single-row mode): count seen, count packed, the running bytes against the cap */
+    msgpack_sbuffer rows;
+    size_t nrows, npacked;
+    int rows_over;
 };
+
+/* a statement prepared on one connection, known by its text (pool.c) */
+typedef struct st_pstmt_t {
+    uint64_t hash;
+    char *sql;     /* NULL: a free slot */
+    uint64_t used; /* the connection's clock at the last use (least recently used is evicted) */
+    unsigned id;   /* its name is "sb<id>" */
+    int stale;     /* the table changed under it (SQLSTATE 0A000): prepared again before its next use */
+} pstmt_t;
+
+/* what a result in a flight answers, in the order the statements were sent */
+typedef enum { X_BEGIN, X_DEALLOC, X_PREPARE, X_MAIN, X_TXEND } expect_t;
+#define SB_PG_FLIGHT_MAX 6
 
 struct st_pconn_t {
     struct st_sb_pg_pool_t *pool;
@@ -51,9 +80,18 @@ struct st_pconn_t {
     conn_state_t state;
     int want_write;
     job_t *job;
-    PGresult *result; /* the first result of the running statement */
+    PGresult *result; /* the result handed to the job: the main statement's, or the flight's first error */
     int64_t started, next_attempt;
     unsigned failures;
+    /* the flight in progress (pipeline mode): what each result answers, and which one is being read */
+    expect_t expect[SB_PG_FLIGHT_MAX];
+    int nexpect, iexpect;
+    int preparing; /* the cache slot this flight prepares, or -1 */
+    int executing; /* the cache slot of the statement this flight runs, or -1 (unnamed) */
+    /* prepared statements of this session (reset with it) */
+    pstmt_t *stmts;
+    uint64_t clock;
+    unsigned next_id;
 };
 typedef struct st_pconn_t pconn_t;
 
@@ -81,8 +119,17 @@ typedef struct st_target_schema_t {
     size_t nglobals;
 } target_schema_t;
 
+/*
+ * Owned by references (handlers.h): the creator's, then one per job from
+ * sb_pg__enqueue until sb_pg__free_job (a job points into the pool's schemas
+ * and runs on its connections). The introspection job holds none: the pool
+ * cancels it when it closes.
+ */
 struct st_sb_pg_pool_t {
     h2o_loop_t *loop;
+    size_t refs;
+    sb_reaper_t *reaper;
+    h2o_timeout_entry_t reap;
     char *url;
     const sb_targets_t *targets;
     pconn_t *conns; /* database_pool_size connections */
@@ -94,6 +141,11 @@ struct st_sb_pg_pool_t {
     int introspected, introspecting;
     target_schema_t *schemas;
     size_t nschemas;
+    int up;               /* 1: some connection is up, 0: none, -1: not known yet (transitions are logged: pool.c) */
+    int64_t last_probe;   /* while every connection is down: when the last probe started */
+    int64_t last_recheck; /* while privileges are missing: when they were last looked at */
+    char addr[128];       /* host:port of database_url, for the log (never the password) */
+    char *missing;        /* the privileges the role lacks ("table: PRIVILEGE, ..."), or NULL */
 };
 
 /* ---- pool.c ---- */
@@ -103,15 +155,15 @@ void sb_pg__answer(job_t *job, sb_status_t st, const char *msg, msgpack_sbuffer 
 /** delivers the answer decided inside a transaction */
 void sb_pg__deliver(job_t *job);
 void sb_pg__free_job(job_t *job);
-/** sends the job's statement (sql == NULL) or a transaction command on the job's connection */
+/** sends a transaction command (COMMIT, ROLLBACK) on the job's connection */
 void sb_pg__send_statement(job_t *job, const char *sql);
-/** queues a job and runs what an idle connection can take */
+/** queues a job (which takes a reference to the pool) and runs what an idle connection can take */
 void sb_pg__enqueue(sb_pg_pool_t *p, job_t *job);
 
 /* ---- schema.c ---- */
 
 extern const char sb_pg__introspect_sql[];
-/** the text[] literal of every table the targets name (the introspection's parameter; malloc'ed) */
+/** the text[] literal of every table the targets name (the introspection's parameter; release with sb_mem_free) */
 char *sb_pg__table_list(const sb_targets_t *targets);
 /** 1 when some target reads or writes the database */
 int sb_pg__uses_database(const sb_targets_t *targets);
@@ -120,6 +172,14 @@ int sb_pg__build_schemas(sb_pg_pool_t *p, PGresult *res, char *err, size_t errsz
 void sb_pg__free_schemas(sb_pg_pool_t *p);
 /** the job callback of the introspection statement */
 int sb_pg__on_introspected(job_t *job, PGresult *res, const char *err);
+/**
+ * The privileges the role lacks for what the targets' manifests can ask
+ * (collections and the document store: SELECT, INSERT, UPDATE, DELETE, and
+ * USAGE on a serial column's sequence; table globals: SELECT), from the
+ * introspection result, as "table: PRIVILEGE[, PRIVILEGE...]; ...".
+ * @return NULL when nothing is missing, else a string to release with sb_mem_free
+ */
+char *sb_pg__missing_privileges(const sb_targets_t *targets, PGresult *res);
 /** the schema of a target, or NULL before the introspection */
 const target_schema_t *sb_pg__schema_of(const sb_pg_pool_t *p, const sb_target_t *t);
 

@@ -17,7 +17,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "sb/buf.h"
 #include "sb/limits.h"
+#include "sb/mem.h"
 #include "sb/value.h"
 #include "svc/pg/pg_query.h"
 #include "util/util.h"
@@ -43,10 +45,15 @@ void sb_sql_init(sb_sql_t *q)
 
 void sb_sql_dispose(sb_sql_t *q)
 {
-    for (int i = 0; i < q->nparams; ++i)
-        free(q->params[i]);
-    free(q->sql);
-    memset(q, 0, sizeof(*q));
+    /* only what was used: params[] is large, and a statement has a few */
+    for (int i = 0; i < q->nparams; ++i) {
+        sb_mem_free(q->params[i]);
+        q->params[i] = NULL;
+    }
+    sb_mem_free(q->sql);
+    q->sql = NULL;
+    q->len = q->limit = q->offset = 0;
+    q->nparams = 0;
 }
 
 typedef struct st_build_t {
@@ -55,39 +62,29 @@ typedef struct st_build_t {
     int binary;
     char *err;
     size_t errsz;
-    int overflow;
+    sb_status_t overflow; /* the first failure of the text (SB_E_TOO_LARGE past SB_PG_MAX_SQL, SB_E_NOMEM) */
+    sb_buf_t text;        /* the statement, capped at SB_PG_MAX_SQL */
 } build_t;
 
 __attribute__((format(printf, 2, 3))) static void emit(build_t *b, const char *fmt, ...)
 {
     va_list ap;
-    int n;
-    if (b->overflow)
+    sb_status_t st;
+    if (b->overflow != SB_OK)
         return;
-    if (b->q->sql == NULL) {
-        b->q->cap = 1024;
-        b->q->sql = sb_mem_alloc(b->q->cap);
-    }
-    for (;;) {
-        va_start(ap, fmt);
-        n = vsnprintf(b->q->sql + b->q->len, b->q->cap - b->q->len, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            b->overflow = 1;
-            return;
-        }
-        if ((size_t)n < b->q->cap - b->q->len)
-            break;
-        if (b->q->cap >= SB_PG_MAX_SQL) {
-            b->overflow = 1;
-            return;
-        }
-        b->q->cap *= 2;
-        b->q->sql = realloc(b->q->sql, b->q->cap);
-        if (b->q->sql == NULL)
-            sb_fatal(__FILE__, __LINE__, "out of memory");
-    }
-    b->q->len += (size_t)n;
+    va_start(ap, fmt);
+    st = sb_buf_vprintf(&b->text, fmt, ap);
+    va_end(ap);
+    if (st != SB_OK)
+        b->overflow = st;
+}
+
+/* a fixed piece of text (no formatting) */
+static void emit_str(build_t *b, const char *s)
+{
+    sb_status_t st;
+    if (b->overflow == SB_OK && (st = sb_buf_append_str(&b->text, s)) != SB_OK)
+        b->overflow = st;
 }
 
 __attribute__((format(printf, 2, 3))) static sb_status_t fail(build_t *b, const char *fmt, ...)
@@ -103,19 +100,18 @@ __attribute__((format(printf, 2, 3))) static sb_status_t fail(build_t *b, const 
 static int add_param(build_t *b, char *v)
 {
     if (b->q->nparams >= (int)SB_PG_MAX_PARAMS) {
-        free(v);
+        sb_mem_free(v);
         return 0;
     }
     b->q->params[b->q->nparams++] = v;
     return b->q->nparams;
 }
 
-static char *dup_n(const char *s, size_t n)
+/* a guest value's copy could not be allocated (its size derives from the call: bounded, but not fixed) */
+static sb_status_t nomem(build_t *b)
 {
-    char *p = sb_mem_alloc(n + 1);
-    memcpy(p, s, n);
-    p[n] = '\0';
-    return p;
+    snprintf(b->err, b->errsz, "out of memory");
+    return SB_E_NOMEM;
 }
 
 static const sb_pg_col_t *find_col(const sb_pg_coll_t *c, const char *name, size_t len)
@@ -134,9 +130,13 @@ static int is_scope_col(const sb_pg_coll_t *c, const char *name)
     return c->is_docstore && strcmp(name, "store") == 0;
 }
 
+/* the hex input form of bytea ("\\x..."), or NULL when it cannot be allocated */
 static char *hex_bytea(const uint8_t *p, size_t n)
 {
-    char *s = sb_mem_alloc(2 * n + 3);
+    size_t sz;
+    char *s = sb_size_mul(n, 2, &sz) && sb_size_add(sz, 3, &sz) ? sb_mem_try_alloc(sz) : NULL;
+    if (s == NULL)
+        return NULL;
     s[0] = '\\';
     s[1] = 'x';
     sb_hex(p, n, s + 2);
@@ -160,8 +160,8 @@ static sb_status_t value_text(build_t *b, const sb_pg_col_t *col, const msgpack_
         text = json_dumps(j, JSON_COMPACT | JSON_ENCODE_ANY);
         json_decref(j);
         if (text == NULL)
-            sb_fatal(__FILE__, __LINE__, "out of memory");
-        *out = text;
+            return nomem(b);
+        *out = text; /* jansson allocates with malloc, which sb_mem_free releases */
         return SB_OK;
     }
     switch (v->type) {
@@ -186,25 +186,27 @@ static sb_status_t value_text(build_t *b, const sb_pg_col_t *col, const msgpack_
     case MSGPACK_OBJECT_STR:
         if (col->oid == OID_BYTEA && !b->binary) {
             /* JSON carries bytea as base64 text */
-            uint8_t *raw = sb_mem_alloc(v->via.str.size / 4 * 3 + 3);
+            uint8_t *raw = sb_mem_try_alloc(v->via.str.size / 4 * 3 + 3);
             size_t n;
+            if (raw == NULL)
+                return nomem(b);
             if (sb_b64_decode(v->via.str.ptr, v->via.str.size, raw, &n) != SB_OK) {
-                free(raw);
+                sb_mem_free(raw);
                 return fail(b, "value for \"%s\" must be base64 text", col->name);
             }
             *out = hex_bytea(raw, n);
-            free(raw);
-            return SB_OK;
+            sb_mem_free(raw);
+            return *out != NULL ? SB_OK : nomem(b);
         }
         if (memchr(v->via.str.ptr, 0, v->via.str.size) != NULL)
             return fail(b, "value for \"%s\" contains NUL", col->name);
-        *out = dup_n(v->via.str.ptr, v->via.str.size);
-        return SB_OK;
+        *out = sb_mem_try_strndup(v->via.str.ptr, v->via.str.size);
+        return *out != NULL ? SB_OK : nomem(b);
     case MSGPACK_OBJECT_BIN:
         if (col->oid != OID_BYTEA)
             return fail(b, "binary value for non-bytea column \"%s\"", col->name);
         *out = hex_bytea((const uint8_t *)v->via.bin.ptr, v->via.bin.size);
-        return SB_OK;
+        return *out != NULL ? SB_OK : nomem(b);
     default:
         return fail(b, "value for \"%s\" has the wrong type", col->name);
     }
@@ -266,11 +268,11 @@ static sb_status_t field_op(build_t *b, const sb_pg_col_t *col, const sb_where_t
         emit(b, "\"%s\" %s (", col->name, w->op == SB_WOP_IN ? "IN" : "NOT IN");
         for (uint32_t i = 0; i < v->via.array.size; ++i) {
             if (i != 0)
-                emit(b, ", ");
+                emit_str(b, ", ");
             if ((st = emit_param(b, col, &v->via.array.ptr[i])) != SB_OK)
                 return st;
         }
-        emit(b, ")");
+        emit_str(b, ")");
         return SB_OK;
     case SB_WOP_LIKE:
     case SB_WOP_CONTAINS: {
@@ -278,10 +280,13 @@ static sb_status_t field_op(build_t *b, const sb_pg_col_t *col, const sb_where_t
         size_t o = 0;
         int n;
         if (w->op == SB_WOP_LIKE) {
-            text = dup_n(v->via.str.ptr, v->via.str.size);
+            if ((text = sb_mem_try_strndup(v->via.str.ptr, v->via.str.size)) == NULL)
+                return nomem(b);
         } else {
             /* contains: the guest's text is literal, so LIKE's own wildcards are escaped */
-            esc = sb_mem_alloc(2 * v->via.str.size + 3);
+            size_t sz;
+            if (!sb_size_mul(v->via.str.size, 2, &sz) || !sb_size_add(sz, 3, &sz) || (esc = sb_mem_try_alloc(sz)) == NULL)
+                return nomem(b);
             esc[o++] = '%';
             for (size_t i = 0; i < v->via.str.size; ++i) {
                 char ch = v->via.str.ptr[i];
@@ -318,16 +323,16 @@ static sb_status_t where_expr(build_t *b, const sb_where_t *w)
     case SB_WHERE_OR:
     case SB_WHERE_OPS:
         if (w->n == 0) {
-            emit(b, "TRUE");
+            emit_str(b, "TRUE");
             return SB_OK;
         }
         col = NULL;
         if (w->kind == SB_WHERE_OPS && (col = field_col(b, "unknown field", w->field, w->field_len)) == NULL)
             return SB_E_BAD_ARGS;
-        emit(b, "(");
+        emit_str(b, "(");
         for (uint32_t i = 0; i < w->n; ++i) {
             if (i != 0)
-                emit(b, "%s", w->kind == SB_WHERE_OR ? " OR " : " AND ");
+                emit_str(b, w->kind == SB_WHERE_OR ? " OR " : " AND ");
             if (w->kind == SB_WHERE_OPS)
                 st = field_op(b, col, &w->v[i]);
             else
@@ -335,7 +340,7 @@ static sb_status_t where_expr(build_t *b, const sb_where_t *w)
             if (st != SB_OK)
                 return st;
         }
-        emit(b, ")");
+        emit_str(b, ")");
         return SB_OK;
     case SB_WHERE_COND:
         if ((col = field_col(b, "unknown field", w->field, w->field_len)) == NULL)
@@ -408,7 +413,7 @@ static sb_status_t emit_sort(build_t *b, const sb_call_data_t *d)
         emit(b, " ORDER BY \"%s\"", b->c->key);
         return SB_OK;
     }
-    emit(b, " ORDER BY ");
+    emit_str(b, " ORDER BY ");
     for (size_t i = 0; i < d->nsort; ++i) {
         const sb_pg_col_t *col = field_col(b, "sort names an unknown field", d->sort[i].name, d->sort[i].len);
         if (col == NULL)
@@ -480,7 +485,7 @@ static sb_status_t build_update_set(build_t *b, const sb_call_data_t *d, const s
             continue;
         emit(b, "%s\"%s\" = ", first ? "" : ", ", cols[i]->name);
         if (d->data[i].value->type == MSGPACK_OBJECT_NIL)
-            emit(b, "NULL");
+            emit_str(b, "NULL");
         else if ((st = emit_param(b, cols[i], d->data[i].value)) != SB_OK)
             return st;
         first = 0;
@@ -514,21 +519,21 @@ static sb_status_t build_insert(build_t *b, const sb_call_data_t *d, const sb_pg
     }
     if (first) {
         /* nothing to set: every column takes its default */
-        b->q->len = 0;
+        sb_buf_reset(&b->text);
         emit(b, "INSERT INTO %s DEFAULT VALUES RETURNING ", b->c->table);
         emit_columns(b, NULL);
         return SB_OK;
     }
-    emit(b, ") VALUES (");
+    emit_str(b, ") VALUES (");
     first = 1;
     for (size_t i = 0; i < d->ndata; ++i) {
         const msgpack_object *v = d->data[i].value;
         if (cols[i] == NULL)
             continue;
-        emit(b, "%s", first ? "" : ", ");
+        emit_str(b, first ? "" : ", ");
         first = 0;
         if (v->type == MSGPACK_OBJECT_NIL)
-            emit(b, "NULL");
+            emit_str(b, "NULL");
         else if ((st = emit_param(b, cols[i], v)) != SB_OK)
             return st;
     }
@@ -557,24 +562,23 @@ static sb_status_t build_insert(build_t *b, const sb_call_data_t *d, const sb_pg
             return fail(b, "too many parameters");
         emit(b, "%s$%d::text", first ? "" : ", ", n);
     }
-    emit(b, ") RETURNING ");
+    emit_str(b, ") RETURNING ");
     emit_columns(b, NULL);
     return SB_OK;
 }
 
-sb_status_t sb_pg_build(const sb_pg_coll_t *c, sb_method_op_t op, const sb_call_data_t *d, const sb_token_t *tok, int binary,
-                        sb_sql_t *q, char *err, size_t errsz)
+static sb_status_t build(build_t *b, sb_method_op_t op, const sb_call_data_t *d, const sb_token_t *tok)
 {
-    build_t b = {c, q, binary, err, errsz, 0};
+    const sb_pg_coll_t *c = b->c;
+    sb_sql_t *q = b->q;
     const char *store_ns = c->is_docstore ? d->ns : NULL;
     const sb_pg_col_t *small[16], **cols = small;
     sb_status_t st;
 
-    err[0] = '\0';
     switch (op) {
     case SB_OP_FIND:
     case SB_OP_FIND_ONE:
-        if ((st = check_select(&b, d)) != SB_OK)
+        if ((st = check_select(b, d)) != SB_OK)
             return st;
         if (op == SB_OP_FIND) {
             /* the page size is clamped to the collection's max_limit, not refused */
@@ -586,56 +590,72 @@ sb_status_t sb_pg_build(const sb_pg_coll_t *c, sb_method_op_t op, const sb_call_
             q->limit = 1;
             q->offset = 0;
         }
-        emit(&b, "SELECT ");
-        emit_columns(&b, d);
-        emit(&b, " FROM %s WHERE ", c->table);
+        emit_str(b, "SELECT ");
+        emit_columns(b, d);
+        emit(b, " FROM %s WHERE ", c->table);
         if (d->where != NULL) {
-            if ((st = where_expr(&b, d->where)) != SB_OK)
+            if ((st = where_expr(b, d->where)) != SB_OK)
                 return st;
         } else {
-            emit(&b, "TRUE");
+            emit_str(b, "TRUE");
         }
-        if ((st = emit_clamp(&b, tok, store_ns)) != SB_OK)
+        if ((st = emit_clamp(b, tok, store_ns)) != SB_OK)
             return st;
-        if ((st = emit_sort(&b, d)) != SB_OK)
+        if ((st = emit_sort(b, d)) != SB_OK)
             return st;
         /* one row more than the page tells whether there is a next page */
-        emit(&b, " LIMIT %zu OFFSET %zu", q->limit + 1, q->offset);
+        emit(b, " LIMIT %zu OFFSET %zu", q->limit + 1, q->offset);
         break;
     case SB_OP_CREATE:
     case SB_OP_UPDATE:
         if (d->ndata > sizeof(small) / sizeof(small[0]))
             cols = sb_mem_calloc(d->ndata, sizeof(*cols));
-        if ((st = data_cols(&b, d, tok, store_ns, op == SB_OP_CREATE, cols)) != SB_OK)
+        if ((st = data_cols(b, d, tok, store_ns, op == SB_OP_CREATE, cols)) != SB_OK)
             goto Exit;
         if (op == SB_OP_CREATE) {
-            st = build_insert(&b, d, cols, tok, store_ns);
+            st = build_insert(b, d, cols, tok, store_ns);
             goto Exit;
         }
-        emit(&b, "UPDATE %s SET ", c->table);
-        if ((st = build_update_set(&b, d, cols)) != SB_OK || (st = emit_target_rows(&b, d, tok, store_ns)) != SB_OK)
+        emit(b, "UPDATE %s SET ", c->table);
+        if ((st = build_update_set(b, d, cols)) != SB_OK || (st = emit_target_rows(b, d, tok, store_ns)) != SB_OK)
             goto Exit;
-        emit(&b, " RETURNING ");
-        emit_columns(&b, NULL);
+        emit_str(b, " RETURNING ");
+        emit_columns(b, NULL);
     Exit:
         if (cols != small)
-            free((void *)cols);
+            sb_mem_free((void *)cols);
         if (st != SB_OK)
             return st;
         break;
     case SB_OP_DELETE:
-        emit(&b, "DELETE FROM %s", c->table);
-        if ((st = emit_target_rows(&b, d, tok, store_ns)) != SB_OK)
+        emit(b, "DELETE FROM %s", c->table);
+        if ((st = emit_target_rows(b, d, tok, store_ns)) != SB_OK)
             return st;
-        emit(&b, " RETURNING ");
-        emit_columns(&b, NULL);
+        emit_str(b, " RETURNING ");
+        emit_columns(b, NULL);
         break;
     default:
-        return fail(&b, "unsupported operation");
+        return fail(b, "unsupported operation");
     }
-    if (b.overflow)
-        return fail(&b, "the statement exceeds %u bytes", SB_PG_MAX_SQL);
     return SB_OK;
+}
+
+sb_status_t sb_pg_build(const sb_pg_coll_t *c, sb_method_op_t op, const sb_call_data_t *d, const sb_token_t *tok, int binary,
+                        sb_sql_t *q, char *err, size_t errsz)
+{
+    build_t b = {c, q, binary, err, errsz, SB_OK, {0}};
+    sb_status_t st;
+
+    err[0] = '\0';
+    sb_buf_init(&b.text, SB_PG_MAX_SQL);
+    if ((st = build(&b, op, d, tok)) == SB_OK) {
+        if (b.overflow == SB_E_TOO_LARGE)
+            st = fail(&b, "the statement exceeds %u bytes", SB_PG_MAX_SQL);
+        else if (b.overflow != SB_OK || sb_buf_take(&b.text, &q->sql, &q->len) != SB_OK)
+            st = nomem(&b);
+    }
+    sb_buf_free(&b.text);
+    return st;
 }
 
 /* ---- rows --------------------------------------------------------------------------------------------------------- */

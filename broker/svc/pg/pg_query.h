@@ -42,8 +42,8 @@ typedef struct st_sb_pg_coll_t {
 } sb_pg_coll_t;
 
 typedef struct st_sb_sql_t {
-    char *sql;
-    size_t len, cap;
+    char *sql;                      /* the statement (sb_mem), built in a sb_buf_t capped at SB_PG_MAX_SQL */
+    size_t len;                     /* strlen(sql) */
     char *params[SB_PG_MAX_PARAMS]; /* NULL means SQL NULL */
     int nparams;
     size_t limit, offset; /* find: the page the guest asked for (limit + 1 rows are fetched) */

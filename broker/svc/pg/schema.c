@@ -13,7 +13,9 @@
 #include <string.h>
 #include <libpq-fe.h>
 #include "obs/log.h"
+#include "sb/buf.h"
 #include "sb/limits.h"
+#include "sb/mem.h"
 #include "svc/pg/pg_int.h"
 #include "util/util.h"
 
@@ -26,10 +28,24 @@ const char sb_pg__introspect_sql[] =
      * silent cut (a cast to varchar(3) truncates, and "abcd" would then match
      * "abc")
      */
-    "SELECT t.name, a.attname, a.atttypid::int, format_type(a.atttypid, NULL) "
-    "FROM unnest($1::text[]) AS t(name) "
-    "LEFT JOIN pg_attribute a ON a.attrelid = to_regclass(t.name) AND a.attnum > 0 AND NOT a.attisdropped "
+    "SELECT t.name, a.attname, a.atttypid::int, format_type(a.atttypid, NULL), "
+    /*
+     * What the role may do with the table (the same on every row of it), and
+     * for a serial column the USAGE an INSERT needs on its sequence (an
+     * identity column's sequence needs none). Functions of NULL are NULL, so
+     * a table that does not exist yields NULLs here and is reported missing
+     * by the schema check instead.
+     */
+    "has_table_privilege(t.rel, 'SELECT'), has_table_privilege(t.rel, 'INSERT'), "
+    "has_table_privilege(t.rel, 'UPDATE'), has_table_privilege(t.rel, 'DELETE'), "
+    "CASE WHEN a.attidentity = '' THEN has_sequence_privilege(pg_get_serial_sequence(t.name, a.attname), 'USAGE') END, "
+    "CASE WHEN a.attidentity = '' THEN pg_get_serial_sequence(t.name, a.attname) END "
+    "FROM (SELECT n, to_regclass(n) FROM unnest($1::text[]) AS n) AS t(name, rel) "
+    "LEFT JOIN pg_attribute a ON a.attrelid = t.rel AND a.attnum > 0 AND NOT a.attisdropped "
     "ORDER BY t.name, a.attnum";
+
+/* the introspection's columns */
+enum { I_TABLE, I_COLUMN, I_OID, I_TYPE, I_SELECT, I_INSERT, I_UPDATE, I_DELETE, I_SEQ_USAGE, I_SEQ, I_NCOLS };
 
 static int col_allowed(const sb_collection_conf_t *cc, const char *name)
 {
@@ -53,18 +69,18 @@ static int fill_coll(sb_pg_coll_t *pc, const char *table, const sb_collection_co
     int rows = PQntuples(res), found = 0;
     pc->cols = sb_mem_calloc((size_t)rows + 1, sizeof(*pc->cols));
     for (int r = 0; r < rows; ++r) {
-        if (strcmp(PQgetvalue(res, r, 0), table) != 0)
+        if (strcmp(PQgetvalue(res, r, I_TABLE), table) != 0)
             continue;
         found = 1;
-        if (PQgetisnull(res, r, 1)) {
+        if (PQgetisnull(res, r, I_COLUMN)) {
             snprintf(err, errsz, "%s.table: no table \"%s\" in the database", path, table);
             return -1;
         }
-        if (!col_allowed(cc, PQgetvalue(res, r, 1)))
+        if (!col_allowed(cc, PQgetvalue(res, r, I_COLUMN)))
             continue;
-        pc->cols[pc->ncols].name = sb_mem_strdup(PQgetvalue(res, r, 1));
-        pc->cols[pc->ncols].oid = (unsigned)strtoul(PQgetvalue(res, r, 2), NULL, 10);
-        pc->cols[pc->ncols].type = sb_mem_strdup(PQgetvalue(res, r, 3));
+        pc->cols[pc->ncols].name = sb_mem_strdup(PQgetvalue(res, r, I_COLUMN));
+        pc->cols[pc->ncols].oid = (unsigned)strtoul(PQgetvalue(res, r, I_OID), NULL, 10);
+        pc->cols[pc->ncols].type = sb_mem_strdup(PQgetvalue(res, r, I_TYPE));
         ++pc->ncols;
     }
     if (!found) {
@@ -83,18 +99,13 @@ static const sb_pg_col_t *find_col_name(const sb_pg_coll_t *pc, const char *n)
 }
 
 /* appends "name" with embedded quotes doubled (introspected names are the table's own, not only [a-z0-9_]) */
-static size_t put_ident(char *dst, const char *name)
+static sb_status_t put_ident(sb_buf_t *b, const char *name)
 {
-    size_t n = 0;
-    dst[n++] = '"';
-    for (const char *p = name; *p != '\0'; ++p) {
-        if (*p == '"')
-            dst[n++] = '"';
-        dst[n++] = *p;
-    }
-    dst[n++] = '"';
-    dst[n] = '\0';
-    return n;
+    sb_status_t st = sb_buf_append_char(b, '"');
+    for (const char *p = name; *p != '\0' && st == SB_OK; ++p)
+        if (*p != '"' || (st = sb_buf_append_char(b, '"')) == SB_OK)
+            st = sb_buf_append_char(b, *p);
+    return st != SB_OK ? st : sb_buf_append_char(b, '"');
 }
 
 /* the statement of a table global, from its introspected columns; err names the first mismatch */
@@ -102,8 +113,9 @@ static int build_global(pg_global_t *pg, const sb_global_conf_t *gc, PGresult *r
 {
     sb_pg_coll_t *pc = &pg->cols;
     const sb_pg_col_t *where[1 + SB_MAX_SCOPE_ENTRIES];
-    size_t cap = 64 + strlen(gc->table), len = 0, nwhere = 0;
-    char *sql;
+    size_t nwhere = 0;
+    sb_buf_t sql;
+    sb_status_t st;
 
     pg->conf = gc;
     pc->table = sb_mem_strdup(gc->table);
@@ -122,29 +134,34 @@ static int build_global(pg_global_t *pg, const sb_global_conf_t *gc, PGresult *r
             snprintf(err, errsz, "%s.scope: no column \"%s\" in %s", path, gc->scope[k].column, gc->table);
             return -1;
         }
-    for (size_t i = 0; i < pc->ncols; ++i)
-        cap += 2 * strlen(pc->cols[i].name) + 4;
-    for (size_t i = 0; i < nwhere; ++i)
-        cap += 2 * strlen(where[i]->name) + 24;
-    sql = sb_mem_alloc(cap);
-    len += (size_t)snprintf(sql + len, cap - len, "SELECT ");
-    for (size_t i = 0, first = 1; i < pc->ncols; ++i) {
+    sb_buf_init(&sql, SB_PG_MAX_SQL);
+    st = sb_buf_append_str(&sql, "SELECT ");
+    for (size_t i = 0, first = 1; i < pc->ncols && st == SB_OK; ++i) {
         if (gc->column != NULL && strcmp(pc->cols[i].name, gc->column) != 0)
             continue;
-        len += (size_t)snprintf(sql + len, cap - len, "%s", first ? "" : ", ");
-        len += put_ident(sql + len, pc->cols[i].name);
+        if (!first)
+            st = sb_buf_append_str(&sql, ", ");
+        if (st == SB_OK)
+            st = put_ident(&sql, pc->cols[i].name);
         first = 0;
     }
-    len += (size_t)snprintf(sql + len, cap - len, " FROM %s WHERE TRUE", gc->table);
-    for (size_t i = 0; i < nwhere; ++i) {
+    if (st == SB_OK)
+        st = sb_buf_printf(&sql, " FROM %s WHERE TRUE", gc->table);
+    for (size_t i = 0; i < nwhere && st == SB_OK; ++i) {
         pg->types[pg->nparams++] = (Oid)where[i]->oid;
-        len += (size_t)snprintf(sql + len, cap - len, " AND ");
-        len += put_ident(sql + len, where[i]->name);
-        len += (size_t)snprintf(sql + len, cap - len, " = $%d", pg->nparams);
+        if ((st = sb_buf_append_str(&sql, " AND ")) == SB_OK && (st = put_ident(&sql, where[i]->name)) == SB_OK)
+            st = sb_buf_printf(&sql, " = $%d", pg->nparams);
     }
     /* two rows tell an ambiguous configuration from a single row */
-    snprintf(sql + len, cap - len, " LIMIT 2");
-    pg->sql = sql;
+    if (st == SB_OK)
+        st = sb_buf_append_str(&sql, " LIMIT 2");
+    if (st == SB_OK)
+        st = sb_buf_take(&sql, &pg->sql, NULL);
+    sb_buf_free(&sql);
+    if (st != SB_OK) {
+        snprintf(err, errsz, "%s: the statement exceeds %u bytes", path, SB_PG_MAX_SQL);
+        return -1;
+    }
     return 0;
 }
 
@@ -229,78 +246,158 @@ void sb_pg__free_schemas(sb_pg_pool_t *p)
             if (pc == NULL)
                 continue;
             for (size_t k = 0; k < pc->ncols; ++k) {
-                free(pc->cols[k].name);
-                free(pc->cols[k].type);
+                sb_mem_free(pc->cols[k].name);
+                sb_mem_free(pc->cols[k].type);
             }
-            free(pc->cols);
-            free(pc->name);
-            free(pc->table);
-            free(pc->key);
+            sb_mem_free(pc->cols);
+            sb_mem_free(pc->name);
+            sb_mem_free(pc->table);
+            sb_mem_free(pc->key);
         }
-        free(ts->colls);
-        free(ts->docstore);
+        sb_mem_free(ts->colls);
+        sb_mem_free(ts->docstore);
         for (size_t k = 0; k < ts->nglobals; ++k) {
             pg_global_t *pg = &ts->globals[k];
             for (size_t c = 0; c < pg->cols.ncols; ++c) {
-                free(pg->cols.cols[c].name);
-                free(pg->cols.cols[c].type);
+                sb_mem_free(pg->cols.cols[c].name);
+                sb_mem_free(pg->cols.cols[c].type);
             }
-            free(pg->cols.cols);
-            free(pg->cols.table);
-            free(pg->sql);
+            sb_mem_free(pg->cols.cols);
+            sb_mem_free(pg->cols.table);
+            sb_mem_free(pg->sql);
         }
-        free(ts->globals);
+        sb_mem_free(ts->globals);
     }
-    free(p->schemas);
+    sb_mem_free(p->schemas);
     p->schemas = NULL;
     p->nschemas = 0;
 }
 
-/* appends a table to the text[] literal unless it is there (introspection answers a row per column per mention) */
-static void list_add(char *s, size_t *len, size_t cap, const char *t)
+/* 1 when the text[] literal being built already names `t` */
+static int list_has(const sb_buf_t *s, const char *t)
 {
     size_t n = strlen(t);
-    for (const char *p = s + 1; p < s + *len; ++p) {
-        const char *e = strchr(p, ',');
-        size_t seg = e != NULL ? (size_t)(e - p) : (size_t)(s + *len - p);
+    for (const char *p = s->base + 1; p < s->base + s->len;) {
+        const char *e = memchr(p, ',', (size_t)(s->base + s->len - p));
+        size_t seg = e != NULL ? (size_t)(e - p) : (size_t)(s->base + s->len - p);
         if (seg == n && memcmp(p, t, n) == 0)
-            return;
-        p += seg;
+            return 1;
+        p += seg + 1;
     }
-    *len += (size_t)snprintf(s + *len, cap - *len, "%s%s", *len > 1 ? "," : "", t);
+    return 0;
+}
+
+/* appends a table to the text[] literal unless it is there (introspection answers a row per column per mention) */
+static void list_add(sb_buf_t *s, const char *t)
+{
+    if (list_has(s, t))
+        return;
+    /* the table names of a validated configuration: a few KiB at most, under SB_BUF_MAX_CAP */
+    if ((s->len > 1 && sb_buf_append_char(s, ',') != SB_OK) || sb_buf_append_str(s, t) != SB_OK)
+        sb_fatal(__FILE__, __LINE__, "out of memory");
 }
 
 /* the text[] literal of every table the targets name (identifiers were validated as [a-z0-9_.]) */
 char *sb_pg__table_list(const sb_targets_t *targets)
 {
-    size_t cap = 16, len = 0;
-    char *s;
+    sb_buf_t s;
+    char *out;
+    sb_buf_init(&s, SB_BUF_MAX_CAP);
+    if (sb_buf_append_char(&s, '{') != SB_OK)
+        sb_fatal(__FILE__, __LINE__, "out of memory");
     for (size_t i = 0; i < targets->n; ++i) {
         const sb_target_t *t = &targets->v[i];
         for (size_t c = 0; c < t->ncollections; ++c)
-            cap += strlen(t->collections[c].table) + 1;
+            list_add(&s, t->collections[c].table);
         if (t->document_store != NULL)
-            cap += strlen(t->document_store->table) + 1;
+            list_add(&s, t->document_store->table);
         for (size_t g = 0; g < t->nglobals; ++g)
             if (t->globals[g].table != NULL)
-                cap += strlen(t->globals[g].table) + 1;
+                list_add(&s, t->globals[g].table);
     }
-    s = sb_mem_alloc(cap);
-    s[len++] = '{';
-    s[len] = '\0';
+    if (sb_buf_append_char(&s, '}') != SB_OK || sb_buf_take(&s, &out, NULL) != SB_OK)
+        sb_fatal(__FILE__, __LINE__, "out of memory");
+    return out;
+}
+
+/* ---- privileges --------------------------------------------------------------------------------------------------- */
+
+enum { P_SELECT = 1, P_INSERT = 2, P_UPDATE = 4, P_DELETE = 8, P_ALL = 15 };
+
+/* the privileges some target's manifests can use on `table`: a collection or document store every verb, a global reads */
+static unsigned needed(const sb_targets_t *targets, const char *table)
+{
+    unsigned want = 0;
     for (size_t i = 0; i < targets->n; ++i) {
         const sb_target_t *t = &targets->v[i];
         for (size_t c = 0; c < t->ncollections; ++c)
-            list_add(s, &len, cap, t->collections[c].table);
-        if (t->document_store != NULL)
-            list_add(s, &len, cap, t->document_store->table);
+            if (strcmp(t->collections[c].table, table) == 0)
+                want |= P_ALL; /* read, create, update, delete: SELECT, INSERT, UPDATE, DELETE */
+        if (t->document_store != NULL && strcmp(t->document_store->table, table) == 0)
+            want |= P_ALL; /* read and write: every statement kind */
         for (size_t g = 0; g < t->nglobals; ++g)
-            if (t->globals[g].table != NULL)
-                list_add(s, &len, cap, t->globals[g].table);
+            if (t->globals[g].table != NULL && strcmp(t->globals[g].table, table) == 0)
+                want |= P_SELECT;
     }
-    s[len++] = '}';
-    s[len] = '\0';
-    return s;
+    return want;
+}
+
+static void put_missing(sb_buf_t *b, int *first_of_table, const char *table, const char *what)
+{
+    sb_status_t st = SB_OK;
+    if (*first_of_table) {
+        st = b->len != 0 ? sb_buf_append_str(b, "; ") : SB_OK;
+        if (st == SB_OK)
+            st = sb_buf_printf(b, "%s: %s", table, what);
+        *first_of_table = 0;
+    } else {
+        st = sb_buf_printf(b, ", %s", what);
+    }
+    /* bounded by the configuration's tables and columns; a message cut short would hide a missing grant */
+    if (st != SB_OK)
+        sb_fatal(__FILE__, __LINE__, "out of memory");
+}
+
+char *sb_pg__missing_privileges(const sb_targets_t *targets, PGresult *res)
+{
+    static const struct {
+        unsigned bit;
+        int col;
+        const char *name;
+    } privs[] = {{P_SELECT, I_SELECT, "SELECT"},
+                 {P_INSERT, I_INSERT, "INSERT"},
+                 {P_UPDATE, I_UPDATE, "UPDATE"},
+                 {P_DELETE, I_DELETE, "DELETE"}};
+    int rows = PQntuples(res);
+    sb_buf_t b;
+    char *out = NULL;
+
+    if (PQnfields(res) < I_NCOLS)
+        return NULL;
+    sb_buf_init(&b, SB_BUF_MAX_CAP);
+    for (int r = 0; r < rows; ++r) {
+        const char *table = PQgetvalue(res, r, I_TABLE);
+        unsigned want;
+        int first = 1;
+        /* the table's first row carries its privileges; a table that does not exist is the schema check's */
+        if ((r > 0 && strcmp(PQgetvalue(res, r - 1, I_TABLE), table) == 0) || PQgetisnull(res, r, I_SELECT))
+            continue;
+        want = needed(targets, table);
+        for (size_t k = 0; k < sizeof(privs) / sizeof(privs[0]); ++k)
+            if ((want & privs[k].bit) && strcmp(PQgetvalue(res, r, privs[k].col), "t") != 0)
+                put_missing(&b, &first, table, privs[k].name);
+        /* an INSERT draws from the sequence of every serial column */
+        for (int q = r; (want & P_INSERT) && q < rows && strcmp(PQgetvalue(res, q, I_TABLE), table) == 0; ++q)
+            if (!PQgetisnull(res, q, I_SEQ_USAGE) && strcmp(PQgetvalue(res, q, I_SEQ_USAGE), "t") != 0) {
+                char what[300];
+                snprintf(what, sizeof(what), "USAGE on sequence %s", PQgetvalue(res, q, I_SEQ));
+                put_missing(&b, &first, table, what);
+            }
+    }
+    if (b.len != 0 && sb_buf_take(&b, &out, NULL) != SB_OK)
+        sb_fatal(__FILE__, __LINE__, "out of memory");
+    sb_buf_free(&b);
+    return out;
 }
 
 /* 1 when some target reads or writes the database */
@@ -317,6 +414,29 @@ int sb_pg__uses_database(const sb_targets_t *targets)
     return 0;
 }
 
+/* 1 once missing privileges were logged: every worker's pool finds them, the log says it once per change */
+static int privileges_logged;
+
+/* keeps what the introspection found about the privileges; logs a change (missing ones, or all present again) */
+static void note_privileges(sb_pg_pool_t *p, PGresult *res)
+{
+    char *missing = sb_pg__missing_privileges(p->targets, res);
+    int was = __atomic_exchange_n(&privileges_logged, missing != NULL, __ATOMIC_SEQ_CST);
+    int changed = was != (missing != NULL);
+    sb_mem_free(p->missing);
+    p->missing = missing;
+    if (changed && missing != NULL) {
+        sb_logline_t l;
+        sb_log_begin(&l, SB_LOG_ERROR, "pg.privileges_missing");
+        sb_log_cstr(&l, "addr", p->addr);
+        sb_log_cstr(&l, "missing", missing);
+        sb_log_cstr(&l, "msg", "data calls that need them fail; deploy/README.md lists the GRANT statements");
+        sb_log_end(&l);
+    } else if (changed) {
+        sb_log_msg(SB_LOG_INFO, "pg.privileges_ok", "the role now holds every privilege the targets need");
+    }
+}
+
 int sb_pg__on_introspected(job_t *job, PGresult *res, const char *err)
 {
     sb_pg_pool_t *p = (sb_pg_pool_t *)job->arg;
@@ -330,6 +450,11 @@ int sb_pg__on_introspected(job_t *job, PGresult *res, const char *err)
         sb_log_end(&l);
         return 0; /* retried on the next connection */
     }
+    if (p->introspected) {
+        /* a recheck while privileges were missing: the schema stays as it is (jobs point into it) */
+        note_privileges(p, res);
+        return 0;
+    }
     if (sb_pg__build_schemas(p, res, msg, sizeof(msg)) != 0) {
         sb_logline_t l;
         sb_pg__free_schemas(p);
@@ -339,6 +464,7 @@ int sb_pg__on_introspected(job_t *job, PGresult *res, const char *err)
         return 0;
     }
     p->introspected = 1;
+    note_privileges(p, res);
     sb_log_msg(SB_LOG_INFO, "pg.ready", "tables introspected");
     return 0;
 }
@@ -361,6 +487,7 @@ sb_status_t sb_pg_check_schema(const char *database_url, const sb_targets_t *tar
     PGconn *pg;
     PGresult *res;
     const char *params[1];
+    char *missing;
     sb_status_t st = SB_OK;
 
     *reachable = 0;
@@ -390,10 +517,15 @@ sb_status_t sb_pg_check_schema(const char *database_url, const sb_targets_t *tar
         st = SB_E_UNAVAILABLE;
     } else if (sb_pg__build_schemas(&tmp, res, err, errsz) != 0) {
         st = SB_E_BAD_ARGS;
+    } else if ((missing = sb_pg__missing_privileges(targets, res)) != NULL) {
+        /* every data call that needs one would fail: the check must say so (deploy/README.md has the GRANTs) */
+        snprintf(err, errsz, "database_url: the role \"%s\" lacks privileges the targets need: %s", PQuser(pg), missing);
+        sb_mem_free(missing);
+        st = SB_E_FORBIDDEN;
     }
     sb_pg__free_schemas(&tmp);
     PQclear(res);
-    free((char *)params[0]);
+    sb_mem_free((char *)params[0]);
     PQfinish(pg);
     return st;
 }

@@ -22,7 +22,6 @@
  * so a genuine 400 costs one extra initialize and then fails as it would.
  */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include "fetch/client.h"
 #include "call/url.h"
@@ -53,8 +52,7 @@ struct st_exchange_t {
     sb_mcp_t *m;
     sb_http_t *http;
     h2o_timeout_entry_t timer;
-    char *request;
-    size_t request_len;
+    sb_buf_t request; /* capped at SB_MCP_MAX_REQUEST */
     size_t max_body;
     int64_t id;   /* the JSON-RPC id sent, 0 for a notification */
     int with_sid; /* the request carried Mcp-Session-Id */
@@ -116,9 +114,7 @@ static void exchange_release(exchange_t *ex)
     }
     if (h2o_timeout_is_linked(&ex->timer))
         h2o_timeout_unlink(&ex->timer);
-    free(ex->request);
-    ex->request = NULL;
-    ex->request_len = 0;
+    sb_buf_free(&ex->request);
 }
 
 static void on_http(void *arg, const char *err, sb_http_response_t *res)
@@ -152,8 +148,7 @@ static void exchange_start(sb_mcp_t *m, exchange_t *ex, const char *body, size_t
                            exchange_done_cb done)
 {
     sb_http_opts_t o;
-    char sid_line[SB_MCP_MAX_SESSION_ID + 32], ver_line[64];
-    int head_len;
+    sb_status_t st;
 
     exchange_release(ex);
     ex->m = m;
@@ -162,39 +157,24 @@ static void exchange_start(sb_mcp_t *m, exchange_t *ex, const char *body, size_t
     ex->timer.cb = on_exchange_timeout;
     ex->max_body = max_msg + BODY_SLACK;
     ex->with_sid = m->sid_len != 0 && m->state != S_INIT;
-    sid_line[0] = ver_line[0] = '\0';
-    /* transports, "Session Management" item 2: every request after initialize carries the session id */
-    if (ex->with_sid)
-        snprintf(sid_line, sizeof(sid_line), "Mcp-Session-Id: %s\r\n", m->sid);
-    /* transports, "Protocol Version Header": every request after initialize names the negotiated version */
-    if (m->version != NULL && m->state != S_INIT)
-        snprintf(ver_line, sizeof(ver_line), "MCP-Protocol-Version: %s\r\n", m->version);
-    /*
-     * transports, "Sending Messages to the Server" items 1-2: a POST whose Accept lists both
-     * application/json and text/event-stream. Connection: close because every exchange uses a fresh
-     * connection (broker/fetch/client never reuses one).
-     */
-    head_len = snprintf(NULL, 0,
-                        "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-                        "Accept: application/json, text/event-stream\r\nUser-Agent: " CLIENT_NAME "/" CLIENT_VERSION "\r\n"
-                        "Content-Length: %zu\r\nConnection: close\r\n%s%s\r\n",
-                        m->url.target, m->host_header, body_len, sid_line, ver_line);
-    ex->request = sb_mem_alloc((size_t)head_len + body_len + 1);
-    snprintf(ex->request, (size_t)head_len + 1,
-             "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-             "Accept: application/json, text/event-stream\r\nUser-Agent: " CLIENT_NAME "/" CLIENT_VERSION "\r\n"
-             "Content-Length: %zu\r\nConnection: close\r\n%s%s\r\n",
-             m->url.target, m->host_header, body_len, sid_line, ver_line);
-    memcpy(ex->request + head_len, body, body_len);
-    ex->request_len = (size_t)head_len + body_len;
+    /* transports, "Session Management" item 2 and "Protocol Version Header": every request after initialize
+     * carries the session id (when the server gave one) and names the negotiated version */
+    sb_buf_init(&ex->request, SB_MCP_MAX_REQUEST);
+    st = sb_mcp_build_request(&ex->request, m->url.target, m->host_header, CLIENT_NAME "/" CLIENT_VERSION,
+                              ex->with_sid ? m->sid : NULL, m->version != NULL && m->state != S_INIT ? m->version : NULL, body,
+                              body_len);
+    if (st != SB_OK) {
+        done(ex, st == SB_E_TOO_LARGE ? "the request exceeds its size cap" : "out of memory", NULL);
+        return;
+    }
 
     memset(&o, 0, sizeof(o));
     o.loop = m->loop;
     o.addrs = m->addrs;
     o.naddrs = m->naddrs;
     o.port = m->url.port;
-    o.request = ex->request;
-    o.request_len = ex->request_len;
+    o.request = ex->request.base;
+    o.request_len = ex->request.len;
     o.max_body = ex->max_body;
     o.connect_timeout = &m->timeout;
     ex->starting = 1;
@@ -282,7 +262,7 @@ static void call_finish(sb_mcp_call_t *c, sb_status_t st, const char *detail, co
     exchange_release(&c->ex);
     c->cb(c->arg, st, detail, result, len);
     json_decref(c->params);
-    free(c);
+    sb_mem_free(c);
 }
 
 /* fails every call that waits for a session (not those already sent on an earlier one) */
@@ -420,7 +400,7 @@ static void on_initialize_answer(exchange_t *ex, const char *err, sb_http_respon
     if (text == NULL)
         sb_fatal(__FILE__, __LINE__, "out of memory");
     exchange_start(m, &m->init, text, strlen(text), 0, 0, on_initialized_answer);
-    free(text);
+    sb_mem_free_foreign(text);
     return;
 Fail:
     msgpack_zone_destroy(&zone);
@@ -448,7 +428,7 @@ static void start_init(sb_mcp_t *m)
     if (text == NULL)
         sb_fatal(__FILE__, __LINE__, "out of memory");
     exchange_start(m, &m->init, text, strlen(text), id, MAX_INIT_MSG, on_initialize_answer);
-    free(text);
+    sb_mem_free_foreign(text);
 }
 
 /* ---- calls ---------------------------------------------------------------------------------------------------------- */
@@ -509,7 +489,7 @@ static void start_call(sb_mcp_t *m, sb_mcp_call_t *c)
         sb_fatal(__FILE__, __LINE__, "out of memory");
     json_decref(req);
     exchange_start(m, &c->ex, text, strlen(text), id, c->max_msg, on_call_answer);
-    free(text);
+    sb_mem_free_foreign(text);
 }
 
 static void pump(sb_mcp_t *m)
@@ -555,7 +535,7 @@ void sb_mcp_call_cancel(sb_mcp_call_t *c)
         h2o_linklist_unlink(&c->link);
     exchange_release(&c->ex);
     json_decref(c->params);
-    free(c);
+    sb_mem_free(c);
 }
 
 /* ---- the client ----------------------------------------------------------------------------------------------------- */
@@ -617,7 +597,7 @@ sb_status_t sb_mcp_create(h2o_loop_t *loop, const char *url, uint64_t timeout_ms
     *out = m;
     return SB_OK;
 Error:
-    free(m);
+    sb_mem_free(m);
     return SB_E_BAD_ARGS;
 }
 
@@ -635,8 +615,8 @@ void sb_mcp_destroy(sb_mcp_t *m)
         h2o_timeout_unlink(&m->kick);
     h2o_timeout_dispose(m->loop, &m->timeout);
     h2o_timeout_dispose(m->loop, &m->zero);
-    free(m->url_text);
-    free(m);
+    sb_mem_free(m->url_text);
+    sb_mem_free(m);
 }
 
 const char *sb_mcp_url(const sb_mcp_t *m)

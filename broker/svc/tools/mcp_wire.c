@@ -16,7 +16,6 @@
  * call.
  */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include "sb/value.h"
 #include "svc/tools/mcp_wire.h"
@@ -31,38 +30,19 @@ static const unsigned char bom_bytes[3] = {0xef, 0xbb, 0xbf};
 void sb_sse_init(sb_sse_t *p, size_t max_data)
 {
     memset(p, 0, sizeof(*p));
-    p->max_data = max_data;
+    /* the data and the LF its last line ends with; max_data is a message cap, far below SIZE_MAX */
+    sb_buf_init(&p->data, max_data < SB_BUF_MAX_CAP ? max_data + 1 : SB_BUF_MAX_CAP);
 }
 
 void sb_sse_dispose(sb_sse_t *p)
 {
-    free(p->data);
-    p->data = NULL;
-    p->data_len = p->data_cap = 0;
+    sb_buf_free(&p->data);
 }
 
-/* appends to the data buffer; the buffer holds at most max_data + 1 bytes (the data and the last line's LF) */
+/* appends to the data buffer: the buffer's cap makes an event over max_data SB_E_TOO_LARGE before it grows */
 static sb_status_t data_append(sb_sse_t *p, const char *s, size_t n)
 {
-    size_t limit = p->max_data + 1;
-
-    if (n > limit - p->data_len)
-        return SB_E_TOO_LARGE;
-    if (p->data_len + n > p->data_cap) {
-        size_t cap = p->data_cap != 0 ? p->data_cap : 4096;
-        char *nb;
-        while (cap < p->data_len + n)
-            cap = cap > limit / 2 ? limit : cap * 2;
-        if (cap > limit)
-            cap = limit;
-        if ((nb = realloc(p->data, cap)) == NULL)
-            return SB_E_NOMEM;
-        p->data = nb;
-        p->data_cap = cap;
-    }
-    memcpy(p->data + p->data_len, s, n);
-    p->data_len += n;
-    return SB_OK;
+    return sb_buf_append(&p->data, s, n);
 }
 
 static void begin_field(sb_sse_t *p)
@@ -85,13 +65,13 @@ static int dispatch(sb_sse_t *p, sb_sse_event_cb cb, void *arg)
 {
     int stop = 0;
 
-    if (p->data_len != 0) {
+    if (p->data.len != 0) {
         const char *type = p->type_len != 0 ? p->type : "message";
         size_t type_len = p->type_len != 0 ? p->type_len : 7;
         /* "if the data buffer's last character is a U+000A LINE FEED, remove it" */
-        stop = cb(arg, type, type_len, p->data, p->data_len - 1);
+        stop = cb(arg, type, type_len, p->data.base, p->data.len - 1);
     }
-    p->data_len = 0;
+    sb_buf_reset(&p->data);
     p->type_len = 0;
     p->type_overflow = 0;
     return stop;
@@ -291,6 +271,28 @@ size_t sb_mcp_sanitize(const char *s, size_t len, size_t max, char *out, size_t 
             out[o++] = '.';
     out[o] = '\0';
     return o;
+}
+
+/* ---- the request ------------------------------------------------------------------------------------------------------ */
+
+sb_status_t sb_mcp_build_request(sb_buf_t *out, const char *target, const char *host_header, const char *user_agent,
+                                 const char *sid, const char *version, const char *body, size_t body_len)
+{
+    size_t start = out->len;
+    sb_status_t st;
+
+    if ((st = sb_buf_printf(out,
+                            "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                            "Accept: application/json, text/event-stream\r\nUser-Agent: %s\r\n"
+                            "Content-Length: %zu\r\nConnection: close\r\n",
+                            target, host_header, user_agent, body_len)) != SB_OK ||
+        (sid != NULL && (st = sb_buf_printf(out, "Mcp-Session-Id: %s\r\n", sid)) != SB_OK) ||
+        (version != NULL && (st = sb_buf_printf(out, "MCP-Protocol-Version: %s\r\n", version)) != SB_OK) ||
+        (st = sb_buf_append(out, "\r\n", 2)) != SB_OK || (st = sb_buf_append(out, body, body_len)) != SB_OK) {
+        sb_buf_truncate(out, start);
+        return st;
+    }
+    return SB_OK;
 }
 
 /* ---- the JSON-RPC response picker ------------------------------------------------------------------------------------ */

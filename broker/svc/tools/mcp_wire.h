@@ -11,7 +11,7 @@
  *
  * Everything here is pure (no sockets, no loop), so it is unit-tested and
  * fuzzed on its own (tests/unit/mcp_wire.c, fuzz/fuzz_sse.c). Every buffer is
- * bounded by a cap the caller gives, checked before it grows.
+ * an sb_buf_t bounded by a cap the caller gives, checked before it grows.
  */
 #ifndef SB_MCP_WIRE_H
 #define SB_MCP_WIRE_H
@@ -19,12 +19,20 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <msgpack.h>
+#include "sb/buf.h"
+#include "sb/limits.h"
 #include "sb/status.h"
 
 /* the longest SSE event type we keep; longer ones are not "message" and are ignored */
 #define SB_SSE_MAX_EVENT_TYPE 64u
 /* slack for the JSON-RPC envelope around a result ({"jsonrpc":"2.0","id":N,"result":...}) */
 #define SB_MCP_ENVELOPE_SLACK 1024u
+/*
+ * the largest POST we send an MCP server: the JSON text of the largest tools.call request (at most six
+ * bytes of JSON per byte of msgpack, a control character in a string written as \u00XX) and the head
+ * (target, host, session id, version)
+ */
+#define SB_MCP_MAX_REQUEST (6u * SB_MAX_TOOLS_CALL_REQUEST + SB_MAX_URL + 4096u)
 
 /**
  * Called once per dispatched SSE event.
@@ -45,8 +53,7 @@ typedef int (*sb_sse_event_cb)(void *arg, const char *type, size_t type_len, con
  * cap. Plain value type; sb_sse_dispose frees its buffer.
  */
 typedef struct st_sb_sse_t {
-    char *data; /* the event's data buffer (owned) */
-    size_t data_len, data_cap, max_data;
+    sb_buf_t data; /* the event's data buffer, capped at max_data + 1 (the data and its last line's LF) */
     char type[SB_SSE_MAX_EVENT_TYPE];
     size_t type_len;
     int type_overflow; /* the event field was longer than SB_SSE_MAX_EVENT_TYPE */
@@ -69,6 +76,21 @@ void sb_sse_dispose(sb_sse_t *p);
  * @return SB_OK, SB_E_TOO_LARGE (an event's data exceeds the cap), SB_E_NOMEM
  */
 SB_WARN_UNUSED sb_status_t sb_sse_feed(sb_sse_t *p, const char *bytes, size_t len, sb_sse_event_cb cb, void *arg, int *stopped);
+
+/**
+ * Appends the HTTP/1.1 POST that carries one JSON-RPC message to an MCP
+ * server (MCP 2025-06-18, basic/transports, "Sending Messages to the
+ * Server"): Content-Type application/json, an Accept listing both
+ * application/json and text/event-stream, Connection: close (every exchange
+ * uses a fresh connection), then the body. The strings are header values the
+ * caller has checked (a parsed URL, a session id of visible characters).
+ * @param sid the Mcp-Session-Id to send ("Session Management"), or NULL for none
+ * @param version the MCP-Protocol-Version to send ("Protocol Version Header"), or NULL for none
+ * @return SB_OK, SB_E_TOO_LARGE (the request would pass out's cap) or
+ *         SB_E_NOMEM; on failure `out` holds exactly what it held before
+ */
+SB_WARN_UNUSED sb_status_t sb_mcp_build_request(sb_buf_t *out, const char *target, const char *host_header, const char *user_agent,
+                                                const char *sid, const char *version, const char *body, size_t body_len);
 
 /** the body kinds an MCP server may answer a request with */
 typedef enum en_sb_mcp_body_t { SB_MCP_BODY_OTHER = 0, SB_MCP_BODY_JSON, SB_MCP_BODY_SSE } sb_mcp_body_t;

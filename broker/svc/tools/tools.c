@@ -11,8 +11,8 @@
  * decoder, call/call.c), a tools/list payload and a tools/call result
  * 768 KiB each, 256 tools, one operation timeout, a number of tools.call per
  * run (every granted attempt counts, a malformed or unreleased one included,
- * so probing is not free: dispatch counts it through sb_tools_count_call
- * before it refuses bad args) and a number of operations in flight per worker
+ * so probing is not free: dispatch counts it in the token store before it
+ * refuses bad args) and a number of operations in flight per worker
  * and upstream. Upstream answers a limit with forbidden; we answer
  * rate_limited, our code for an exhausted quota (PROTOCOL.md section 7).
  *
@@ -22,13 +22,11 @@
  * wire, so nothing the tool server says reaches the guest unless it is a
  * result.
  *
- * The per-run call counter is process-wide (a run's calls land on any
- * worker): a hash table keyed by the token hash under one mutex, whose
- * entries are dropped once their token has expired. It counts per broker
- * process; instances sharing a Redis token store each keep their own count.
+ * The per-run tools.call counter lives in the token store, next to the run's
+ * other quotas (sb_store_quota_tool_call): a run's calls land on any worker,
+ * and on Redis on any instance, and all of them count against one limit.
  */
 #include <limits.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,128 +49,10 @@
 /* ours: pagination is bounded too, and so is a cursor we send back */
 #define SB_TOOLS_MAX_PAGES 16u
 #define SB_TOOLS_MAX_CURSOR 1024u
-/* runs the call counter tracks at once; beyond it tools.call fails closed (rate_limited) */
-#define SB_TOOLS_MAX_RUNS 1000000u
-#define SWEEP_INTERVAL_MS 1000
 
 static const char msg_bad_args[] = "invalid sandbox custom tool arguments";
 static const char msg_limit[] = SB_TOOLS_MSG_LIMIT;
 static const char msg_not_released[] = "tools.call name is not released by the target";
-
-/* ---- the per-run call counter (process-wide) ----------------------------------------------------------------------- */
-
-typedef struct st_run_count_t {
-    struct st_run_count_t *next;
-    uint8_t hash[32];
-    int64_t expires_at_ms;
-    unsigned calls;
-} run_count_t;
-
-static struct {
-    pthread_mutex_t mutex;
-    run_count_t **buckets; /* power-of-two count */
-    size_t nbuckets, n;
-    int64_t last_sweep_ms;
-    unsigned users; /* live sb_tools_ctx_t: the last one frees the table */
-} counts = {.mutex = PTHREAD_MUTEX_INITIALIZER};
-
-static size_t bucket_of(const uint8_t hash[32], size_t nbuckets)
-{
-    uint64_t h;
-    memcpy(&h, hash, sizeof(h)); /* a SHA-256 digest: its bytes are as good as any hash of them */
-    return (size_t)(h & (nbuckets - 1));
-}
-
-/* drops the entries whose token has expired: a token that can no longer call needs no count */
-static void counts_sweep(int64_t now)
-{
-    for (size_t i = 0; i < counts.nbuckets; ++i) {
-        run_count_t **pp = &counts.buckets[i];
-        while (*pp != NULL) {
-            run_count_t *e = *pp;
-            if (e->expires_at_ms <= now) {
-                *pp = e->next;
-                free(e);
-                --counts.n;
-            } else {
-                pp = &e->next;
-            }
-        }
-    }
-    counts.last_sweep_ms = now;
-}
-
-static void counts_grow(void)
-{
-    size_t nb = counts.nbuckets != 0 ? counts.nbuckets * 2 : 1024;
-    run_count_t **b = sb_mem_calloc(nb, sizeof(*b));
-
-    for (size_t i = 0; i < counts.nbuckets; ++i) {
-        run_count_t *e = counts.buckets[i], *next;
-        for (; e != NULL; e = next) {
-            size_t k = bucket_of(e->hash, nb);
-            next = e->next;
-            e->next = b[k];
-            b[k] = e;
-        }
-    }
-    free(counts.buckets);
-    counts.buckets = b;
-    counts.nbuckets = nb;
-}
-
-static void counts_free(void)
-{
-    for (size_t i = 0; i < counts.nbuckets; ++i) {
-        run_count_t *e = counts.buckets[i], *next;
-        for (; e != NULL; e = next) {
-            next = e->next;
-            free(e);
-        }
-    }
-    free(counts.buckets);
-    counts.buckets = NULL;
-    counts.nbuckets = counts.n = 0;
-}
-
-/* counts one tools.call for the token's run: SB_E_RATE_LIMITED once it has none left (or the table is full) */
-SB_WARN_UNUSED static sb_status_t count_call(const sb_token_t *tok, unsigned max_calls)
-{
-    int64_t now = sb_now_ms();
-    sb_status_t st = SB_OK;
-    run_count_t *e;
-
-    pthread_mutex_lock(&counts.mutex);
-    if (counts.n != 0 && now - counts.last_sweep_ms >= SWEEP_INTERVAL_MS)
-        counts_sweep(now);
-    if (counts.nbuckets == 0)
-        counts_grow();
-    for (e = counts.buckets[bucket_of(tok->hash, counts.nbuckets)]; e != NULL; e = e->next)
-        if (memcmp(e->hash, tok->hash, sizeof(e->hash)) == 0)
-            break;
-    if (e == NULL) {
-        /* bound first: a flood of short-lived runs cannot grow the table without limit */
-        if (counts.n >= SB_TOOLS_MAX_RUNS) {
-            st = SB_E_RATE_LIMITED;
-            goto Exit;
-        }
-        if (counts.n >= counts.nbuckets * 2)
-            counts_grow();
-        e = sb_mem_calloc(1, sizeof(*e));
-        memcpy(e->hash, tok->hash, sizeof(e->hash));
-        e->expires_at_ms = tok->expires_at_ms;
-        e->next = counts.buckets[bucket_of(e->hash, counts.nbuckets)];
-        counts.buckets[bucket_of(e->hash, counts.nbuckets)] = e;
-        ++counts.n;
-    }
-    if (e->calls != UINT_MAX)
-        ++e->calls;
-    if (e->calls > max_calls)
-        st = SB_E_RATE_LIMITED;
-Exit:
-    pthread_mutex_unlock(&counts.mutex);
-    return st;
-}
 
 /* ---- per-worker state ------------------------------------------------------------------------------------------------ */
 
@@ -216,9 +96,6 @@ sb_tools_ctx_t *sb_tools_ctx_create(h2o_loop_t *loop)
 
     ctx->loop = loop;
     h2o_linklist_init_anchor(&ctx->ops);
-    pthread_mutex_lock(&counts.mutex);
-    ++counts.users;
-    pthread_mutex_unlock(&counts.mutex);
     return ctx;
 }
 
@@ -239,7 +116,7 @@ static void op_finish(tools_op_t *op, sb_result_t *res)
     op->cb(op->arg, res);
     sb_token_release(op->tok);
     msgpack_sbuffer_destroy(&op->tools);
-    free(op);
+    sb_mem_free(op);
 }
 
 /* execution_error with the upstream and the detail (logged under the correlation id, redacted on the wire) */
@@ -283,7 +160,7 @@ static void upstream_destroy(sb_tools_ctx_t *ctx, upstream_t *up)
 {
     sb_mcp_destroy(up->mcp);
     h2o_timeout_dispose(ctx->loop, &up->deadline);
-    free(up);
+    sb_mem_free(up);
 }
 
 static int conf_is_current(const sb_targets_t *targets, const sb_tools_conf_t *tc)
@@ -321,8 +198,7 @@ static upstream_t *get_upstream(sb_tools_ctx_t *ctx, const sb_targets_t *targets
         up->mcp = NULL;
     h2o_timeout_init(ctx->loop, &up->deadline, tc->timeout_ms);
     /* one entry per configured target (and per retired one still busy): as small as the configuration */
-    if ((v = realloc(ctx->ups, (ctx->nups + 1) * sizeof(*v))) == NULL)
-        sb_fatal(__FILE__, __LINE__, "out of memory");
+    v = sb_mem_realloc(ctx->ups, (ctx->nups + 1) * sizeof(*v));
     ctx->ups = v;
     ctx->ups[ctx->nups++] = up;
     return up;
@@ -644,11 +520,6 @@ Exit:
 
 /* ---- entry points ---------------------------------------------------------------------------------------------------- */
 
-sb_status_t sb_tools_count_call(const sb_tools_conf_t *tc, const sb_token_t *tok)
-{
-    return count_call(tok, tc->max_calls);
-}
-
 void sb_tools_handle(const sb_svc_env_t *env, const sb_target_t *t, sb_token_t *tok, const sb_call_t *call, sb_dispatch_cb cb,
                      void *arg)
 {
@@ -679,10 +550,6 @@ void sb_tools_ctx_destroy(sb_tools_ctx_t *ctx)
     }
     for (size_t i = 0; i < ctx->nups; ++i)
         upstream_destroy(ctx, ctx->ups[i]);
-    free(ctx->ups);
-    pthread_mutex_lock(&counts.mutex);
-    if (--counts.users == 0)
-        counts_free();
-    pthread_mutex_unlock(&counts.mutex);
-    free(ctx);
+    sb_mem_free(ctx->ups);
+    sb_mem_free(ctx);
 }
