@@ -21,6 +21,7 @@
 #include "authz/authz.h"
 #include "authz/secrets.h"
 #include "call/placeholder.h"
+#include "sb/mem.h"
 #include "sb/value.h"
 #include "fuzz.h"
 
@@ -93,8 +94,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                            (out == NULL) == (out2 == NULL) && (out == NULL || memcmp(out, out2, olen) == 0),
                        "redaction is not deterministic");
     }
-    free(out);
-    free(out2);
+    sb_mem_free(out);
+    sb_mem_free(out2);
     sb_secrets_free(s);
 
     /* the text as the mint body's secrets object */

@@ -527,6 +527,15 @@ static json_t *token_json(const sb_token_t *tok)
                   (json_int_t)tok->quota.fetch_bytes, "capabilities", sb_manifest_to_json(tok->manifest));
     if (o == NULL)
         sb_fatal(__FILE__, __LINE__, "out of memory");
+    /* the names of the secrets the run holds (from its mint and its target), never a value */
+    if (sb_secrets_count(tok->secrets) != 0) {
+        json_t *names = json_array();
+        if (names == NULL || json_object_set_new(o, "secrets", names) != 0)
+            sb_fatal(__FILE__, __LINE__, "out of memory");
+        for (size_t i = 0; i < sb_secrets_count(tok->secrets); ++i)
+            if (json_array_append_new(names, json_string(sb_secrets_name(tok->secrets, i))) != 0)
+                sb_fatal(__FILE__, __LINE__, "out of memory");
+    }
     return o;
 }
 

@@ -408,6 +408,51 @@ class Leaks(SecretsCase):
                     at += chunk
         return n
 
+    def test_a_parked_connection_holds_no_value_and_serves_no_other_run(self):
+        """Kept-alive reuse (on by default) with a run that holds secrets: the connection that carried the
+        value is parked with its read buffer wiped, so once the run is revoked no copy of the value is
+        left while the connection is still parked; the run's next fetch takes it, another run's fetch to
+        the same origin never does (the pool keys connections on the token). One worker and a long idle
+        time, so that the parked connection is there for each step."""
+        value = "park-check-" + os.urandom(12).hex()
+
+        def mirror(h, rec):
+            # kept alive, in one write (see test_memory_holding_a_value_is_wiped_when_freed)
+            a = (rec.header("authorization") or "").encode()
+            body = b"echo " + a
+            h.raw(b"HTTP/1.1 200 OK\r\nX-Echo: %s\r\nContent-Length: %d\r\n\r\n%s" % (a, len(body), body), close=False)
+        UP["a"].route("/mirror-ka", mirror)
+        conf = config()
+        conf["egress"].update({"keepalive_pool_size": 4, "keepalive_idle_ms": 60000})
+        b = sbtest.Broker(config=conf, env={"SANDBOX_BROKER_THREADS": "1", "SANDBOX_BROKER_TOKEN_STORE": "memory",
+                                            "SECRETS_TEST_ENV": ENV_SECRET}).start()
+        try:
+            net = [hp("ok.test", "a")]
+            tok = b.mint_ok("park-1", {"net": net}, secrets={"w": {"value": value, "hosts": net, "schemes": ["http"]}})
+            other = b.mint_ok("park-2", {"net": net})
+            url = origin("ok.test", "a") + "/mirror-ka"
+            for _ in range(2):
+                r = self.fetch(tok, url, {"authorization": "Bearer {{secret:w}}"}, broker=b)
+                self.assertEqual(r.status, 200, r)
+                self.assertNotIn(value.encode(), r.raw)
+            r = self.fetch(other, url, {"authorization": "Bearer none"}, broker=b)
+            self.assertEqual(r.status, 200, r)
+            recs = UP["a"].snapshot()
+            self.assertEqual([x.header("authorization") for x in recs], ["Bearer " + value] * 2 + ["Bearer none"])
+            self.assertEqual(recs[0].conn_id, recs[1].conn_id, "the run's second fetch reuses its parked connection")
+            self.assertNotEqual(recs[2].conn_id, recs[0].conn_id, "another run never takes it")
+            self.assertGreater(self.count_in_memory(b.proc.pid, value.encode()), 0, "the scan finds a live value")
+            self.assertEqual(b.revoke_run("park-1").status, 204)
+            self.assertTrue(sbtest.poll(lambda: self.count_in_memory(b.proc.pid, value.encode()) == 0, 5),
+                            "a copy of the value is left in the broker's memory")
+        finally:
+            rc = b.stop()
+            log = b.log()
+        self.assertEqual(rc, 0, log[-4000:])
+        for marker in ("AddressSanitizer", "LeakSanitizer", "runtime error:"):
+            self.assertNotIn(marker, log)
+        self.assertNotIn(value, log)
+
     def test_mint_validation(self):
         net = [hp("tls.test", "tls")]
         good = {"value": SECRET, "hosts": net}
@@ -510,6 +555,27 @@ class NetRules(SecretsCase):
                                                "http://ok.test/x"], sbtest.base_env())
         self.assertEqual(rc, 0, out + err)
         self.assertIn("rule: allowed\n", out)
+
+
+class Inspection(SecretsCase):
+    def test_token_inspection_shows_rules_and_names_never_values(self):
+        """GET /admin/v1/tokens/<t> (PROTOCOL.md section 9): net entries with rules in their object form,
+        the secrets axis and the names of the secrets the run holds, never a value."""
+        net = [{"host": hp("tls.test", "tls"), "methods": ["GET", "HEAD"], "paths": ["/repos/acme/**"]}, hp("ok.test", "a")]
+        caps = {"net": net, "secrets": ["filekey"]}
+        tok = self.token(self.gh(), net, target="app", capabilities=caps)
+        r = B.admin("GET", "/admin/v1/tokens/" + tok)
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.body["capabilities"], caps)
+        self.assertEqual(sorted(r.body["secrets"]), ["filekey", "gh"])
+        self.assertNoValue(r.raw)
+        self.assertNotIn(FILE_SECRET.encode(), r.raw)
+        # a manifest without rules or secrets shows neither
+        tok = self.token(None, [hp("ok.test", "a")])
+        r = B.admin("GET", "/admin/v1/tokens/" + tok)
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.body["capabilities"], {"net": [hp("ok.test", "a")]})
+        self.assertNotIn("secrets", r.body)
 
 
 class TargetSecrets(SecretsCase):
