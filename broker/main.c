@@ -12,12 +12,14 @@
  * valid but a backend unreachable now (not a configuration error: the broker
  * would start and report it on /readyz).
  */
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <openssl/ssl.h>
 #include "conf/config.h"
+#include "authz/secrets.h"
 #include "http/server.h"
 #include "obs/audit.h"
 #include "obs/log.h"
@@ -27,6 +29,7 @@
 #include "svc/target.h"
 #include "svc/handlers.h"
 #include "util/util.h"
+#include "sb/mem.h"
 #include "sb_build_info.h"
 
 int sb_egress_check_main(int argc, char **argv);
@@ -250,6 +253,22 @@ static void invalid(const char *problems)
     fprintf(stderr, "sandbox-broker: invalid configuration:\n%s%s", problems, n != 0 && problems[n - 1] == '\n' ? "" : "\n");
 }
 
+/*
+ * jansson's memory is wiped when freed: the admin mint body and the
+ * configuration carry secret values (PROTOCOL.md section 5, "Secrets"), and
+ * the parser's own buffers hold copies of every string it read.
+ */
+static void *json_alloc(size_t n)
+{
+    return sb_mem_try_alloc(n);
+}
+
+static void json_free_wiped(void *p)
+{
+    if (p != NULL)
+        sb_mem_free_secret(p, malloc_usable_size(p));
+}
+
 int main(int argc, char **argv)
 {
     int check_only = 0, offline = 0, backend_down = 0;
@@ -262,6 +281,7 @@ int main(int argc, char **argv)
     sigset_t set;
     pthread_t sigtid;
 
+    json_set_alloc_funcs(json_alloc, json_free_wiped);
     if (argc >= 2 && strcmp(argv[1], "egress-check") == 0)
         return sb_egress_check_main(argc - 2, argv + 2);
     for (int i = 1; i < argc; ++i) {
@@ -377,6 +397,14 @@ int main(int argc, char **argv)
         goto Exit;
     }
     log_sources(conf);
+    /* the key that seals run secrets at rest; read once at start-up (a reload keeps this one) */
+    sb_secrets_set_key(conf->has_secrets_key ? conf->secrets_key : NULL);
+    if (strcmp(sb_store_kind(the_store), "memory") != 0 && !conf->has_secrets_key) {
+        sb_logline_t l;
+        sb_log_begin(&l, SB_LOG_WARN, "secrets.disabled");
+        sb_log_cstr(&l, "reason", "the Redis token store has no secrets_key_file: mints that carry secrets are refused");
+        sb_log_end(&l);
+    }
 
     /*
      * Every thread inherits this mask, the audit writer included, so only the

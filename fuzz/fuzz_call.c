@@ -166,8 +166,27 @@ static void dump_call(const sb_call_t *c, msgpack_sbuffer *out)
         put_bytes(&d, f->url.target, f->url.target_len);
         put_bytes(&d, f->method, strlen(f->method));
         for (size_t i = 0; i < f->nheaders; ++i) {
-            put_bytes(&d, f->headers[i].name, f->headers[i].name_len);
-            put_bytes(&d, f->headers[i].value, f->headers[i].value_len);
+            const sb_call_header_t *h = &f->headers[i];
+            put_bytes(&d, h->name, h->name_len);
+            put_bytes(&d, h->value, h->value_len);
+            /* the secret placeholders: inside the value, well formed, in order (PROTOCOL.md section 5) */
+            for (size_t k = 0; k < h->nph; ++k) {
+                const sb_placeholder_t *p = &h->ph[k];
+                SB_FUZZ_ASSERT(p->start + p->len <= h->value_len && (k == 0 || p->start >= h->ph[k - 1].start + h->ph[k - 1].len),
+                               "placeholder %zu of header %zu out of place", k, i);
+                SB_FUZZ_ASSERT(memcmp(h->value + p->start, SB_PLACEHOLDER_OPEN, SB_PLACEHOLDER_OPEN_LEN) == 0 &&
+                                   sb_placeholder_is_name(h->value + p->name, p->name_len),
+                               "placeholder %zu of header %zu malformed", k, i);
+                msgpack_pack_uint64(&d.pk, p->start);
+                msgpack_pack_uint64(&d.pk, p->len);
+            }
+        }
+        for (size_t k = 0; k < f->nsecrets; ++k) {
+            for (size_t j = 0; j < k; ++j)
+                SB_FUZZ_ASSERT(!(f->secrets[j].len == f->secrets[k].len &&
+                                 memcmp(f->secrets[j].name, f->secrets[k].name, f->secrets[k].len) == 0),
+                               "secret name %zu listed twice", k);
+            put_bytes(&d, f->secrets[k].name, f->secrets[k].len);
         }
         put_bytes(&d, f->body, f->body_len);
     } else {

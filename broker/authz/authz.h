@@ -47,6 +47,9 @@ json_t *sb_manifest_to_json(const sb_manifest_t *m);
 size_t sb_manifest_interned_count(void);
 /** capabilities.timeoutMs, or -1 when absent */
 int64_t sb_manifest_timeout_ms(const sb_manifest_t *m);
+/** capabilities.secrets: how many target secrets the run receives, and the i-th name (NUL-terminated, owned by m) */
+size_t sb_manifest_secret_count(const sb_manifest_t *m);
+const char *sb_manifest_secret_name(const sb_manifest_t *m, size_t i);
 
 /**
  * The per-call check (PROTOCOL.md section 6), on the typed call: the check
@@ -76,14 +79,31 @@ SB_WARN_UNUSED sb_status_t sb_authz_check(const sb_manifest_t *m, const sb_call_
 int sb_authz_files_visible(const sb_manifest_t *m, const char *path, size_t len, int is_dir);
 /** 1 when a tools glob grants the tool name (tools.list shows only those) */
 int sb_authz_tool_granted(const sb_manifest_t *m, const char *name, size_t len);
+/** what the net allowlist says of one request (PROTOCOL.md section 6.1) */
+typedef enum en_sb_net_verdict_t {
+    SB_NET_OK = 0,
+    SB_NET_NO_HOST,      /* no entry admits the host and port */
+    SB_NET_METHOD,       /* entries admit the host, none the method */
+    SB_NET_PATH,         /* entries admit the host and method, none the path */
+    SB_NET_PATH_ENCODING /* a paths rule applies and the path has %2F, %5C, %2E or a dot segment */
+} sb_net_verdict_t;
+
 /**
- * 1 when the net allowlist admits a request (PROTOCOL.md section 6): the URL's
- * host and effective port match an entry. A redirect hop must pass it as the
- * first URL did. The method is part of the question so that an entry may
- * later restrict it (and the path, which is in the URL); today every entry
- * admits every method.
+ * 1 when the net allowlist admits a request (PROTOCOL.md section 6): an entry
+ * admits the URL's host and effective port, and its methods and paths rules
+ * (when it has them) admit the method and the path. A redirect hop must pass
+ * it as the first URL did.
  */
 int sb_authz_fetch_allows(const sb_manifest_t *m, const sb_url_t *url, const char *method);
+/** the same question, with the verdict (SB_NET_NO_HOST for a NULL manifest) */
+sb_net_verdict_t sb_authz_fetch_verdict(const sb_manifest_t *m, const sb_url_t *url, const char *method);
+/**
+ * The reason of a refusal, naming the host and the rule that failed, never the
+ * path (it is the guest's): e.g. http.fetch method "POST" is not allowed for
+ * host "api.test:443" (net methods rule). `redirect` words it for a redirect hop.
+ * @return the length written (NUL-terminated, truncated to bufsz)
+ */
+size_t sb_authz_fetch_reason(sb_net_verdict_t v, const sb_url_t *url, const char *method, int redirect, char *buf, size_t bufsz);
 
 /**
  * Anchored glob match: "**" any run of characters including '/', "*" any run

@@ -46,6 +46,9 @@
  *   bad_args   http.fetch url is invalid: missing or not a string
  *   bad_args   http.fetch url is invalid: <why from sb_url_parse>
  *   forbidden  http.fetch host "<host>:<port>" is not in the net allowlist
+ *   forbidden  http.fetch method "<M>" is not allowed for host "<host>:<port>" (net methods rule)
+ *   forbidden  http.fetch path is not allowed for host "<host>:<port>" (net paths rule)
+ *   forbidden  http.fetch path for host "<host>:<port>" has an encoded '/', '\' or '.', or a dot segment (net paths rule)
  *   bad_args   args has a duplicate or non-string key "<key>"
  *   forbidden  unknown method
  *
@@ -195,7 +198,7 @@ static sb_status_t check_tools(const sb_manifest_t *m, const sb_call_t *call, ch
 
 static sb_status_t check_fetch(const sb_manifest_t *m, const sb_call_t *call, char *reason, size_t reasonsz)
 {
-    char hostport[SB_URL_MAX_HOST + 16];
+    sb_net_verdict_t v;
     sb_status_t st;
 
     if (sb_manifest__net_count(m) == 0)
@@ -204,10 +207,10 @@ static sb_status_t check_fetch(const sb_manifest_t *m, const sb_call_t *call, ch
         return st;
     if (call->fetch == NULL)
         return say(SB_E_BAD_ARGS, reason, reasonsz, "http.fetch url is invalid: missing or not a string");
-    if (sb_authz_fetch_allows(m, &call->fetch->url, call->fetch->method))
+    if ((v = sb_authz_fetch_verdict(m, &call->fetch->url, call->fetch->method)) == SB_NET_OK)
         return SB_OK;
-    sb_url_hostport(&call->fetch->url, hostport, sizeof(hostport));
-    return say(SB_E_FORBIDDEN, reason, reasonsz, "http.fetch host \"%s\" is not in the net allowlist", hostport);
+    sb_authz_fetch_reason(v, &call->fetch->url, call->fetch->method, 0, reason, reasonsz);
+    return SB_E_FORBIDDEN;
 }
 
 /* ---- the check ----------------------------------------------------------------------------------------------------- */
@@ -272,7 +275,38 @@ int sb_authz_tool_granted(const sb_manifest_t *m, const char *name, size_t len)
 
 int sb_authz_fetch_allows(const sb_manifest_t *m, const sb_url_t *url, const char *method)
 {
-    /* every net entry admits every method and path today; the method is the request's, for entries that will restrict it */
-    (void)method;
-    return m != NULL && sb_manifest__net_allows(m, url);
+    return sb_authz_fetch_verdict(m, url, method) == SB_NET_OK;
+}
+
+sb_net_verdict_t sb_authz_fetch_verdict(const sb_manifest_t *m, const sb_url_t *url, const char *method)
+{
+    return m != NULL ? sb_manifest__net_verdict(m, url, method) : SB_NET_NO_HOST;
+}
+
+size_t sb_authz_fetch_reason(sb_net_verdict_t v, const sb_url_t *url, const char *method, int redirect, char *buf, size_t bufsz)
+{
+    char hp[SB_URL_MAX_HOST + 16];
+    const char *what = redirect ? "http.fetch redirect" : "http.fetch";
+    int n;
+
+    sb_url_hostport(url, hp, sizeof(hp));
+    switch (v) {
+    case SB_NET_OK:
+        n = snprintf(buf, bufsz, "allowed");
+        break;
+    case SB_NET_METHOD:
+        n = snprintf(buf, bufsz, "%s method \"%s\" is not allowed for host \"%s\" (net methods rule)", what, method, hp);
+        break;
+    case SB_NET_PATH:
+        n = snprintf(buf, bufsz, "%s path is not allowed for host \"%s\" (net paths rule)", what, hp);
+        break;
+    case SB_NET_PATH_ENCODING:
+        n = snprintf(buf, bufsz, "%s path for host \"%s\" has an encoded '/', '\\' or '.', or a dot segment (net paths rule)", what,
+                     hp);
+        break;
+    default:
+        n = snprintf(buf, bufsz, "%s host \"%s\" is not in the net allowlist", what, hp);
+        break;
+    }
+    return n < 0 ? 0 : (size_t)n < bufsz ? (size_t)n : bufsz != 0 ? bufsz - 1 : 0;
 }

@@ -63,15 +63,7 @@ typedef struct st_grants_t {
     size_t n;
 } grants_t;
 
-/* one net (or import) allowlist entry: host[:port], *.suffix[:port], [v6][:port] or bare v6 */
-typedef struct st_net_entry_t {
-    char host[SB_URL_MAX_HOST + 1]; /* lowercase; for a wildcard the suffix without "*."; for v6 the inet_ntop form */
-    size_t host_len;
-    int wildcard;
-    int is_v6;
-    struct in6_addr v6;
-    uint16_t port; /* 0: any port */
-} net_entry_t;
+typedef sb_net_entry_t net_entry_t;
 
 typedef struct st_netlist_t {
     net_entry_t *v;
@@ -84,11 +76,12 @@ typedef struct st_mtree_t {
     mlist_t files_read, files_write; /* normalised globs */
     grants_t collections, globals, stores;
     mlist_t services, jobs, workflows;
-    mlist_t tools; /* globs over tool names */
+    mlist_t tools;   /* globs over tool names */
+    mlist_t secrets; /* the target secrets the run receives, by name */
     int64_t timeout_ms, memory_mb;
 } mtree_t;
 
-typedef enum en_list_kind_t { LIST_NAMES, LIST_FILE_GLOBS, LIST_TOOL_GLOBS } list_kind_t;
+typedef enum en_list_kind_t { LIST_NAMES, LIST_FILE_GLOBS, LIST_TOOL_GLOBS, LIST_SECRET_NAMES } list_kind_t;
 
 /* ---- small helpers ------------------------------------------------------------------------------------------------- */
 
@@ -199,6 +192,10 @@ static sb_status_t parse_list(const json_t *v, const char *path, list_kind_t kin
         case LIST_TOOL_GLOBS:
             if (!is_tool_glob(s, len))
                 return fail(err, errsz, "%s[%zu]: invalid tool glob", path, i);
+            break;
+        case LIST_SECRET_NAMES:
+            if (!sb_manifest__is_secret_name(s, len))
+                return fail(err, errsz, "%s[%zu]: expected a secret name of [A-Za-z0-9_.-]{1,64}", path, i);
             break;
         case LIST_FILE_GLOBS:
             /* a glob is normalised like a path (section 4.2); one that is not safe is refused at mint */
@@ -318,27 +315,164 @@ static const char *parse_net_entry(const char *s, size_t len, net_entry_t *e)
     return NULL;
 }
 
-static sb_status_t parse_netlist(const json_t *v, const char *path, netlist_t *out, char *err, size_t errsz)
+/* a method list: uppercase HTTP tokens */
+static int is_method_token(const char *s, size_t len)
+{
+    if (len == 0 || len > SB_MAX_FETCH_METHOD)
+        return 0;
+    for (size_t i = 0; i != len; ++i) {
+        char c = s[i];
+        if (!((c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.'))
+            return 0;
+    }
+    return 1;
+}
+
+/* a path glob: absolute, visible ASCII only (the strict parser sends nothing else) */
+static int is_path_glob(const char *s, size_t len)
+{
+    if (len == 0 || s[0] != '/')
+        return 0;
+    for (size_t i = 0; i != len; ++i)
+        if ((unsigned char)s[i] <= 0x20 || (unsigned char)s[i] >= 0x7f)
+            return 0;
+    return 1;
+}
+
+static sb_status_t parse_rule_list(const json_t *v, const char *path, int methods, char ***out, size_t *n, char *err, size_t errsz)
+{
+    sb_status_t st;
+    size_t i, cnt;
+
+    if ((st = check_array(v, path, err, errsz)) != SB_OK)
+        return st;
+    if ((cnt = json_array_size(v)) == 0)
+        return fail(err, errsz, "%s: must not be empty (omit it to allow any)", path);
+    if ((*out = sb_mem_try_calloc(cnt, sizeof(**out))) == NULL)
+        return SB_E_NOMEM;
+    for (i = 0; i != cnt; ++i) {
+        const char *s;
+        size_t len;
+        char *c;
+        if ((st = array_string(v, i, path, &s, &len, err, errsz)) != SB_OK)
+            return st;
+        if (methods ? !is_method_token(s, len) : !is_path_glob(s, len))
+            return fail(err, errsz,
+                        methods ? "%s[%zu]: expected an uppercase HTTP method" : "%s[%zu]: expected a glob starting with '/'", path,
+                        i);
+        if ((c = sb_mem_try_alloc(len + 1)) == NULL)
+            return SB_E_NOMEM;
+        memcpy(c, s, len);
+        c[len] = '\0';
+        (*out)[(*n)++] = c;
+    }
+    return SB_OK;
+}
+
+sb_status_t sb_manifest__parse_rules(const json_t *methods, const json_t *paths, const char *path, sb_http_rules_t *r, char *err,
+                                     size_t errsz)
+{
+    char sub[256];
+    sb_status_t st;
+
+    if (methods != NULL) {
+        snprintf(sub, sizeof(sub), "%s.methods", path);
+        if ((st = parse_rule_list(methods, sub, 1, &r->methods, &r->nmethods, err, errsz)) != SB_OK)
+            return st;
+    }
+    if (paths != NULL) {
+        snprintf(sub, sizeof(sub), "%s.paths", path);
+        if ((st = parse_rule_list(paths, sub, 0, &r->paths, &r->npaths, err, errsz)) != SB_OK)
+            return st;
+    }
+    return SB_OK;
+}
+
+void sb_manifest__free_rules(sb_http_rules_t *r)
+{
+    for (size_t i = 0; i != r->nmethods; ++i)
+        sb_mem_free(r->methods[i]);
+    sb_mem_free(r->methods);
+    for (size_t i = 0; i != r->npaths; ++i)
+        sb_mem_free(r->paths[i]);
+    sb_mem_free(r->paths);
+    memset(r, 0, sizeof(*r));
+}
+
+void sb_manifest__free_net(sb_net_entry_t *v, size_t n)
+{
+    if (v == NULL)
+        return;
+    for (size_t i = 0; i != n; ++i)
+        sb_manifest__free_rules(&v[i].rules);
+    sb_mem_free(v);
+}
+
+/* {"host": entry, "methods"?: [...], "paths"?: [...]} */
+static sb_status_t parse_net_object(const json_t *o, const char *path, net_entry_t *e, char *err, size_t errsz)
+{
+    const char *key, *why;
+    size_t klen;
+    json_t *val, *host = NULL, *methods = NULL, *paths = NULL;
+    char q[MAX_QUOTE + 1];
+
+    json_object_keylen_foreach((json_t *)o, key, klen, val)
+    {
+        if (key_is(key, klen, "host"))
+            host = val;
+        else if (key_is(key, klen, "methods"))
+            methods = val;
+        else if (key_is(key, klen, "paths"))
+            paths = val;
+        else
+            return fail(err, errsz, "%s.%s: unknown key", path, quote(key, klen, q, sizeof(q)));
+    }
+    if (!json_is_string(host) || json_string_length(host) > SB_MAX_MANIFEST_STRING)
+        return fail(err, errsz, "%s.host: must be a string", path);
+    if ((why = parse_net_entry(json_string_value(host), json_string_length(host), e)) != NULL)
+        return fail(err, errsz, "%s.host: %s", path, why);
+    return sb_manifest__parse_rules(methods, paths, path, &e->rules, err, errsz);
+}
+
+sb_status_t sb_manifest__parse_net(const json_t *v, const char *path, int objects, sb_net_entry_t **out, size_t *nout, char *err,
+                                   size_t errsz)
 {
     size_t i, n;
     sb_status_t st;
+    char epath[128];
 
+    *out = NULL;
+    *nout = 0;
     if ((st = check_array(v, path, err, errsz)) != SB_OK)
         return st;
     if ((n = json_array_size(v)) == 0)
         return SB_OK;
-    if ((out->v = sb_mem_try_calloc(n, sizeof(*out->v))) == NULL)
+    if ((*out = sb_mem_try_calloc(n, sizeof(**out))) == NULL)
         return SB_E_NOMEM;
     for (i = 0; i != n; ++i) {
+        const json_t *el = json_array_get(v, i);
         const char *s, *why;
         size_t len;
+        if (objects && json_is_object(el)) {
+            snprintf(epath, sizeof(epath), "%s[%zu]", path, i);
+            /* counted first: the entry's rules are freed with the list whatever happens */
+            ++*nout;
+            if ((st = parse_net_object(el, epath, &(*out)[i], err, errsz)) != SB_OK)
+                return st;
+            continue;
+        }
         if ((st = array_string(v, i, path, &s, &len, err, errsz)) != SB_OK)
-            return st;
-        if ((why = parse_net_entry(s, len, &out->v[i])) != NULL)
+            return objects && !json_is_string(el) ? fail(err, errsz, "%s[%zu]: must be a string or an object", path, i) : st;
+        if ((why = parse_net_entry(s, len, &(*out)[i])) != NULL)
             return fail(err, errsz, "%s[%zu]: %s", path, i, why);
-        ++out->n;
+        ++*nout;
     }
     return SB_OK;
+}
+
+static sb_status_t parse_netlist(const json_t *v, const char *path, int objects, netlist_t *out, char *err, size_t errsz)
+{
+    return sb_manifest__parse_net(v, path, objects, &out->v, &out->n, err, errsz);
 }
 
 /* ---- files and data ------------------------------------------------------------------------------------------------ */
@@ -495,6 +629,7 @@ typedef enum en_axis_t {
     AX_JOBS,        /* mref_t */
     AX_WORKFLOWS,   /* mref_t */
     AX_TOOLS,       /* mref_t, globs over tool names */
+    AX_SECRETS,     /* mref_t, target secret names */
     AX_COUNT_
 } axis_t;
 
@@ -522,6 +657,8 @@ typedef struct st_mnet_t {
     uint16_t port; /* 0: any port */
     uint8_t kind;  /* NET_NAME, NET_WILDCARD, NET_V6 */
     uint8_t _pad[3];
+    uint32_t rules;            /* nmethods then npaths mref_t entries at this offset (0 when both are 0) */
+    uint16_t nmethods, npaths; /* <= SB_MAX_MANIFEST_ENTRIES; 0: any method, any path */
 } mnet_t;
 
 typedef struct st_mbody_t {
@@ -539,9 +676,10 @@ struct st_sb_manifest_t {
 };
 
 _Static_assert(SB_OP_COUNT_ <= 16, "verb bits fit mgrant_t.verbs");
-_Static_assert(sizeof(mbody_t) % 8 == 0 && sizeof(mnet_t) == 12 && sizeof(mgrant_t) == 8 && sizeof(mref_t) == 8,
+_Static_assert(sizeof(mbody_t) % 8 == 0 && sizeof(mnet_t) == 20 && sizeof(mgrant_t) == 8 && sizeof(mref_t) == 8,
                "the body has no implicit padding");
-_Static_assert(MAX_NAME_LEN <= UINT16_MAX && SB_URL_MAX_HOST <= UINT16_MAX, "lengths fit 16 bits");
+_Static_assert(MAX_NAME_LEN <= UINT16_MAX && SB_URL_MAX_HOST <= UINT16_MAX && SB_MAX_MANIFEST_ENTRIES <= UINT16_MAX,
+               "lengths and rule counts fit 16 bits");
 
 static const mbody_t *body_of(const sb_manifest_t *m)
 {
@@ -580,8 +718,23 @@ static size_t grants_bytes(const grants_t *g)
 static size_t net_bytes(const netlist_t *l)
 {
     size_t n = 0;
-    for (size_t i = 0; i != l->n; ++i)
+    for (size_t i = 0; i != l->n; ++i) {
+        const sb_http_rules_t *r = &l->v[i].rules;
         n += l->v[i].is_v6 ? sizeof(l->v[i].v6) : l->v[i].host_len + 1;
+        for (size_t j = 0; j != r->nmethods; ++j)
+            n += strlen(r->methods[j]) + 1;
+        for (size_t j = 0; j != r->npaths; ++j)
+            n += strlen(r->paths[j]) + 1;
+    }
+    return n;
+}
+
+/* the entry bytes of a net list: its entries, then the mref_t of every rule */
+static size_t net_entry_bytes(const netlist_t *l)
+{
+    size_t n = l->n * sizeof(mnet_t);
+    for (size_t i = 0; i != l->n; ++i)
+        n += (l->v[i].rules.nmethods + l->v[i].rules.npaths) * sizeof(mref_t);
     return n;
 }
 
@@ -648,6 +801,25 @@ static void pack_net(packer_t *p, mbody_t *b, axis_t a, const netlist_t *l)
         }
     }
     p->ent += l->n * sizeof(*e);
+    /* the rules of every entry follow the entries, methods first */
+    for (size_t i = 0; i != l->n; ++i) {
+        const sb_http_rules_t *r = &l->v[i].rules;
+        mref_t *rr = (mref_t *)(void *)(p->body + p->ent);
+        if (r->nmethods + r->npaths == 0)
+            continue;
+        e[i].rules = (uint32_t)p->ent;
+        e[i].nmethods = (uint16_t)r->nmethods;
+        e[i].npaths = (uint16_t)r->npaths;
+        for (size_t j = 0; j != r->nmethods; ++j) {
+            rr[j].len = (uint32_t)strlen(r->methods[j]);
+            rr[j].off = put_bytes(p, r->methods[j], rr[j].len, 1);
+        }
+        for (size_t j = 0; j != r->npaths; ++j) {
+            rr[r->nmethods + j].len = (uint32_t)strlen(r->paths[j]);
+            rr[r->nmethods + j].off = put_bytes(p, r->paths[j], rr[r->nmethods + j].len, 1);
+        }
+        p->ent += (r->nmethods + r->npaths) * sizeof(*rr);
+    }
 }
 
 /* FNV-1a: manifests come from the host's mint, not from the guest */
@@ -662,7 +834,7 @@ static uint32_t body_hash(const unsigned char *p, size_t n)
 /* the tree in one allocation (refcount 1, not interned); NULL when allocation fails */
 static sb_manifest_t *pack(const mtree_t *t)
 {
-    const mlist_t *lists[] = {&t->files_read, &t->files_write, &t->services, &t->jobs, &t->workflows, &t->tools};
+    const mlist_t *lists[] = {&t->files_read, &t->files_write, &t->services, &t->jobs, &t->workflows, &t->tools, &t->secrets};
     const grants_t *grants[] = {&t->collections, &t->globals, &t->stores};
     size_t nent = 0, nstr = 0, size;
     sb_manifest_t *m;
@@ -670,7 +842,7 @@ static sb_manifest_t *pack(const mtree_t *t)
     packer_t p;
 
     /* entry counts are capped at SB_MAX_MANIFEST_ENTRIES and strings at SB_MAX_MANIFEST_STRING by the parse */
-    nent += (t->net.n + t->import.n) * sizeof(mnet_t);
+    nent += net_entry_bytes(&t->net) + net_entry_bytes(&t->import);
     nstr += net_bytes(&t->net) + net_bytes(&t->import);
     for (size_t i = 0; i != sizeof(lists) / sizeof(lists[0]); ++i) {
         nent += lists[i]->n * sizeof(mref_t);
@@ -703,6 +875,7 @@ static sb_manifest_t *pack(const mtree_t *t)
     pack_list(&p, b, AX_JOBS, &t->jobs);
     pack_list(&p, b, AX_WORKFLOWS, &t->workflows);
     pack_list(&p, b, AX_TOOLS, &t->tools);
+    pack_list(&p, b, AX_SECRETS, &t->secrets);
     m->hash = body_hash(m->body, size);
     return m;
 }
@@ -820,8 +993,8 @@ static void free_grants(grants_t *g)
 
 static void tree_free(mtree_t *m)
 {
-    sb_mem_free(m->net.v);
-    sb_mem_free(m->import.v);
+    sb_manifest__free_net(m->net.v, m->net.n);
+    sb_manifest__free_net(m->import.v, m->import.n);
     free_list(&m->files_read);
     free_list(&m->files_write);
     free_grants(&m->collections);
@@ -831,6 +1004,7 @@ static void tree_free(mtree_t *m)
     free_list(&m->jobs);
     free_list(&m->workflows);
     free_list(&m->tools);
+    free_list(&m->secrets);
 }
 
 sb_status_t sb_manifest_parse(const json_t *caps, sb_manifest_t **out, char *err, size_t errsz)
@@ -858,9 +1032,9 @@ sb_status_t sb_manifest_parse(const json_t *caps, sb_manifest_t **out, char *err
     json_object_keylen_foreach((json_t *)caps, key, klen, val)
     {
         if (key_is(key, klen, "net"))
-            st = parse_netlist(val, "capabilities.net", &m->net, err, errsz);
+            st = parse_netlist(val, "capabilities.net", 1, &m->net, err, errsz);
         else if (key_is(key, klen, "import"))
-            st = parse_netlist(val, "capabilities.import", &m->import, err, errsz);
+            st = parse_netlist(val, "capabilities.import", 0, &m->import, err, errsz);
         else if (key_is(key, klen, "files"))
             st = parse_files(val, m, err, errsz);
         else if (key_is(key, klen, "data"))
@@ -873,6 +1047,8 @@ sb_status_t sb_manifest_parse(const json_t *caps, sb_manifest_t **out, char *err
             st = parse_list(val, "capabilities.workflows", LIST_NAMES, &m->workflows, err, errsz);
         else if (key_is(key, klen, "tools"))
             st = parse_list(val, "capabilities.tools", LIST_TOOL_GLOBS, &m->tools, err, errsz);
+        else if (key_is(key, klen, "secrets"))
+            st = parse_list(val, "capabilities.secrets", LIST_SECRET_NAMES, &m->secrets, err, errsz);
         else if (key_is(key, klen, "timeoutMs"))
             st = parse_int(val, "capabilities.timeoutMs", 1, MAX_TIMEOUT_MS, &m->timeout_ms, err, errsz);
         else if (key_is(key, klen, "memoryMb"))
@@ -993,7 +1169,27 @@ static void put_netlist(json_t *obj, const char *key, const sb_manifest_t *m, ax
             snprintf(text, sizeof(text), "%s%s%s:%u", pre, h, post, (unsigned)e->port);
         else
             snprintf(text, sizeof(text), "%s%s%s", pre, h, post);
-        append(a, json_string(text));
+        if (e->nmethods + e->npaths == 0) {
+            append(a, json_string(text));
+        } else {
+            /* an entry with rules is written as the object form it was minted as */
+            const mref_t *rr = (const mref_t *)(const void *)(m->body + e->rules);
+            json_t *eo = checked(json_object());
+            put(eo, "host", json_string(text));
+            if (e->nmethods != 0) {
+                json_t *ma = checked(json_array());
+                for (size_t j = 0; j != e->nmethods; ++j)
+                    append(ma, json_stringn(str_at(m, rr[j].off), rr[j].len));
+                put(eo, "methods", ma);
+            }
+            if (e->npaths != 0) {
+                json_t *pa = checked(json_array());
+                for (size_t j = 0; j != e->npaths; ++j)
+                    append(pa, json_stringn(str_at(m, rr[e->nmethods + j].off), rr[e->nmethods + j].len));
+                put(eo, "paths", pa);
+            }
+            append(a, eo);
+        }
     }
     put(obj, key, a);
 }
@@ -1039,6 +1235,7 @@ json_t *sb_manifest_to_json(const sb_manifest_t *m)
     put_list(o, "jobs", m, AX_JOBS);
     put_list(o, "workflows", m, AX_WORKFLOWS);
     put_list(o, "tools", m, AX_TOOLS);
+    put_list(o, "secrets", m, AX_SECRETS);
     if (b->timeout_ms >= 0)
         put(o, "timeoutMs", json_integer((json_int_t)b->timeout_ms));
     if (b->memory_mb >= 0)
@@ -1165,39 +1362,218 @@ static int ieq_n(const char *a, const char *b, size_t n)
     return 1;
 }
 
+size_t sb_manifest_secret_count(const sb_manifest_t *m)
+{
+    return m != NULL ? body_of(m)->axis[AX_SECRETS].n : 0;
+}
+
+const char *sb_manifest_secret_name(const sb_manifest_t *m, size_t i)
+{
+    size_t n;
+    const mref_t *l;
+
+    if (m == NULL)
+        return NULL;
+    l = entries(m, AX_SECRETS, &n);
+    return i < n ? str_at(m, l[i].off) : NULL;
+}
+
+int sb_manifest__is_secret_name(const char *s, size_t len)
+{
+    if (len == 0 || len > 64)
+        return 0;
+    for (size_t i = 0; i != len; ++i)
+        if (!(is_name_char((unsigned char)s[i]) || s[i] == '.'))
+            return 0;
+    return 1;
+}
+
 /*
  * Section 6.1, with the upstream IPv6 quirk fixed: an entry port must equal the
  * effective port; IPv6 entries match IPv6 URL hosts by address (numerically,
  * so "[0:0::1]" and "[::1]" are the same entry); "*.suffix" matches names that
  * end in ".suffix" and are longer (subdomains only, never the apex, never an
  * address); anything else is a case-insensitive exact comparison with the
- * canonical host.
+ * canonical host. `host` is the 16 address bytes for NET_V6.
  */
-int sb_manifest__net_allows(const sb_manifest_t *m, const sb_url_t *u)
+static int host_matches(int kind, const char *host, size_t len, uint16_t port, const sb_url_t *u)
+{
+    if (port != 0 && port != u->port)
+        return 0;
+    switch (kind) {
+    case NET_V6:
+        return u->host_kind == SB_URL_HOST_IPV6 && memcmp(host, &u->addr.v6, sizeof(u->addr.v6)) == 0;
+    case NET_WILDCARD:
+        return u->host_kind == SB_URL_HOST_NAME && u->host_len > len + 1 && u->host[u->host_len - len - 1] == '.' &&
+               ieq_n(u->host + u->host_len - len, host, len);
+    default:
+        return u->host_kind != SB_URL_HOST_IPV6 && u->host_len == len && ieq_n(u->host, host, len);
+    }
+}
+
+static int tree_kind(const sb_net_entry_t *e)
+{
+    return e->is_v6 ? NET_V6 : e->wildcard ? NET_WILDCARD : NET_NAME;
+}
+
+int sb_manifest__entry_host_matches(const sb_net_entry_t *e, const sb_url_t *u)
+{
+    return e->is_v6 ? host_matches(NET_V6, (const char *)&e->v6, sizeof(e->v6), e->port, u)
+                    : host_matches(tree_kind(e), e->host, e->host_len, e->port, u);
+}
+
+/* the request path: the origin-form target up to its query */
+static size_t path_len(const sb_url_t *u)
+{
+    const char *q = memchr(u->target, '?', u->target_len);
+    return q != NULL ? (size_t)(q - u->target) : u->target_len;
+}
+
+/*
+ * A path a rule checks must mean one thing to every parser between us and the
+ * application: an encoded '/', '\\' or '.' (which a server may decode before
+ * routing) or a dot segment (which it may resolve) would let one path pass a
+ * rule written for another, so such paths are refused outright.
+ */
+static int path_is_ambiguous(const char *p, size_t n)
+{
+    for (size_t i = 0; i + 2 < n; ++i) {
+        if (p[i] == '%' && (p[i + 1] == '2' || p[i + 1] == '5')) {
+            char c = ascii_lower(p[i + 2]);
+            if ((p[i + 1] == '2' && (c == 'f' || c == 'e')) || (p[i + 1] == '5' && c == 'c'))
+                return 1;
+        }
+    }
+    for (size_t i = 0; i < n; ++i) {
+        size_t j;
+        if (p[i] != '/')
+            continue;
+        for (j = i + 1; j < n && p[j] != '/'; ++j)
+            ;
+        if ((j - i - 1 == 1 && p[i + 1] == '.') || (j - i - 1 == 2 && p[i + 1] == '.' && p[i + 2] == '.'))
+            return 1;
+    }
+    return 0;
+}
+
+/* the verdict of a paths rule (npaths != 0) whose i-th glob path_at gives */
+typedef const char *(*rule_at_t)(const void *ctx, size_t i, size_t *len);
+
+static sb_net_verdict_t rules_verdict(const void *ctx, rule_at_t method_at, size_t nmethods, rule_at_t path_at, size_t npaths,
+                                      const sb_url_t *u, const char *method)
+{
+    size_t i, plen, mlen = strlen(method);
+
+    if (nmethods != 0) {
+        for (i = 0; i != nmethods; ++i) {
+            size_t len;
+            const char *s = method_at(ctx, i, &len);
+            if (len == mlen && memcmp(s, method, mlen) == 0)
+                break;
+        }
+        if (i == nmethods)
+            return SB_NET_METHOD;
+    }
+    if (npaths != 0) {
+        plen = path_len(u);
+        if (path_is_ambiguous(u->target, plen))
+            return SB_NET_PATH_ENCODING;
+        for (i = 0; i != npaths; ++i) {
+            size_t len;
+            const char *g = path_at(ctx, i, &len);
+            if (sb_glob_match(g, len, u->target, plen))
+                return SB_NET_OK;
+        }
+        return SB_NET_PATH;
+    }
+    return SB_NET_OK;
+}
+
+static const char *tree_method_at(const void *ctx, size_t i, size_t *len)
+{
+    const char *s = ((const sb_http_rules_t *)ctx)->methods[i];
+    *len = strlen(s);
+    return s;
+}
+
+static const char *tree_path_at(const void *ctx, size_t i, size_t *len)
+{
+    const char *s = ((const sb_http_rules_t *)ctx)->paths[i];
+    *len = strlen(s);
+    return s;
+}
+
+sb_net_verdict_t sb_manifest__rules_verdict(const sb_http_rules_t *r, const sb_url_t *u, const char *method)
+{
+    return rules_verdict(r, tree_method_at, r->nmethods, tree_path_at, r->npaths, u, method);
+}
+
+/* a packed entry's rules: the manifest and the entry */
+typedef struct st_packed_rules_t {
+    const sb_manifest_t *m;
+    const mnet_t *e;
+} packed_rules_t;
+
+static const char *packed_method_at(const void *ctx, size_t i, size_t *len)
+{
+    const packed_rules_t *pr = ctx;
+    const mref_t *rr = (const mref_t *)(const void *)(pr->m->body + pr->e->rules);
+    *len = rr[i].len;
+    return str_at(pr->m, rr[i].off);
+}
+
+static const char *packed_path_at(const void *ctx, size_t i, size_t *len)
+{
+    const packed_rules_t *pr = ctx;
+    return packed_method_at(ctx, pr->e->nmethods + i, len);
+}
+
+sb_net_verdict_t sb_manifest__net_verdict(const sb_manifest_t *m, const sb_url_t *u, const char *method)
+{
+    sb_net_verdict_t first = SB_NET_NO_HOST;
+    size_t n;
+    const mnet_t *l = entries(m, AX_NET, &n);
+
+    /* any entry that admits the host and the request grants it; else the first host entry's refusal is the reason */
+    for (size_t i = 0; i != n; ++i) {
+        const mnet_t *e = &l[i];
+        packed_rules_t pr = {m, e};
+        sb_net_verdict_t v;
+        if (!host_matches(e->kind, str_at(m, e->off), e->len, e->port, u))
+            continue;
+        if ((v = rules_verdict(&pr, packed_method_at, e->nmethods, packed_path_at, e->npaths, u, method)) == SB_NET_OK)
+            return SB_NET_OK;
+        if (first == SB_NET_NO_HOST)
+            first = v;
+    }
+    return first;
+}
+
+/* 1 when the packed entry `n` admits every host and port the tree entry `e` admits */
+static int entry_covers(const sb_manifest_t *m, const mnet_t *n, const sb_net_entry_t *e)
+{
+    const char *h = str_at(m, n->off);
+
+    if (n->port != 0 && n->port != e->port)
+        return 0;
+    if (n->kind == NET_V6 || e->is_v6)
+        return n->kind == NET_V6 && e->is_v6 && memcmp(h, &e->v6, sizeof(e->v6)) == 0;
+    if (n->kind != NET_WILDCARD)
+        return !e->wildcard && n->len == e->host_len && memcmp(h, e->host, n->len) == 0;
+    /* *.suffix covers *.suffix, *.x.suffix and x.suffix */
+    if (e->wildcard && e->host_len == n->len && memcmp(e->host, h, n->len) == 0)
+        return 1;
+    return e->host_len > (size_t)n->len + 1 && e->host[e->host_len - n->len - 1] == '.' &&
+           memcmp(e->host + e->host_len - n->len, h, n->len) == 0;
+}
+
+int sb_manifest__net_covers(const sb_manifest_t *m, const sb_net_entry_t *e)
 {
     size_t n;
     const mnet_t *l = entries(m, AX_NET, &n);
 
-    for (size_t i = 0; i != n; ++i) {
-        const mnet_t *e = &l[i];
-        const char *host = str_at(m, e->off);
-        if (e->port != 0 && e->port != u->port)
-            continue;
-        switch (e->kind) {
-        case NET_V6:
-            if (u->host_kind == SB_URL_HOST_IPV6 && memcmp(host, &u->addr.v6, sizeof(u->addr.v6)) == 0)
-                return 1;
-            break;
-        case NET_WILDCARD:
-            if (u->host_kind == SB_URL_HOST_NAME && u->host_len > (size_t)e->len + 1 && u->host[u->host_len - e->len - 1] == '.' &&
-                ieq_n(u->host + u->host_len - e->len, host, e->len))
-                return 1;
-            break;
-        default:
-            if (u->host_kind != SB_URL_HOST_IPV6 && u->host_len == e->len && ieq_n(u->host, host, e->len))
-                return 1;
-            break;
-        }
-    }
+    for (size_t i = 0; i != n; ++i)
+        if (entry_covers(m, &l[i], e))
+            return 1;
     return 0;
 }

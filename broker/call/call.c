@@ -634,10 +634,59 @@ static int dropped_header(const char *name)
     return 0;
 }
 
+/*
+ * The secret placeholders of one header value (PROTOCOL.md section 5,
+ * "Secrets"), found once: a malformed one is refused here, never sent as
+ * text. The distinct names go to f->secrets for the audit line.
+ */
+static sb_status_t find_placeholders(dec_t *d, sb_call_fetch_t *f, sb_call_header_t *h, sb_call_name_t **namesp, size_t *total)
+{
+    sb_call_name_t *names = *namesp;
+    sb_placeholder_t found[SB_CALL_MAX_FETCH_PLACEHOLDERS], *ph;
+    size_t n = 0, from = 0;
+    int r;
+
+    while ((r = sb_placeholder_next(h->value, h->value_len, from, &found[n])) == 1) {
+        const char *nm = h->value + found[n].name;
+        size_t j;
+        if (*total + n + 1 > SB_CALL_MAX_FETCH_PLACEHOLDERS)
+            return fail(d, SB_CALL_ERR_ARGS, SB_E_BAD_ARGS, "http.fetch headers hold more than %u secret placeholders",
+                        SB_CALL_MAX_FETCH_PLACEHOLDERS);
+        if (names == NULL) {
+            if ((names = *namesp = alloc(d, SB_CALL_MAX_FETCH_PLACEHOLDERS * sizeof(*names))) == NULL)
+                return nomem(d);
+            /* published at once: a later refusal leaves the call with the names found so far (the audit line lists them) */
+            f->secrets = names;
+        }
+        for (j = 0; j < f->nsecrets && !(names[j].len == found[n].name_len && memcmp(names[j].name, nm, names[j].len) == 0); ++j)
+            ;
+        if (j == f->nsecrets) {
+            names[j].name = nm;
+            names[j].len = found[n].name_len;
+            ++f->nsecrets;
+        }
+        from = found[n].start + found[n].len;
+        ++n;
+    }
+    if (r < 0)
+        return fail(d, SB_CALL_ERR_ARGS, SB_E_BAD_ARGS, "http.fetch header \"%s\" has a malformed secret placeholder", h->name);
+    if (n == 0)
+        return SB_OK;
+    if ((ph = alloc(d, n * sizeof(*ph))) == NULL)
+        return nomem(d);
+    memcpy(ph, found, n * sizeof(*ph));
+    h->ph = ph;
+    h->nph = n;
+    *total += n;
+    return SB_OK;
+}
+
 static sb_status_t decode_headers(dec_t *d, sb_call_fetch_t *f, const msgpack_object *headers)
 {
     sb_call_header_t *v;
-    size_t bytes = 0, n = 0;
+    sb_call_name_t *names = NULL;
+    size_t bytes = 0, n = 0, nph = 0;
+    sb_status_t st;
 
     if ((headers = non_nil(headers)) == NULL)
         return SB_OK;
@@ -670,6 +719,8 @@ static sb_status_t decode_headers(dec_t *d, sb_call_fetch_t *f, const msgpack_ob
         v[n].name_len = k->via.str.size;
         v[n].value = val->via.str.ptr;
         v[n].value_len = val->via.str.size;
+        if ((st = find_placeholders(d, f, &v[n], &names, &nph)) != SB_OK)
+            return st;
         ++n;
     }
     f->headers = v;

@@ -36,6 +36,7 @@
 #include "sb/limits.h"
 #include "sb/method.h"
 #include "sb/status.h"
+#include "call/placeholder.h"
 #include "call/url.h"
 #include "call/where.h"
 
@@ -47,6 +48,8 @@
 #define SB_CALL_MAX_FETCH_METHOD SB_MAX_FETCH_METHOD
 #define SB_CALL_MAX_FETCH_HEADERS SB_MAX_FETCH_HEADERS
 #define SB_CALL_MAX_FETCH_HEADER_BYTES 65536u
+/* secret placeholders in one http.fetch request's header values, at most */
+#define SB_CALL_MAX_FETCH_PLACEHOLDERS SB_MAX_FETCH_PLACEHOLDERS
 /* collections: sort fields, and the largest offset */
 #define SB_CALL_MAX_SORT 8u
 #define SB_CALL_MAX_OFFSET 100000u
@@ -122,16 +125,24 @@ typedef struct st_sb_call_tools_t {
 } sb_call_tools_t;
 
 /**
- * One request header of http.fetch. An array of these (rather than a map)
- * leaves room for what a later entry may carry besides its bytes, such as a
- * secret placeholder the broker fills in.
+ * One request header of http.fetch, with the secret placeholders found in its
+ * value (call/placeholder.h), which the fetch hop machine fills in or refuses
+ * on every hop.
  */
 typedef struct st_sb_call_header_t {
     const char *name; /* lowercased HTTP token, NUL-terminated */
     size_t name_len;
     const char *value; /* no control characters; not NUL-terminated */
     size_t value_len;
+    const sb_placeholder_t *ph; /* in value order; NULL when nph is 0 */
+    size_t nph;
 } sb_call_header_t;
+
+/** a secret name a call's placeholders use (not NUL-terminated; grammar-checked) */
+typedef struct st_sb_call_name_t {
+    const char *name;
+    size_t len;
+} sb_call_name_t;
 
 /**
  * http.fetch. The check decides on the whole request (today the URL's host
@@ -143,6 +154,8 @@ typedef struct st_sb_call_fetch_t {
     char method[SB_CALL_MAX_FETCH_METHOD + 1]; /* uppercased token, "GET" when absent */
     const sb_call_header_t *headers;           /* the broker-owned and hop-by-hop names already dropped */
     size_t nheaders;
+    const sb_call_name_t *secrets; /* the distinct secret names the placeholders use (the audit line lists them) */
+    size_t nsecrets;
     const uint8_t *body; /* decoded bytes, at most SB_MAX_HTTP_BODY */
     size_t body_len;
 } sb_call_fetch_t;

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <libpq-fe.h>
 #include "conf/config.h"
+#include "authz/secrets.h"
 #include "obs/log.h"
 #include "util/util.h"
 
@@ -48,6 +49,7 @@ static const struct key {
     {"database_url", K_STR, offsetof(sb_config_t, database_url), 0, 0},
     {"database_pool_size", K_UINT, offsetof(sb_config_t, database_pool_size), 1, 64},
     {"egress", K_OBJ, offsetof(sb_config_t, egress), 0, 0},
+    {"secrets_key_file", K_STR, offsetof(sb_config_t, secrets_key_file), 0, 0},
 };
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
 _Static_assert(NKEYS <= 64, "sb_config_t records each key's source in a 64-bit mask");
@@ -439,6 +441,14 @@ sb_status_t sb_config_load(const char *path, int require_secret, sb_config_t **o
     if (c->admin_net_mint_secret != NULL && c->admin_secret != NULL && strcmp(c->admin_net_mint_secret, c->admin_secret) == 0)
         fail(&e, "net-mint secret: must differ from the admin secret");
 
+    if (c->secrets_key_file != NULL) {
+        char kerr[512];
+        if (sb_secrets_read_key(c->secrets_key_file, c->secrets_key, kerr, sizeof(kerr)) == SB_OK)
+            c->has_secrets_key = 1;
+        else
+            fail(&e, "%s", kerr);
+    }
+
     if (e.count != 0) {
         sb_config_free(c);
         return SB_E_BAD_ARGS;
@@ -459,6 +469,8 @@ void sb_config_free(sb_config_t *c)
         sb_mem_free(c->admin_secret);
     }
     sb_mem_free(c->admin_net_mint_secret_file);
+    sb_mem_free(c->secrets_key_file);
+    explicit_bzero(c->secrets_key, sizeof(c->secrets_key));
     if (c->admin_net_mint_secret != NULL) {
         explicit_bzero(c->admin_net_mint_secret, strlen(c->admin_net_mint_secret));
         sb_mem_free(c->admin_net_mint_secret);

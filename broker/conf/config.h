@@ -53,6 +53,10 @@ typedef struct st_sb_config_t {
      * SANDBOX_BROKER_ADMIN_NET_MINT_SECRET or the file (NULL when none is configured) */
     char *admin_net_mint_secret_file;
     char *admin_net_mint_secret;
+    /* secrets_key_file: the key that seals run secrets in the Redis store (authz/secrets.h), read at load */
+    char *secrets_key_file;
+    uint8_t secrets_key[32];
+    int has_secrets_key;
     /* resolved listener addresses */
     struct sockaddr_storage listen_addr, admin_addr;
     socklen_t listen_addrlen, admin_addrlen;

@@ -48,15 +48,30 @@ struct st_sb_http_t {
     int starting;       /* inside sb_http_start */
     int finished_early; /* every connect failed synchronously */
     const char *early_err;
+    size_t input_used; /* o.wipe: how far into the read buffer response bytes have been written */
 };
 
 static void try_connect(sb_http_t *h);
+
+/*
+ * The response may echo a run's secret (PROTOCOL.md section 5): the read
+ * buffer goes back to h2o, or into the pool with a parked connection, wiped
+ */
+static void wipe_input(sb_http_t *h)
+{
+    h2o_buffer_t *in = h->sock->input;
+
+    if (h->o.wipe && in != NULL && in->bytes != NULL && in->_fd == -1)
+        explicit_bzero(in->_buf, h->input_used < in->capacity ? h->input_used : in->capacity);
+    h->input_used = 0;
+}
 
 static void close_sock(sb_http_t *h)
 {
     if (h2o_timeout_is_linked(&h->connect_timer))
         h2o_timeout_unlink(&h->connect_timer);
     if (h->sock != NULL) {
+        wipe_input(h);
         h2o_socket_close(h->sock);
         h->sock = NULL;
     }
@@ -112,6 +127,12 @@ static void on_read(h2o_socket_t *sock, const char *err)
     int done;
     const char *perr;
 
+    if (h->o.wipe && sock->input->bytes != NULL) {
+        size_t used = (size_t)(sock->input->bytes - sock->input->_buf) + sock->input->size;
+        if (used > h->input_used)
+            h->input_used = used;
+    }
+
     if (sock->input->size != 0)
         h->got_bytes = 1;
     else if (err != NULL && retry_fresh(h))
@@ -122,6 +143,9 @@ static void on_read(h2o_socket_t *sock, const char *err)
         complete(h, perr);
         return;
     }
+    /* the reader keeps its own copies (wiped at dispose); h2o frees a wholly consumed buffer at once */
+    if (h->o.wipe && consumed != 0)
+        explicit_bzero(sock->input->bytes, consumed);
     h2o_buffer_consume(&sock->input, consumed);
     if (done)
         complete(h, NULL);
@@ -296,6 +320,7 @@ static void park(sb_http_t *h)
         return;
     if (p->nidle == p->max_idle)
         drop_parked(H2O_STRUCT_FROM_MEMBER(parked_t, link, p->idle.next));
+    wipe_input(h);
     c = sb_mem_calloc(1, sizeof(*c));
     c->pool = p;
     c->sock = h->sock;
@@ -388,6 +413,8 @@ sb_http_t *sb_http_start(const sb_http_opts_t *opts, sb_http_cb cb, void *arg)
     h->cb = cb;
     h->arg = arg;
     sb_http1_init(&h->rd, opts->head_request, opts->max_body);
+    if (opts->wipe)
+        sb_http1_set_wipe(&h->rd);
     h->connect_timer.cb = on_connect_timeout;
     if (opts->pool != NULL)
         h->key = *opts->key;

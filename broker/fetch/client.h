@@ -78,6 +78,7 @@ typedef struct st_sb_http_opts_t {
     const sb_http_key_t *key;       /* with pool: the exchange's key (copied) */
     int may_reuse;                  /* with pool: may take a parked connection (idempotent methods only) */
     int may_park;                   /* with pool: may park the connection afterwards (a request without a body) */
+    int wipe; /* the run holds secrets: every buffer that held response bytes is wiped before it is freed or parked */
 } sb_http_opts_t;
 
 /**

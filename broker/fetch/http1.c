@@ -32,9 +32,19 @@ void sb_http1_init(sb_http1_reader_t *r, int head_request, size_t max_body)
     sb_buf_init(&r->body, max_body);
 }
 
+void sb_http1_set_wipe(sb_http1_reader_t *r)
+{
+    r->wipe = 1;
+    sb_buf_init_secret(&r->body, r->max_body);
+}
+
 void sb_http1_dispose(sb_http1_reader_t *r)
 {
-    sb_mem_free(r->head);
+    /* wiped: a response may echo a run's secret (PROTOCOL.md section 5); a wiping reader's body is a secret buffer */
+    if (r->wipe && r->head != NULL)
+        sb_mem_free_secret(r->head, r->head_len);
+    else
+        sb_mem_free(r->head);
     r->head = NULL;
     sb_buf_free(&r->body);
     r->res.body = NULL;
@@ -164,6 +174,7 @@ static const char *parse_head(sb_http1_reader_t *r, const char *buf, size_t len,
     /* copy the head: the connection's buffer is consumed as the body arrives */
     if ((r->head = sb_mem_try_alloc((size_t)rlen)) == NULL)
         return "out of memory";
+    r->head_len = (size_t)rlen;
     r->minor_version = minor;
     memcpy(r->head, in, (size_t)rlen);
     r->res.status = status;

@@ -30,20 +30,28 @@ struct phr_chunked_decoder {
 typedef struct st_sb_http1_reader_t {
     int state;
     int head_request; /* a HEAD request: the response has no body */
+    int wipe;         /* sb_http1_set_wipe: the head copy and the body are wiped before they are freed (a run's secrets) */
     size_t max_body;
     size_t content_length;
     size_t head_seen; /* bytes of the current head already seen incomplete (picohttpparser's last_len) */
     struct phr_chunked_decoder chunked;
-    int minor_version;      /* of the final response */
-    int conn_close;         /* the final response says "Connection: close" */
-    int reusable;           /* set when complete: the connection may carry another exchange */
-    char *head;             /* copy of the response head, backing res.headers (sb_mem) */
+    int minor_version; /* of the final response */
+    int conn_close;    /* the final response says "Connection: close" */
+    int reusable;      /* set when complete: the connection may carry another exchange */
+    char *head;        /* copy of the response head, backing res.headers (sb_mem) */
+    size_t head_len;
     sb_buf_t body;          /* the body, capped at max_body; res.body and res.body_len view it */
     sb_http_response_t res; /* the response; res.body grows as it arrives */
 } sb_http1_reader_t;
 
 /** zeroes the reader, ready for the response head */
 void sb_http1_init(sb_http1_reader_t *r, int head_request, size_t max_body);
+/**
+ * Before the first feed, for a run that holds secrets (PROTOCOL.md section 5):
+ * the head copy and the body (a secret sb_buf_t) are zeroed before their
+ * memory is released or reused.
+ */
+void sb_http1_set_wipe(sb_http1_reader_t *r);
 /** frees the head copy and the body */
 void sb_http1_dispose(sb_http1_reader_t *r);
 /**

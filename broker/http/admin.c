@@ -20,6 +20,8 @@
 #include "http/reqid.h"
 #include "http/routes.h"
 #include "http/worker.h"
+#include "authz/secrets.h"
+#include "svc/target.h"
 #include "obs/log.h"
 #include "obs/metrics.h"
 #include "sb/limits.h"
@@ -252,6 +254,56 @@ static int64_t clamp_ttl(int64_t ttl, int64_t max)
     return ttl > max ? max : ttl;
 }
 
+/*
+ * A mint body held secret values: the request's copy is wiped, and so is
+ * whatever the connection's read buffer still holds of consumed bytes (h2o
+ * may have copied the body out of it), leaving only bytes not yet read.
+ */
+static void wipe_request(h2o_req_t *req)
+{
+    h2o_socket_t *sock = req->conn->callbacks->get_socket != NULL ? req->conn->callbacks->get_socket(req->conn) : NULL;
+
+    if (req->entity.base != NULL)
+        explicit_bzero(req->entity.base, req->entity.len);
+    if (sock != NULL && sock->input != NULL && sock->input->bytes != NULL && sock->input->_fd == -1) {
+        h2o_buffer_t *in = sock->input;
+        size_t head = (size_t)(in->bytes - in->_buf), used = head + in->size;
+        explicit_bzero(in->_buf, head);
+        if (used < in->capacity)
+            explicit_bzero(in->_buf + used, in->capacity - used);
+    }
+}
+
+/*
+ * The run's secrets (PROTOCOL.md section 5, "Secrets"): the mint body's, then
+ * the target's that the manifest names. The body's copies of the values are
+ * wiped as soon as they are parsed.
+ */
+static sb_status_t mint_secrets(sb_token_t *tok, const json_t *given, char *err, size_t errsz)
+{
+    const sb_targets_t *targets = atomic_load(&sb_current_worker->server->targets);
+    const sb_target_t *t = tok->target[0] != '\0' ? sb_targets_find(targets, tok->target) : NULL;
+    sb_status_t st;
+
+    if ((st = sb_secrets_parse(given, tok->manifest, &tok->secrets, err, errsz)) != SB_OK)
+        return st == SB_E_NOMEM ? sb_fail_bad_args(err, errsz, "secrets: out of memory") : st;
+    for (size_t i = 0; i < sb_manifest_secret_count(tok->manifest); ++i) {
+        char path[64];
+        snprintf(path, sizeof(path), "capabilities.secrets[%zu]", i);
+        if (t == NULL)
+            return sb_fail_bad_args(err, errsz, "%s: the run has no target to take secrets from", path);
+        if ((st = sb_secrets_add_from(&tok->secrets, t->secrets, sb_manifest_secret_name(tok->manifest, i), tok->manifest, path,
+                                      err, errsz)) != SB_OK)
+            return st;
+    }
+    /* Redis keeps records at rest: without a key to seal them with, no record may carry a secret */
+    if (sb_secrets_count(tok->secrets) != 0 && strcmp(sb_store_kind(sb_current_worker->server->store), "memory") != 0 &&
+        !sb_secrets_have_key())
+        return sb_fail_bad_args(err, errsz,
+                                "secrets: the Redis token store has no secrets_key_file; a run with secrets cannot be stored");
+    return SB_OK;
+}
+
 static void mint(h2o_req_t *req)
 {
     sb_config_t *conf = sb_current_worker->server->conf;
@@ -281,7 +333,7 @@ static void mint(h2o_req_t *req)
     json_object_foreach(body, k, v)
     {
         if (strcmp(k, "runId") != 0 && strcmp(k, "capabilities") != 0 && strcmp(k, "target") != 0 && strcmp(k, "scope") != 0 &&
-            strcmp(k, "ttlMs") != 0 && strcmp(k, "token") != 0 && strcmp(k, "quotas") != 0) {
+            strcmp(k, "ttlMs") != 0 && strcmp(k, "token") != 0 && strcmp(k, "quotas") != 0 && strcmp(k, "secrets") != 0) {
             snprintf(err, sizeof(err), "%s: unknown key", k);
             goto BadArgs;
         }
@@ -358,6 +410,10 @@ static void mint(h2o_req_t *req)
         sb_admin_send_error(req, "mint", SB_E_BAD_ARGS, err);
         return;
     }
+    if (mint_secrets(tok, json_object_get(body, "secrets"), err, sizeof(err)) != SB_OK) {
+        sb_token_release(tok);
+        goto BadArgs;
+    }
     /* quotas: the configured defaults, unless the host sets them for this run */
     tok->quota.calls = conf->quota_calls;
     tok->quota.concurrent = conf->quota_concurrent;
@@ -410,11 +466,16 @@ static void mint(h2o_req_t *req)
     op->tok = tok;
     op->caps = caps != NULL ? json_incref(caps) : json_object();
     json_decref(body);
+    /* the request's bytes held the values too */
+    if (tok->secrets != NULL)
+        wipe_request(req);
     sb_async_retain(&op->super);
     sb_store_put(sb_current_worker->store, tok, op->caps, on_stored, op);
     return;
 
 BadArgs:
+    if (json_object_get(body, "secrets") != NULL)
+        wipe_request(req);
     json_decref(body);
     sb_admin_send_error(req, "mint", SB_E_BAD_ARGS, err);
 }
@@ -480,6 +541,15 @@ static json_t *token_json(const sb_token_t *tok)
                   (json_int_t)tok->quota.fetch_bytes, "capabilities", sb_manifest_to_json(tok->manifest));
     if (o == NULL)
         sb_fatal(__FILE__, __LINE__, "out of memory");
+    /* the names of the secrets the run holds (from its mint and its target), never a value */
+    if (sb_secrets_count(tok->secrets) != 0) {
+        json_t *names = json_array();
+        if (names == NULL || json_object_set_new(o, "secrets", names) != 0)
+            sb_fatal(__FILE__, __LINE__, "out of memory");
+        for (size_t i = 0; i < sb_secrets_count(tok->secrets); ++i)
+            if (json_array_append_new(names, json_string(sb_secrets_name(tok->secrets, i))) != 0)
+                sb_fatal(__FILE__, __LINE__, "out of memory");
+    }
     return o;
 }
 

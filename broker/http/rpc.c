@@ -86,6 +86,23 @@ static void describe_call(sb_logline_t *l, rpc_call_t *c, sb_status_t st, const 
     sb_log_int(l, "bytesOut", (long long)bytes_out);
 }
 
+/* the secret names an http.fetch's placeholders used (grammar-checked names, never values), comma-separated */
+static void audit_secrets(sb_logline_t *l, const sb_call_t *call)
+{
+    char names[SB_MAX_FETCH_PLACEHOLDERS * (SB_MAX_SECRET_NAME + 1)];
+    size_t o = 0;
+
+    if (call->fetch == NULL || call->fetch->nsecrets == 0)
+        return;
+    for (size_t i = 0; i < call->fetch->nsecrets; ++i) {
+        if (i != 0)
+            names[o++] = ',';
+        memcpy(names + o, call->fetch->secrets[i].name, call->fetch->secrets[i].len);
+        o += call->fetch->secrets[i].len;
+    }
+    sb_log_str(l, "secrets", names, o);
+}
+
 /* one log line (log_calls) and one audit line (audit sink) per call */
 static void log_call(rpc_call_t *c, sb_status_t st, const char *message, size_t bytes_out)
 {
@@ -100,6 +117,7 @@ static void log_call(rpc_call_t *c, sb_status_t st, const char *message, size_t 
         describe_call(&l, c, st, message, bytes_out);
         /* the capability decision; the outcome of a granted call is in code/status */
         sb_log_cstr(&l, "decision", c->granted ? "allow" : "deny");
+        audit_secrets(&l, &c->call);
         sb_log_end_audit(&l);
     }
 }

@@ -57,6 +57,7 @@ typedef struct st_sb_token_t {
     const char *target;   /* "" when the run has no target */
     sb_scope_kv_t *scope; /* scope_len bindings, at most SB_MAX_SCOPE_ENTRIES */
     size_t scope_len;
+    struct st_sb_secrets_t *secrets; /* authz/secrets.h; NULL when the run has none (owned, zeroed when freed) */
     /* the memory store's hash chain: written only by that store, under its lock */
     struct st_sb_token_t *_next;
 } sb_token_t;
@@ -76,8 +77,9 @@ SB_WARN_UNUSED sb_status_t sb_token_build(const uint8_t hash[32], const char *ru
                                           char *err, size_t errsz);
 /**
  * serialises a record to JSON for the redis backend (capabilities kept
- * verbatim, a random mint id added), released with sb_mem_free_foreign (json_dumps
- * text); NULL when no randomness is available
+ * verbatim, a random mint id added, secrets sealed: authz/secrets.h),
+ * released with sb_mem_free_foreign (json_dumps text); NULL when no
+ * randomness is available, or the record has secrets and no key is set
  */
 char *sb_token_serialize(const sb_token_t *t, const json_t *capabilities);
 /** parses a serialised record; SB_E_UNAVAILABLE when it is unreadable (fail closed) */

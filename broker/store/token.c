@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "store/store.h"
+#include "authz/secrets.h"
 #include "util/util.h"
 #include "sb/mem.h"
 #include "sb/value.h"
@@ -23,6 +24,7 @@ void sb_token_release(sb_token_t *t)
     if (t == NULL || atomic_fetch_sub_explicit(&t->_refcnt, 1, memory_order_acq_rel) != 1)
         return;
     sb_manifest_free(t->manifest);
+    sb_secrets_free(t->secrets);
     sb_mem_free(t);
 }
 
@@ -165,6 +167,14 @@ char *sb_token_serialize(const sb_token_t *t, const json_t *capabilities)
     json_object_set_new(o, "target", json_string(t->target));
     json_object_set_new(o, "scope", scope);
     json_object_set(o, "capabilities", capabilities != NULL ? (json_t *)capabilities : json_null());
+    if (sb_secrets_count(t->secrets) != 0) {
+        json_t *sealed = sb_secrets_seal(t->secrets, t->hash);
+        if (sealed == NULL) {
+            json_decref(o);
+            return NULL;
+        }
+        json_object_set_new(o, "secrets", sealed);
+    }
     s = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     if (s == NULL)
@@ -178,7 +188,7 @@ sb_status_t sb_token_deserialize(const uint8_t hash[32], const char *s, size_t l
     char err[256];
     sb_status_t st = SB_E_UNAVAILABLE;
 
-    if (len > SB_MAX_MANIFEST_BYTES + 8192 || (o = json_loadb(s, len, JSON_REJECT_DUPLICATES, NULL)) == NULL)
+    if (len > SB_MAX_TOKEN_RECORD || (o = json_loadb(s, len, JSON_REJECT_DUPLICATES, NULL)) == NULL)
         return SB_E_UNAVAILABLE;
     run = json_object_get(o, "runId");
     target = json_object_get(o, "target");
@@ -193,8 +203,10 @@ sb_status_t sb_token_deserialize(const uint8_t hash[32], const char *s, size_t l
         (*out)->quota.calls = json_integer_value(json_object_get(q, "calls"));
         (*out)->quota.concurrent = json_integer_value(json_object_get(q, "concurrent"));
         (*out)->quota.fetch_bytes = json_integer_value(json_object_get(q, "fetchBytes"));
-        /* a record without quotas is not ours to guess about */
-        if ((*out)->quota.calls <= 0 || (*out)->quota.concurrent <= 0 || (*out)->quota.fetch_bytes <= 0) {
+        /* a record without quotas is not ours to guess about; nor are secrets we cannot open */
+        if ((*out)->quota.calls <= 0 || (*out)->quota.concurrent <= 0 || (*out)->quota.fetch_bytes <= 0 ||
+            (json_object_get(o, "secrets") != NULL &&
+             sb_secrets_unseal(json_object_get(o, "secrets"), hash, (*out)->manifest, &(*out)->secrets) != SB_OK)) {
             sb_token_release(*out);
             *out = NULL;
         } else {

@@ -7,6 +7,7 @@
 #include <string.h>
 #include "sb/value.h"
 #include "svc/target.h"
+#include "authz/secrets.h"
 #include "util/util.h"
 
 /* the parsers' error exit (util.h) */
@@ -202,7 +203,7 @@ static sb_status_t parse_global(const char *name, const json_t *o, const char *t
 
 static sb_status_t parse_target(const char *name, const json_t *o, sb_target_t *t, char *err, size_t errsz)
 {
-    static const char *const known[] = {"collections", "document_store", "files", "tools", "globals", NULL};
+    static const char *const known[] = {"collections", "document_store", "files", "tools", "globals", "secrets", NULL};
     char path[200];
     json_t *v;
     sb_status_t st;
@@ -311,6 +312,13 @@ static sb_status_t parse_target(const char *name, const json_t *o, sb_target_t *
                 return st;
         }
     }
+    if ((v = json_object_get(o, "secrets")) != NULL) {
+        /* values are read now, from their files or variables: one that cannot be read fails the load (closed) */
+        char spath[256];
+        snprintf(spath, sizeof(spath), "%s.secrets", path);
+        if ((st = sb_secrets_parse_config(v, spath, &t->secrets, err, errsz)) != SB_OK)
+            return st == SB_E_NOMEM ? bad(err, errsz, "%s: out of memory", spath) : st;
+    }
     return SB_OK;
 }
 
@@ -388,6 +396,7 @@ void sb_targets_free(sb_targets_t *t)
             free_scope(gc->scope, gc->nscope);
         }
         sb_mem_free(g->globals);
+        sb_secrets_free(g->secrets);
         sb_mem_free(g->name);
     }
     sb_mem_free(t->v);

@@ -84,6 +84,8 @@ typedef struct st_sb_target_t {
     sb_tools_conf_t *tools;             /* NULL when not wired */
     sb_global_conf_t *globals;
     size_t nglobals;
+    /* targets.<t>.secrets (authz/secrets.h), values read at parse time; NULL when none */
+    struct st_sb_secrets_t *secrets;
 } sb_target_t;
 
 typedef struct st_sb_targets_t {

@@ -72,7 +72,17 @@
 #define SB_MAX_MANIFEST_STRING 512u
 /* a serialised manifest (admin request body cap is derived from it) */
 #define SB_MAX_MANIFEST_BYTES 65536u
-#define SB_MAX_ADMIN_BODY (SB_MAX_MANIFEST_BYTES + 8192u)
+/* a run's secrets (PROTOCOL.md section 5, "Secrets"): how many, name and value bytes, and the mint-body room they take
+   (a value's JSON text may be up to twice its bytes, plus its rules) */
+#define SB_MAX_SECRETS 32u
+#define SB_MAX_SECRET_NAME 64u
+#define SB_MAX_SECRET_VALUE 8192u
+/* secret placeholders in one http.fetch request's header values (the typed call bounds them, the audit line lists their names) */
+#define SB_MAX_FETCH_PLACEHOLDERS 64u
+#define SB_MAX_SECRETS_BODY (SB_MAX_SECRETS * (2u * SB_MAX_SECRET_VALUE + 4096u))
+#define SB_MAX_ADMIN_BODY (SB_MAX_MANIFEST_BYTES + 8192u + SB_MAX_SECRETS_BODY)
+/* a stored token record: the manifest, the rest of the record, and the sealed secrets (base64 of nonce, value, tag) */
+#define SB_MAX_TOKEN_RECORD (SB_MAX_MANIFEST_BYTES + 8192u + SB_MAX_SECRETS * (SB_MAX_SECRET_VALUE * 4u / 3u + 4096u))
 /* run ids, target names and scope values */
 #define SB_MAX_RUN_ID 256u
 #define SB_MAX_TARGET_NAME 128u

@@ -108,8 +108,9 @@ void sb_mem_free_secret(void *p, size_t n);
 /**
  * Releases a block that a library allocated with the C library's malloc and
  * whose documentation tells the caller to free() it: today jansson's
- * json_dumps text (jansson allocates with malloc, json_set_alloc_funcs is never
- * called) and the buffer of open_memstream. Memory of a library that has its
+ * json_dumps text (the broker's jansson hooks, broker/main.c, allocate with
+ * sb_mem_try_alloc, which is malloc, and wipe what jansson frees itself) and
+ * the buffer of open_memstream. Memory of a library that has its
  * own release function goes back through that function (PQfreemem,
  * freeReplyObject, ares_free_data, msgpack_sbuffer_destroy), never here.
  * Kept apart from sb_mem_free so that scripts/checksrc and a reader can tell

@@ -26,6 +26,17 @@
  * exit status 1.
  *
  *   fetch_client BROKER_PORT TOKEN UPSTREAM_PORT DNS_PORT ROUNDS PER_ROUND WARMUP TOKEN_KA
+ *   fetch_client BROKER_PORT TOKEN UPSTREAM_PORT DNS_PORT ROUNDS PER_ROUND WARMUP SECRET_TOKEN VALUE
+ *
+ * With SECRET_TOKEN (fetch_secret.sh) there are three sides, and the third is
+ * "secret" instead of "resolved": the same fetch on a second keep-alive
+ * connection, with the token of a run that holds one secret for bench.test
+ * and the header "authorization: Bearer {{secret:bench}}", so the broker
+ * substitutes it on the way out and redacts the answer on the way back, while
+ * the "broker" side sends "authorization: Bearer VALUE" itself (the same
+ * request bytes on the wire, without the feature); it prints
+ * "paired_p50_ratio_secret=..": the median over rounds of secret p50 /
+ * broker p50.
  *
  * Prints one line per side: "<side> n=.. p50_us=.. p90_us=.. p99_us=.. mean_us=.. min_us=.. max_us=..",
  * then "paired_p50_ratio=..", "paired_p50_ratio_resolved=.." and "paired_p50_ratio_ka=..": the
@@ -147,6 +158,8 @@ static int read_response(int fd, const char **body, size_t *body_len)
 
 static char direct_req[512], rpc_req[2048], direct_ka_req[512], rpc_ka_req[2048];
 static size_t direct_req_len, rpc_req_len, direct_ka_req_len, rpc_ka_req_len;
+static char rpc_req_secret[2048];
+static size_t rpc_req_secret_len;
 
 static void check_direct(int status, const char *body, size_t body_len)
 {
@@ -342,16 +355,17 @@ int main(int argc, char **argv)
 {
     enum { SIDES = 5 };
     static const char *const names[SIDES] = {"broker", "direct", "resolved", "broker-ka", "resolved-ka"};
-    int broker_port, up_port, dns_port, rounds, per, warmup, bfd;
-    const char *token, *token_ka;
+    int broker_port, up_port, dns_port, rounds, per, warmup, bfd, sfd = -1, nsides = SIDES;
+    const char *token, *token_ka = "", *secret_token = NULL, *literal = NULL;
     uint64_t *t[SIDES], *tmp;
     double *ratio_d, *ratio_r, *ratio_k;
     size_t n[SIDES] = {0}, total;
     char body[256];
     int blen;
 
-    if (argc != 9) {
-        fprintf(stderr, "usage: fetch_client BROKER_PORT TOKEN UPSTREAM_PORT DNS_PORT ROUNDS PER_ROUND WARMUP TOKEN_KA\n");
+    if (argc != 9 && argc != 10) {
+        fprintf(stderr, "usage: fetch_client BROKER_PORT TOKEN UPSTREAM_PORT DNS_PORT ROUNDS PER_ROUND WARMUP "
+                        "{TOKEN_KA | SECRET_TOKEN VALUE}\n");
         return 2;
     }
     broker_port = atoi(argv[1]);
@@ -361,9 +375,15 @@ int main(int argc, char **argv)
     rounds = atoi(argv[5]);
     per = atoi(argv[6]);
     warmup = atoi(argv[7]);
-    token_ka = argv[8];
+    if (argc == 9) {
+        token_ka = argv[8];
+    } else {
+        secret_token = argv[8];
+        literal = argv[9];
+        nsides = 3;
+    }
     if (broker_port <= 0 || up_port <= 0 || dns_port <= 0 || rounds <= 0 || per <= 0 || warmup < 0 || strlen(token) > 128 ||
-        strlen(token_ka) > 128) {
+        strlen(token_ka) > 128 || (secret_token != NULL && (strlen(secret_token) > 128 || strlen(literal) > 128))) {
         fprintf(stderr, "fetch_client: bad arguments\n");
         return 2;
     }
@@ -372,7 +392,13 @@ int main(int argc, char **argv)
     direct_req_len =
         (size_t)snprintf(direct_req, sizeof(direct_req),
                          "GET / HTTP/1.1\r\nHost: bench.test:%d\r\nUser-Agent: curl/7.88.1\r\nAccept: */*\r\n\r\n", up_port);
-    blen = snprintf(body, sizeof(body), "{\"method\":\"http.fetch\",\"args\":{\"url\":\"http://bench.test:%d/\"}}", up_port);
+    if (literal != NULL)
+        blen = snprintf(body, sizeof(body),
+                        "{\"method\":\"http.fetch\",\"args\":{\"url\":\"http://bench.test:%d/\","
+                        "\"headers\":{\"authorization\":\"Bearer %s\"}}}",
+                        up_port, literal);
+    else
+        blen = snprintf(body, sizeof(body), "{\"method\":\"http.fetch\",\"args\":{\"url\":\"http://bench.test:%d/\"}}", up_port);
     rpc_req_len = (size_t)snprintf(rpc_req, sizeof(rpc_req),
                                    "POST /api/sandbox/rpc HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
                                    "x-questpie-sandbox-token: %s\r\nContent-Length: %d\r\n\r\n%s",
@@ -385,6 +411,16 @@ int main(int argc, char **argv)
                                       "POST /api/sandbox/rpc HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
                                       "x-questpie-sandbox-token: %s\r\nContent-Length: %d\r\n\r\n%s",
                                       broker_port, token_ka, blen, body);
+    if (secret_token != NULL) {
+        blen = snprintf(body, sizeof(body),
+                        "{\"method\":\"http.fetch\",\"args\":{\"url\":\"http://bench.test:%d/\","
+                        "\"headers\":{\"authorization\":\"Bearer {{secret:bench}}\"}}}",
+                        up_port);
+        rpc_req_secret_len = (size_t)snprintf(rpc_req_secret, sizeof(rpc_req_secret),
+                                              "POST /api/sandbox/rpc HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: "
+                                              "application/json\r\nx-questpie-sandbox-token: %s\r\nContent-Length: %d\r\n\r\n%s",
+                                              broker_port, secret_token, blen, body);
+    }
 
     total = (size_t)rounds * (size_t)per;
     for (int k = 0; k < SIDES; ++k)
@@ -397,10 +433,16 @@ int main(int argc, char **argv)
     if (tmp == NULL || ratio_d == NULL || ratio_r == NULL || ratio_k == NULL)
         die("calloc");
     bfd = connect_loopback(broker_port);
+    if (secret_token != NULL)
+        sfd = connect_loopback(broker_port);
 
     for (int i = 0; i < warmup; ++i) {
         time_broker(bfd, rpc_req, rpc_req_len);
         time_direct(up_port);
+        if (sfd >= 0) {
+            time_broker(sfd, rpc_req_secret, rpc_req_secret_len);
+            continue;
+        }
         time_resolved(up_port, dns_port);
         time_broker(bfd, rpc_ka_req, rpc_ka_req_len);
         time_resolved_ka(up_port, dns_port);
@@ -410,19 +452,26 @@ int main(int argc, char **argv)
         double p[SIDES];
         memcpy(start, n, sizeof(start));
         /* rotate which side goes first, so a drift during the run hits every side alike */
-        for (int step = 0; step < SIDES; ++step) {
-            int side = (r + step) % SIDES;
+        for (int step = 0; step < nsides; ++step) {
+            int side = (r + step) % nsides;
             for (int i = 0; i < per; ++i)
                 t[side][n[side]++] = side == 0   ? time_broker(bfd, rpc_req, rpc_req_len)
                                      : side == 1 ? time_direct(up_port)
-                                     : side == 2 ? time_resolved(up_port, dns_port)
+                                     : side == 2 ? (sfd >= 0 ? time_broker(sfd, rpc_req_secret, rpc_req_secret_len)
+                                                             : time_resolved(up_port, dns_port))
                                      : side == 3 ? time_broker(bfd, rpc_ka_req, rpc_ka_req_len)
                                                  : time_resolved_ka(up_port, dns_port);
         }
-        for (int k = 0; k < SIDES; ++k)
+        for (int k = 0; k < nsides; ++k)
             p[k] = p50_of(t[k] + start[k], (size_t)per, tmp);
         ratio_d[r] = p[0] / p[1];
         ratio_r[r] = p[0] / p[2];
+        if (sfd >= 0) {
+            ratio_r[r] = p[2] / p[0];
+            fprintf(stderr, "  round %2d: p50 broker %7.1f us, direct %6.1f us, secret %6.1f us: %.2fx, %.2fx\n", r + 1, p[0], p[1],
+                    p[2], ratio_d[r], ratio_r[r]);
+            continue;
+        }
         ratio_k[r] = p[3] / p[4];
         fprintf(stderr,
                 "  round %2d: p50 broker %7.1f us, direct %6.1f us, direct+dns %6.1f us: %.2fx, %.2fx; "
@@ -432,6 +481,15 @@ int main(int argc, char **argv)
     close(bfd);
     if (ka_fd >= 0)
         close(ka_fd);
+    if (sfd >= 0) {
+        close(sfd);
+        report("broker", t[0], n[0]);
+        report("direct", t[1], n[1]);
+        report("secret", t[2], n[2]);
+        printf("paired_p50_ratio=%.3f\n", median(ratio_d, rounds));
+        printf("paired_p50_ratio_secret=%.3f\n", median(ratio_r, rounds));
+        return 0;
+    }
     for (int k = 0; k < SIDES; ++k)
         report(names[k], t[k], n[k]);
     /* medians of the per-round p50 ratios */

@@ -148,7 +148,7 @@ class Docs(sbtest.BrokerTestCase):
         keys = [k.strip().rstrip("?") for k in m.group(1).split(",")]
         self.assertIn("quotas", keys)
         values = {"capabilities": {"services": ["a"]}, "target": "app", "scope": {"tenantId": "t"}, "ttlMs": 60000,
-                  "token": "cd" * 32, "quotas": {"calls": 5, "concurrent": 2, "fetchBytes": 1024}}
+                  "token": "cd" * 32, "quotas": {"calls": 5, "concurrent": 2, "fetchBytes": 1024}, "secrets": {}}
         with sbtest.Broker(env={"SANDBOX_BROKER_TARGETS": json.dumps({"app": {}})}) as b:
             for k in keys:
                 if k == "runId":
@@ -203,7 +203,7 @@ def documented_sub_keys():
     def walk(obj, path):
         for k, v in obj.items():
             # named entries (collections, globals) and values that are the operator's own (scope maps, a global's value)
-            key = "<n>" if path in ("collections", "globals") else k
+            key = "<n>" if path in ("collections", "globals", "secrets") else k
             p = path + "." + key if path else key
             if isinstance(v, dict) and k not in ("scope", "value"):
                 walk(v, p)
@@ -229,6 +229,9 @@ def loader_sub_keys():
     assert len(knowns) == 3, knowns
     out |= {"collections.<n>." + k for k in re.findall(r'"([a-z_]+)"', knowns[0])}
     out |= {"globals.<n>." + k for k in re.findall(r'"([a-z_]+)"', knowns[1])}
+    # a target secret's keys: the rule keys broker/authz/secrets.c takes, less the mint's own "value"
+    with open(os.path.join(ROOT, "broker", "authz", "secrets.c")) as f:
+        out |= {"secrets.<n>." + k for k in re.findall(r'strcmp\(key, "([a-z_]+)"\)', f.read()) if k != "value"}
     # the sections themselves are objects: their keys are what is documented
     sections = set(re.findall(r'"([a-z_]+)"', knowns[2]))
     assert {p.split(".")[0] for p in out} == sections, (out, sections)

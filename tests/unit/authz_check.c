@@ -566,6 +566,55 @@ static void test_fetch(const sb_manifest_t *m)
     sb_manifest_free(wild);
 }
 
+/* net entries with method and path rules (PROTOCOL.md section 6.1) */
+static void test_fetch_rules(void)
+{
+    sb_manifest_t *m =
+        manifest("{\"net\": [{\"host\": \"api.test\", \"methods\": [\"GET\", \"HEAD\"], \"paths\": [\"/repos/acme/**\"]},"
+                 " {\"host\": \"up.test\", \"methods\": [\"PUT\"]}, {\"host\": \"up.test\", \"paths\": [\"/public/*\"]},"
+                 " \"any.test\"]}");
+
+    expect(m, "http.fetch", "{\"url\": \"https://api.test/repos/acme/x/issues?state=open\"}", OK_);
+    expect(m, "http.fetch", "{\"url\": \"https://api.test/repos/acme/\", \"method\": \"head\"}", OK_);
+    expect(m, "http.fetch", "{\"url\": \"https://api.test/repos/acme/x\", \"method\": \"POST\"}",
+           FORBIDDEN("http.fetch method \"POST\" is not allowed for host \"api.test:443\" (net methods rule)"));
+    expect(m, "http.fetch", "{\"url\": \"https://api.test/repos/other/x\"}",
+           FORBIDDEN("http.fetch path is not allowed for host \"api.test:443\" (net paths rule)"));
+    expect(m, "http.fetch", "{\"url\": \"https://api.test/repos/acme\"}",
+           FORBIDDEN("http.fetch path is not allowed for host \"api.test:443\" (net paths rule)"));
+    /* the query is not part of the path a rule matches */
+    expect(m, "http.fetch", "{\"url\": \"https://api.test/x?/repos/acme/y\"}",
+           FORBIDDEN("http.fetch path is not allowed for host \"api.test:443\" (net paths rule)"));
+    /* dot segments are resolved by the parser, so "/repos/acme/../other" is "/repos/other" */
+    expect(m, "http.fetch", "{\"url\": \"https://api.test/repos/acme/../other\"}",
+           FORBIDDEN("http.fetch path is not allowed for host \"api.test:443\" (net paths rule)"));
+    /* encodings a server may decode before routing are refused whatever the glob says */
+    expect(
+        m, "http.fetch", "{\"url\": \"https://api.test/repos/acme/..%2Fother\"}",
+        FORBIDDEN("http.fetch path for host \"api.test:443\" has an encoded '/', '\\' or '.', or a dot segment (net paths rule)"));
+    expect(
+        m, "http.fetch", "{\"url\": \"https://api.test/repos/acme/%2e%2e/x\"}",
+        FORBIDDEN("http.fetch path for host \"api.test:443\" has an encoded '/', '\\' or '.', or a dot segment (net paths rule)"));
+    expect(
+        m, "http.fetch", "{\"url\": \"https://api.test/repos/acme/a%5cb\"}",
+        FORBIDDEN("http.fetch path for host \"api.test:443\" has an encoded '/', '\\' or '.', or a dot segment (net paths rule)"));
+    expect(
+        m, "http.fetch", "{\"url\": \"https://api.test/repos/acme/a%2fb\"}",
+        FORBIDDEN("http.fetch path for host \"api.test:443\" has an encoded '/', '\\' or '.', or a dot segment (net paths rule)"));
+    /* other percent-encodings are ordinary bytes */
+    expect(m, "http.fetch", "{\"url\": \"https://api.test/repos/acme/a%20b\"}", OK_);
+    /* entries for one host add up: PUT anywhere, or anything under /public/ */
+    expect(m, "http.fetch", "{\"url\": \"https://up.test/x/y\", \"method\": \"PUT\"}", OK_);
+    expect(m, "http.fetch", "{\"url\": \"https://up.test/public/a\", \"method\": \"DELETE\"}", OK_);
+    expect(m, "http.fetch", "{\"url\": \"https://up.test/x\", \"method\": \"DELETE\"}",
+           FORBIDDEN("http.fetch method \"DELETE\" is not allowed for host \"up.test:443\" (net methods rule)"));
+    /* a string entry still means any method, any path, and no encoding check */
+    expect(m, "http.fetch", "{\"url\": \"https://any.test/a%2Fb\", \"method\": \"DELETE\"}", OK_);
+    expect(m, "http.fetch", "{\"url\": \"https://other.test/\"}",
+           FORBIDDEN("http.fetch host \"other.test:443\" is not in the net allowlist"));
+    sb_manifest_free(m);
+}
+
 /* everything is denied by a manifest that grants nothing, whatever the args */
 static void test_empty(const char *text)
 {
@@ -672,6 +721,7 @@ int main(void)
     test_names(m);
     test_tools(m);
     test_fetch(m);
+    test_fetch_rules();
     test_reason_buffer(m);
     sb_manifest_free(m);
     free_args();

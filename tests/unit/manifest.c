@@ -45,8 +45,34 @@ static const struct {
     {"{\"net\": \"example.com\"}", "capabilities.net: must be an array"},
     {"{\"net\": null}", "capabilities.net: must be an array"},
     {"{\"net\": {}}", "capabilities.net: must be an array"},
-    {"{\"net\": [1]}", "capabilities.net[0]: must be a string"},
-    {"{\"net\": [\"ok.example\", null]}", "capabilities.net[1]: must be a string"},
+    {"{\"net\": [1]}", "capabilities.net[0]: must be a string or an object"},
+    {"{\"net\": [\"ok.example\", null]}", "capabilities.net[1]: must be a string or an object"},
+    /* net entries as objects: {host, methods?, paths?} */
+    {"{\"net\": [{\"host\": \"api.test:8443\", \"methods\": [\"GET\", \"HEAD\"], \"paths\": [\"/repos/acme/**\"]}, \"x.test\"]}",
+     NULL},
+    {"{\"net\": [{\"host\": \"*.api.test\"}]}", NULL},
+    {"{\"net\": [{\"host\": \"api.test\", \"verbs\": []}]}", "capabilities.net[0].verbs: unknown key"},
+    {"{\"net\": [{\"methods\": [\"GET\"]}]}", "capabilities.net[0].host: must be a string"},
+    {"{\"net\": [\"a.test\", {\"host\": 1}]}", "capabilities.net[1].host: must be a string"},
+    {"{\"net\": [{\"host\": \"a.test/x\"}]}", "capabilities.net[0].host: '/' is not allowed"},
+    {"{\"net\": [{\"host\": \"a.test\", \"methods\": [\"get\"]}]}",
+     "capabilities.net[0].methods[0]: expected an uppercase HTTP method"},
+    {"{\"net\": [{\"host\": \"a.test\", \"methods\": [\"G ET\"]}]}",
+     "capabilities.net[0].methods[0]: expected an uppercase HTTP method"},
+    {"{\"net\": [{\"host\": \"a.test\", \"methods\": []}]}",
+     "capabilities.net[0].methods: must not be empty (omit it to allow any)"},
+    {"{\"net\": [{\"host\": \"a.test\", \"methods\": \"GET\"}]}", "capabilities.net[0].methods: must be an array"},
+    {"{\"net\": [{\"host\": \"a.test\", \"paths\": [\"repos/**\"]}]}",
+     "capabilities.net[0].paths[0]: expected a glob starting with '/'"},
+    {"{\"net\": [{\"host\": \"a.test\", \"paths\": [\"/a b\"]}]}",
+     "capabilities.net[0].paths[0]: expected a glob starting with '/'"},
+    {"{\"net\": [{\"host\": \"a.test\", \"paths\": [1]}]}", "capabilities.net[0].paths[0]: must be a string"},
+    {"{\"import\": [{\"host\": \"a.test\"}]}", "capabilities.import[0]: must be a string"},
+    /* the target secrets a run receives */
+    {"{\"secrets\": [\"github\", \"a.b-c_D9\"]}", NULL},
+    {"{\"secrets\": \"github\"}", "capabilities.secrets: must be an array"},
+    {"{\"secrets\": [\"bad name\"]}", "capabilities.secrets[0]: expected a secret name of [A-Za-z0-9_.-]{1,64}"},
+    {"{\"secrets\": [\"\"]}", "capabilities.secrets[0]: expected a secret name of [A-Za-z0-9_.-]{1,64}"},
     {"{\"net\": [\"example.com\", \"Example.COM:443\", \"*.example.com\", \"*.example.com:8443\", \"[::1]:8080\", \"[::1]\","
      " \"::1\", \"2001:db8::1\", \"1.2.3.4:80\", \"example.com.\", \"localhost\", \"a_b\"]}",
      NULL},
@@ -365,6 +391,11 @@ static void test_to_json(void)
          " \"timeoutMs\": 5000, \"memoryMb\": 64}",
          "{\"import\":[\"deno.land\"],\"jobs\":[\"j\"],\"memoryMb\":64,\"services\":[\"b\"],\"timeoutMs\":5000,\"tools\":[\"gh.*\"],"
          "\"workflows\":[\"w\"]}"},
+        /* an entry with rules keeps its object form; one without is a string */
+        {"{\"net\": [{\"host\": \"API.test:8443\", \"paths\": [\"/a/**\"], \"methods\": [\"GET\", \"HEAD\"]},"
+         " {\"host\": \"B.test\"}, {\"host\": \"[::1]\", \"paths\": [\"/x\"]}], \"secrets\": [\"gh\", \"a.b\"]}",
+         "{\"net\":[{\"host\":\"api.test:8443\",\"methods\":[\"GET\",\"HEAD\"],\"paths\":[\"/a/**\"]},\"b.test\","
+         "{\"host\":\"[::1]\",\"paths\":[\"/x\"]}],\"secrets\":[\"gh\",\"a.b\"]}"},
     };
     size_t i;
 
@@ -492,6 +523,11 @@ static void test_intern_distinct(void)
         "{\"net\": [\"[::1]:443\"]}",
         "{\"net\": [\"[::2]:443\"]}",
         "{\"net\": [\"::1\"]}",
+        /* net rules and the secrets axis are part of the packed form too */
+        "{\"net\": [{\"host\": \"api.example.com:443\", \"methods\": [\"GET\"]}]}",
+        "{\"net\": [{\"host\": \"api.example.com:443\", \"methods\": [\"POST\"]}]}",
+        "{\"net\": [{\"host\": \"api.example.com:443\", \"paths\": [\"/GET\"]}]}",
+        "{\"secrets\": [\"posts\"]}",
     };
     enum { N = sizeof(variants) / sizeof(variants[0]) };
     size_t base = sb_manifest_interned_count();
@@ -522,6 +558,13 @@ static void test_intern_distinct(void)
     is_int(sb_manifest__has_service(m[10], "posts", 5), 1, "  services lists posts");
     is_int(sb_manifest__has_job(m[10], "posts", 5), 0, "  jobs does not");
     is_int((long long)sb_manifest__tools_count(m[13]), 1, "  one tools glob");
+    is_int(url_allowed(m[17], "https://api.example.com/x"), 1, "  a GET rule grants GET");
+    is_int(url_allowed(m[18], "https://api.example.com/x"), 0, "  a POST rule does not");
+    is_int(url_allowed(m[19], "https://api.example.com/x"), 0, "  a paths rule checks the path");
+    is_int(url_allowed(m[19], "https://api.example.com/GET"), 1, "  and grants its own");
+    is_int((long long)sb_manifest_secret_count(m[20]), 1, "  one secret name");
+    is_str(sb_manifest_secret_name(m[20], 0), "posts", "  named as minted");
+    is_int(sb_manifest_secret_name(m[20], 1) == NULL, 1, "  and no second");
     for (size_t i = 0; i < N; ++i)
         sb_manifest_free(m[i]);
     is_int(sb_manifest_interned_count(), base, "  all freed");

@@ -24,6 +24,7 @@ typedef struct st_sb_egress_answer_t {
 typedef struct st_sb_egress_decision_t {
     int allowed;
     char reason[512];
+    char rule[512]; /* the net rule decision ("allowed" or why not); empty without an allowlist */
     sb_url_t url;
     sb_egress_answer_t answers[2 * SB_MAX_DNS_ANSWERS];
     size_t nanswers;
@@ -32,9 +33,11 @@ typedef struct st_sb_egress_decision_t {
 typedef void (*sb_egress_check_cb)(void *arg, const sb_egress_decision_t *d);
 
 /**
- * Parse, allowlist (when `m` is not NULL), name policy, resolve, validate:
+ * Parse, allowlist with its method and path rules (when `m` is not NULL;
+ * `method` NULL means GET), name policy, resolve, validate:
  * the same code the fetch path runs, stopping before the connect.
  */
-void sb_egress_check(sb_fetch_ctx_t *ctx, const sb_manifest_t *m, const char *url, size_t len, sb_egress_check_cb cb, void *arg);
+void sb_egress_check(sb_fetch_ctx_t *ctx, const sb_manifest_t *m, const char *url, size_t len, const char *method,
+                     sb_egress_check_cb cb, void *arg);
 
 #endif

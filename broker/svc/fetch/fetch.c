@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "fetch/client.h"
+#include "authz/secrets.h"
 #include "svc/fetch/egress_check.h"
 #include "obs/log.h"
 #include "obs/metrics.h"
@@ -90,6 +91,11 @@ void sb_fetch_ctx_release(sb_fetch_ctx_t *ctx)
 typedef struct st_req_header_t {
     char *name; /* lowercased */
     char *value;
+    size_t value_len;
+    /* the secret placeholders in value (call/placeholder.h), and the secret each one is granted on this hop */
+    sb_placeholder_t *ph;
+    const sb_secret_t **sec;
+    size_t nph;
 } req_header_t;
 
 typedef struct st_fetch_t {
@@ -114,10 +120,27 @@ typedef struct st_fetch_t {
     size_t npins;
     char *request;
     size_t request_len;
+    int request_secret; /* the request holds a secret value: wiped before it is freed */
     /* egress-check mode */
     sb_egress_check_cb check_cb;
     sb_egress_decision_t *decision;
 } fetch_t;
+
+static void free_header(req_header_t *h)
+{
+    sb_mem_free(h->name);
+    sb_mem_free(h->value);
+    sb_mem_free(h->ph);
+    sb_mem_free(h->sec);
+}
+
+static void wipe_request(fetch_t *f)
+{
+    if (f->request != NULL && f->request_secret)
+        explicit_bzero(f->request, f->request_len);
+    sb_mem_free(f->request);
+    f->request = NULL;
+}
 
 static void free_fetch(fetch_t *f)
 {
@@ -125,18 +148,16 @@ static void free_fetch(fetch_t *f)
         h2o_timeout_unlink(&f->deadline);
     sb_resolve_cancel(f->dns);
     sb_http_cancel(f->http);
-    for (size_t i = 0; i < f->nheaders; ++i) {
-        free(f->headers[i].name);
-        free(f->headers[i].value);
-    }
-    free(f->body);
-    free(f->request);
-    free(f->decision);
+    for (size_t i = 0; i < f->nheaders; ++i)
+        free_header(&f->headers[i]);
+    sb_mem_free(f->body);
+    wipe_request(f);
+    sb_mem_free(f->decision);
     if (f->tok != NULL)
         sb_token_release(f->tok);
     /* last: the exchange's timers and query are gone from the context's queues and resolver */
     sb_fetch_ctx_release(f->ctx);
-    free(f);
+    sb_mem_free(f);
 }
 
 /*
@@ -203,14 +224,14 @@ static void on_deadline(h2o_timeout_entry_t *entry)
     fail(f, SB_E_EXECUTION, "http.fetch deadline exceeded (%llu ms)", (unsigned long long)f->ctx->conf->deadline_ms);
 }
 
+/* a hop to another origin: the guest's credentials and every header that carries a secret placeholder are dropped */
 static void strip_credentials(fetch_t *f)
 {
     size_t o = 0;
     for (size_t i = 0; i < f->nheaders; ++i) {
         const char *n = f->headers[i].name;
-        if (strcmp(n, "authorization") == 0 || strcmp(n, "cookie") == 0 || strncmp(n, "proxy-", 6) == 0) {
-            free(f->headers[i].name);
-            free(f->headers[i].value);
+        if (strcmp(n, "authorization") == 0 || strcmp(n, "cookie") == 0 || strncmp(n, "proxy-", 6) == 0 || f->headers[i].nph != 0) {
+            free_header(&f->headers[i]);
             continue;
         }
         f->headers[o++] = f->headers[i];
@@ -236,12 +257,48 @@ static void take_request(fetch_t *f, const sb_call_fetch_t *c)
         if (c->headers[i].value_len != 0)
             memcpy(h->value, c->headers[i].value, c->headers[i].value_len);
         h->value[c->headers[i].value_len] = '\0';
+        h->value_len = c->headers[i].value_len;
+        if ((h->nph = c->headers[i].nph) != 0) {
+            h->ph = sb_mem_alloc(h->nph * sizeof(*h->ph));
+            memcpy(h->ph, c->headers[i].ph, h->nph * sizeof(*h->ph));
+            h->sec = sb_mem_calloc(h->nph, sizeof(*h->sec));
+        }
     }
     if (c->body_len != 0) {
         f->body = sb_mem_alloc(c->body_len);
         memcpy(f->body, c->body, c->body_len);
     }
     f->body_len = c->body_len;
+}
+
+/* a header value with each placeholder replaced by the secret this hop granted it (decide_secrets) */
+static size_t expanded_len(const req_header_t *h)
+{
+    size_t n = h->value_len;
+    for (size_t k = 0; k < h->nph; ++k) {
+        const char *v;
+        size_t vlen;
+        sb_secret_value(h->sec[k], &v, &vlen);
+        n = n - h->ph[k].len + vlen;
+    }
+    return n;
+}
+
+static size_t write_value(char *out, const req_header_t *h)
+{
+    size_t o = 0, at = 0;
+    for (size_t k = 0; k < h->nph; ++k) {
+        const char *v;
+        size_t vlen;
+        memcpy(out + o, h->value + at, h->ph[k].start - at);
+        o += h->ph[k].start - at;
+        sb_secret_value(h->sec[k], &v, &vlen);
+        memcpy(out + o, v, vlen);
+        o += vlen;
+        at = h->ph[k].start + h->ph[k].len;
+    }
+    memcpy(out + o, h->value + at, h->value_len - at);
+    return o + h->value_len - at;
 }
 
 /*
@@ -264,15 +321,21 @@ static void build_request(fetch_t *f)
         f->body_len != 0 || strcmp(f->method, "POST") == 0 || strcmp(f->method, "PUT") == 0 || strcmp(f->method, "PATCH") == 0;
 
     for (size_t i = 0; i < f->nheaders; ++i)
-        cap += strlen(f->headers[i].name) + strlen(f->headers[i].value) + 4;
+        cap += strlen(f->headers[i].name) + expanded_len(&f->headers[i]) + 4;
     sb_url_host_header(&f->url, host, sizeof(host));
-    free(f->request);
+    wipe_request(f);
     f->request = sb_mem_alloc(cap);
     /* HTTP/1.1 connections persist by default (RFC 9112 section 9.3): "close" unless the worker may park this one */
     len += (size_t)snprintf(f->request + len, cap - len, "%s %s HTTP/1.1\r\nhost: %s\r\n%s", f->method, f->url.target, host,
                             may_park(f) ? "" : "connection: close\r\n");
-    for (size_t i = 0; i < f->nheaders; ++i)
-        len += (size_t)snprintf(f->request + len, cap - len, "%s: %s\r\n", f->headers[i].name, f->headers[i].value);
+    f->request_secret = 0;
+    for (size_t i = 0; i < f->nheaders; ++i) {
+        len += (size_t)snprintf(f->request + len, cap - len, "%s: ", f->headers[i].name);
+        len += write_value(f->request + len, &f->headers[i]);
+        f->request_secret |= f->headers[i].nph != 0;
+        memcpy(f->request + len, "\r\n", 2);
+        len += 2;
+    }
     if (with_length)
         len += (size_t)snprintf(f->request + len, cap - len, "content-length: %zu\r\n", f->body_len);
     len += (size_t)snprintf(f->request + len, cap - len, "\r\n");
@@ -280,6 +343,31 @@ static void build_request(fetch_t *f)
         memcpy(f->request + len, f->body, f->body_len);
     len += f->body_len;
     f->request_len = len; /* the body may contain NULs: never strlen the request */
+}
+
+/*
+ * Decides every placeholder for this hop (PROTOCOL.md section 5, "Secrets"),
+ * before anything is resolved or sent: the run has the secret and the hop's
+ * scheme, host and port, header, method and path are within its rules. A
+ * refusal is forbidden with a reason naming the secret and the rule; the
+ * value is never in it.
+ */
+static int decide_secrets(fetch_t *f)
+{
+    char reason[512];
+
+    for (size_t i = 0; i < f->nheaders; ++i) {
+        req_header_t *h = &f->headers[i];
+        for (size_t k = 0; k < h->nph; ++k) {
+            if (sb_secrets_decide(f->tok->secrets, h->value + h->ph[k].name, h->ph[k].name_len, h->name, &f->url, f->method,
+                                  &h->sec[k], reason, sizeof(reason)) != SB_OK) {
+                sb_metrics_egress("secret refused", 0);
+                fail(f, SB_E_FORBIDDEN, "%s", reason);
+                return 0;
+            }
+        }
+    }
+    return 1;
 }
 
 /* ---- hops ------------------------------------------------------------------------------------------------------------ */
@@ -308,20 +396,103 @@ static void pack_latin1(msgpack_packer *pk, const char *s, size_t n)
     }
     msgpack_pack_str_with_body(pk, buf, o);
     if (buf != small)
-        free(buf);
+        sb_mem_free(buf);
+}
+
+/*
+ * Every occurrence of a run's secret in the answer, in any form the secrets
+ * module knows, becomes its placeholder before the guest sees it
+ * (PROTOCOL.md section 5): the status text, each header name and value, and
+ * the whole body, which is complete here (a body over the cap was refused, so
+ * no cut can leave half a value). The copies holding values are wiped.
+ */
+typedef struct st_redacted_t {
+    char *reason;
+    char *hdr[2 * SB_MAX_RESPONSE_HEADERS];
+    char *body;
+    size_t body_len;
+} redacted_t;
+
+static sb_status_t redact_one(const sb_secrets_t *s, const char **p, size_t *len, char **keep)
+{
+    char *out;
+    size_t olen;
+    sb_status_t st;
+    if ((st = sb_secrets_redact(s, *p, *len, 2 * (size_t)SB_MAX_HTTP_BODY, &out, &olen)) != SB_OK)
+        return st;
+    if (out != NULL) {
+        *keep = out;
+        *p = out;
+        *len = olen;
+    }
+    return SB_OK;
+}
+
+static sb_status_t redact_response(const sb_secrets_t *s, sb_http_response_t *res, redacted_t *r)
+{
+    sb_status_t st;
+    const char *b = (const char *)res->body;
+    size_t blen = res->body_len;
+
+    memset(r, 0, sizeof(*r));
+    if (sb_secrets_count(s) == 0)
+        return SB_OK;
+    if ((st = redact_one(s, &res->reason, &res->reason_len, &r->reason)) != SB_OK)
+        return st;
+    for (size_t i = 0; i < res->nheaders; ++i) {
+        if ((st = redact_one(s, &res->headers[i].name, &res->headers[i].name_len, &r->hdr[2 * i])) != SB_OK ||
+            (st = redact_one(s, &res->headers[i].value, &res->headers[i].value_len, &r->hdr[2 * i + 1])) != SB_OK)
+            return st;
+        /* a name that held a value is no header name once redacted (a placeholder is not a token): the header is dropped */
+        if (r->hdr[2 * i] != NULL)
+            res->headers[i].name_len = 0;
+    }
+    if (b != NULL && (st = redact_one(s, &b, &blen, &r->body)) != SB_OK)
+        return st;
+    if (r->body != NULL) {
+        /* the exchange's copy held the value: wipe it, and answer the redacted one */
+        explicit_bzero(res->body, res->body_len);
+        r->body_len = blen;
+    }
+    return SB_OK;
+}
+
+static void free_redacted(redacted_t *r)
+{
+    sb_mem_free(r->reason);
+    for (size_t i = 0; i < sizeof(r->hdr) / sizeof(r->hdr[0]); ++i)
+        sb_mem_free(r->hdr[i]);
+    sb_mem_free(r->body);
 }
 
 static void succeed(fetch_t *f, sb_http_response_t *res)
 {
     sb_result_t out;
     msgpack_packer pk;
-    size_t uniq[SB_MAX_RESPONSE_HEADERS], nuniq = 0;
+    size_t uniq[SB_MAX_RESPONSE_HEADERS], nuniq = 0, fetched = res->body_len, body_len = res->body_len;
+    const char *body = res->body != NULL ? (const char *)res->body : "";
+    redacted_t red;
+    sb_status_t rst;
 
+    if ((rst = redact_response(f->tok != NULL ? f->tok->secrets : NULL, res, &red)) != SB_OK) {
+        free_redacted(&red);
+        fail(f, SB_E_EXECUTION, "%s",
+             rst == SB_E_TOO_LARGE ? "response body exceeds the cap once secrets are redacted"
+                                   : "out of memory redacting the response");
+        return;
+    }
+    /* the exchange owns res->body (and frees it): the redacted copy is ours */
+    if (red.body != NULL) {
+        body = red.body;
+        body_len = red.body_len;
+    }
     sb_result_init(&out);
     msgpack_packer_init(&pk, &out.value, msgpack_sbuffer_write);
     /* multi-valued headers are joined with ", " (set-cookie included), as upstream does */
     for (size_t i = 0; i < res->nheaders; ++i) {
         size_t j = 0;
+        if (res->headers[i].name_len == 0)
+            continue; /* dropped by redaction */
         while (j < nuniq && !(res->headers[uniq[j]].name_len == res->headers[i].name_len &&
                               memcmp(res->headers[uniq[j]].name, res->headers[i].name, res->headers[i].name_len) == 0))
             ++j;
@@ -355,20 +526,21 @@ static void succeed(fetch_t *f, sb_http_response_t *res)
         }
         pack_latin1(&pk, h->name, h->name_len);
         pack_latin1(&pk, joined, o);
-        free(joined);
+        sb_mem_free(joined);
     }
     /* JSON replies carry bin as base64 text: the field is named for what the guest reads */
     if (f->binary)
         msgpack_pack_str_with_body(&pk, "body", 4);
     else
         msgpack_pack_str_with_body(&pk, "bodyBase64", 10);
-    msgpack_pack_bin_with_body(&pk, res->body != NULL ? (const char *)res->body : "", res->body_len);
+    msgpack_pack_bin_with_body(&pk, body, body_len);
     msgpack_pack_str_with_body(&pk, "truncated", 9);
     msgpack_pack_false(&pk);
     if (f->store != NULL)
-        sb_store_quota_fetch_add(f->store, f->tok, res->body_len);
+        sb_store_quota_fetch_add(f->store, f->tok, fetched);
     f->cb(f->arg, &out);
     sb_result_dispose(&out);
+    free_redacted(&red);
     free_fetch(f);
 }
 
@@ -397,6 +569,7 @@ static void on_response(void *arg, const char *err, sb_http_response_t *res)
     sb_url_t next;
     const char *why = NULL;
     char ipbuf[64];
+    sb_status_t st_resolve;
 
     f->http = NULL;
     if (err != NULL) {
@@ -428,7 +601,20 @@ static void on_response(void *arg, const char *err, sb_http_response_t *res)
         fail(f, SB_E_EXECUTION, "too many redirects (> %u)", f->ctx->conf->max_redirects);
         return;
     }
-    if (sb_url_resolve(&f->url, loc, loc_len, &next, &why) != SB_OK) {
+    {
+        /* a Location that carries a secret's value must not carry it to the next hop (which may be the guest's host) */
+        char *rloc = NULL;
+        size_t rlen = loc_len;
+        if (f->tok != NULL && sb_secrets_count(f->tok->secrets) != 0 &&
+            sb_secrets_redact(f->tok->secrets, loc, loc_len, SB_MAX_URL, &rloc, &rlen) != SB_OK) {
+            sb_metrics_egress("invalid redirect", 0);
+            fail(f, SB_E_EXECUTION, "invalid redirect Location: %s", "too long");
+            return;
+        }
+        st_resolve = sb_url_resolve(&f->url, rloc != NULL ? rloc : loc, rlen, &next, &why);
+        sb_mem_free(rloc);
+    }
+    if (st_resolve != SB_OK) {
         sb_metrics_egress("invalid redirect", 0);
         fail(f, SB_E_EXECUTION, "invalid redirect Location: %s", why != NULL ? why : "unparseable");
         return;
@@ -437,7 +623,7 @@ static void on_response(void *arg, const char *err, sb_http_response_t *res)
     if (res->status == 303 ||
         ((res->status == 301 || res->status == 302) && strcmp(f->method, "GET") != 0 && strcmp(f->method, "HEAD") != 0)) {
         memcpy(f->method, "GET", 4);
-        free(f->body);
+        sb_mem_free(f->body);
         f->body = NULL;
         f->body_len = 0;
     }
@@ -501,6 +687,7 @@ static void connect_pins(fetch_t *f)
     o.head_request = strcmp(f->method, "HEAD") == 0;
     o.max_body = f->ctx->conf->max_body;
     o.connect_timeout = &f->ctx->connect_timeout;
+    o.wipe = f->tok != NULL && sb_secrets_count(f->tok->secrets) != 0;
     if (f->ctx->conf->keepalive_pool_size != 0 && f->tok != NULL)
         set_reuse(f, &o, &key);
     {
@@ -590,13 +777,19 @@ static void start_hop(fetch_t *f)
     if (f->decision != NULL)
         f->decision->url = f->url;
     /* the first URL passed the capability check; every redirect target must pass it again */
-    if (f->hop != 0 && f->tok != NULL && !sb_authz_fetch_allows(f->tok->manifest, &f->url, f->method)) {
-        char hp[SB_URL_MAX_HOST + 16];
-        sb_url_hostport(&f->url, hp, sizeof(hp));
-        sb_metrics_egress("redirect leaves the net allowlist", 0);
-        deny(f, "http.fetch redirect host \"%s\" is not in the net allowlist", hp);
-        return;
+    if (f->hop != 0 && f->tok != NULL) {
+        sb_net_verdict_t v = sb_authz_fetch_verdict(f->tok->manifest, &f->url, f->method);
+        if (v != SB_NET_OK) {
+            char why[512];
+            sb_authz_fetch_reason(v, &f->url, f->method, 1, why, sizeof(why));
+            sb_metrics_egress("redirect leaves the net allowlist", 0);
+            deny(f, "%s", why);
+            return;
+        }
     }
+    /* the secrets, decided for this hop's origin, method and path before anything is resolved or sent */
+    if (f->tok != NULL && !decide_secrets(f))
+        return;
     if (f->url.host_kind == SB_URL_HOST_NAME) {
         if (!sb_egress_check_name(f->ctx->conf->policy, f->url.host, &rule)) {
             sb_metrics_egress(rule, 0);
@@ -675,7 +868,8 @@ void sb_fetch_start(sb_fetch_ctx_t *ctx, sb_store_conn_t *store, sb_token_t *tok
     on_fetch_quota(f, SB_OK, NULL);
 }
 
-void sb_egress_check(sb_fetch_ctx_t *ctx, const sb_manifest_t *m, const char *url, size_t len, sb_egress_check_cb cb, void *arg)
+void sb_egress_check(sb_fetch_ctx_t *ctx, const sb_manifest_t *m, const char *url, size_t len, const char *method,
+                     sb_egress_check_cb cb, void *arg)
 {
     fetch_t *f = sb_mem_calloc(1, sizeof(*f));
     const char *why = NULL;
@@ -694,11 +888,14 @@ void sb_egress_check(sb_fetch_ctx_t *ctx, const sb_manifest_t *m, const char *ur
         return;
     }
     f->decision->url = f->url;
-    if (m != NULL && !sb_authz_fetch_allows(m, &f->url, "GET")) {
-        char hp[SB_URL_MAX_HOST + 16];
-        sb_url_hostport(&f->url, hp, sizeof(hp));
-        fail(f, SB_E_FORBIDDEN, "http.fetch host \"%s\" is not in the net allowlist", hp);
-        return;
+    snprintf(f->method, sizeof(f->method), "%s", method != NULL ? method : "GET");
+    if (m != NULL) {
+        sb_net_verdict_t v = sb_authz_fetch_verdict(m, &f->url, f->method);
+        sb_authz_fetch_reason(v, &f->url, f->method, 0, f->decision->rule, sizeof(f->decision->rule));
+        if (v != SB_NET_OK) {
+            fail(f, SB_E_FORBIDDEN, "%s", f->decision->rule);
+            return;
+        }
     }
     start_hop(f);
 }
