@@ -48,9 +48,8 @@
  *   forbidden  http.fetch host "<host>:<port>" is not in the net allowlist
  *   forbidden  http.fetch method "<M>" is not allowed for host "<host>:<port>" (net methods rule)
  *   forbidden  http.fetch path is not allowed for host "<host>:<port>" (net paths rule)
- *   forbidden  http.fetch path for host "<host>:<port>" has an encoded '/', '\' or '.', or a dot segment (net paths rule)
- *   bad_args   args has a duplicate or non-string key "<key>"
- *   forbidden  unknown method
+ *   forbidden  http.fetch path for host "<host>:<port>" has an encoded '/', '\', '.' or '%', a ';', or a dot segment (net paths
+ * rule) bad_args   args has a duplicate or non-string key "<key>" forbidden  unknown method
  *
  * Guest-supplied strings (paths, tool names, store namespaces that are not
  * names) are never echoed: reasons end up in logs and in the guest's error.
@@ -301,8 +300,9 @@ size_t sb_authz_fetch_reason(sb_net_verdict_t v, const sb_url_t *url, const char
         n = snprintf(buf, bufsz, "%s path is not allowed for host \"%s\" (net paths rule)", what, hp);
         break;
     case SB_NET_PATH_ENCODING:
-        n = snprintf(buf, bufsz, "%s path for host \"%s\" has an encoded '/', '\\' or '.', or a dot segment (net paths rule)", what,
-                     hp);
+        n = snprintf(buf, bufsz,
+                     "%s path for host \"%s\" has an encoded '/', '\\', '.' or '%%', a ';', or a dot segment (net paths rule)",
+                     what, hp);
         break;
     default:
         n = snprintf(buf, bufsz, "%s host \"%s\" is not in the net allowlist", what, hp);

@@ -1432,15 +1432,19 @@ static size_t path_len(const sb_url_t *u)
 /*
  * A path a rule checks must mean one thing to every parser between us and the
  * application: an encoded '/', '\\' or '.' (which a server may decode before
- * routing) or a dot segment (which it may resolve) would let one path pass a
+ * routing), an encoded '%' (which a second decoding turns into one of those),
+ * a ';' (path parameters, which servlet containers strip before resolving
+ * "..;") or a dot segment (which it may resolve) would let one path pass a
  * rule written for another, so such paths are refused outright.
  */
 static int path_is_ambiguous(const char *p, size_t n)
 {
+    if (memchr(p, ';', n) != NULL)
+        return 1;
     for (size_t i = 0; i + 2 < n; ++i) {
         if (p[i] == '%' && (p[i + 1] == '2' || p[i + 1] == '5')) {
             char c = ascii_lower(p[i + 2]);
-            if ((p[i + 1] == '2' && (c == 'f' || c == 'e')) || (p[i + 1] == '5' && c == 'c'))
+            if ((p[i + 1] == '2' && (c == 'f' || c == 'e' || c == '5')) || (p[i + 1] == '5' && c == 'c'))
                 return 1;
         }
     }

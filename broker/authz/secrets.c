@@ -648,8 +648,9 @@ sb_status_t sb_secrets_decide(const sb_secrets_t *s, const char *name, size_t le
     case SB_NET_METHOD:
         return refuse(sec, reason, reasonsz, "may not be sent with method \"%s\" (secret methods rule)", method);
     case SB_NET_PATH_ENCODING:
-        return refuse(sec, reason, reasonsz,
-                      "may not be sent: the path has an encoded '/', '\\' or '.', or a dot segment (secret paths rule)");
+        return refuse(
+            sec, reason, reasonsz,
+            "may not be sent: the path has an encoded '/', '\\', '.' or '%%', a ';', or a dot segment (secret paths rule)");
     default:
         return refuse(sec, reason, reasonsz, "may not be sent to this path (secret paths rule)");
     }
@@ -903,6 +904,8 @@ sb_status_t sb_secrets_unseal(const json_t *o, const uint8_t hash[32], const sb_
             sb_b64_decode(json_string_value(sealed), json_string_length(sealed), box, &blen) != SB_OK ||
             blen < NONCE_LEN + 1 + TAG_LEN ||
             !gcm(0, hash, name, box, box + NONCE_LEN, blen - NONCE_LEN - TAG_LEN, plain, box + blen - TAG_LEN)) {
+            /* a tag that does not verify comes after the plaintext was written: wipe it too */
+            OPENSSL_cleanse(plain, SB_MAX_SECRET_VALUE + 1);
             st = SB_E_UNAVAILABLE;
             break;
         }

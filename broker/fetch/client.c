@@ -470,6 +470,8 @@ SSL_CTX *sb_http_ssl_ctx_create(const char *ca_file, const char **err)
     SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, verify_cb);
     /* every connection verifies a full handshake: no session is kept to be resumed (on_handshake) */
     SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
+    /* decrypted records (which may echo a secret's value) are zeroed once read, not left in OpenSSL's buffers */
+    SSL_CTX_set_options(ctx, SSL_OP_CLEANSE_PLAINTEXT);
     if ((ca_file != NULL ? SSL_CTX_load_verify_locations(ctx, ca_file, NULL) : SSL_CTX_set_default_verify_paths(ctx)) != 1) {
         *err = ca_file != NULL ? "egress.ca_file: cannot load CA certificates" : "cannot load the system CA store";
         SSL_CTX_free(ctx);

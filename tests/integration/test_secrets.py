@@ -9,6 +9,7 @@ nothing at all was sent when a secret is refused.
 
 import base64
 import hashlib
+import gzip
 import json
 import os
 import re
@@ -54,6 +55,18 @@ def echo_route(h, rec):
                         ("X-" + (val if val != "none" else "Plain"), "name")], reason="OK " + val)
 
 
+def gzip_route(h, rec):
+    """Echoes the authorization header gzipped, whatever the request asked for (as a careless server might)."""
+    auth = (rec.header_values("authorization") or ["none"])[0]
+    h.reply(200, gzip.compress(auth.encode()), [("Content-Encoding", "gzip"), ("Content-Type", "text/plain")])
+
+
+def partial_route(h, rec):
+    """Answers 206 with a slice of the echoed authorization header."""
+    auth = (rec.header_values("authorization") or ["none"])[0]
+    h.reply(206, auth[7:12].encode(), [("Content-Range", "bytes 7-11/%d" % len(auth))])
+
+
 def redirect_to(location, status=302):
     def route(h, rec):
         h.reply(status, b"", [("Location", location)])
@@ -73,6 +86,8 @@ def setUpModule():
             up.route("/echo", echo_route)
             up.route("/repos/acme/echo", echo_route)
             up.route("/other/echo", echo_route)
+            up.route("/gzip", gzip_route)
+            up.route("/partial", partial_route)
         TMP = tempfile.mkdtemp(prefix="sbsecrets-")
         AUDIT = os.path.join(TMP, "audit.log")
         with open(os.path.join(TMP, "filekey"), "w") as f:
@@ -234,7 +249,7 @@ class Injection(SecretsCase):
              {"authorization": PH}, None, 'http.fetch secret "gh" may not be sent to this path (secret paths rule)'),
             ("encoded path", self.gh(paths=["/repos/acme/**"]), origin("tls.test", "tls") + "/repos/acme/..%2Fother",
              {"authorization": PH}, None,
-             "http.fetch secret \"gh\" may not be sent: the path has an encoded '/', '\\' or '.', or a dot segment "
+             "http.fetch secret \"gh\" may not be sent: the path has an encoded '/', '\\', '.' or '%', a ';', or a dot segment "
              "(secret paths rule)"),
             ("unknown name", self.gh(), origin("tls.test", "tls") + "/echo", {"authorization": "{{secret:nope}}"}, None,
              'http.fetch secret "nope" is not granted to this run'),
@@ -256,6 +271,30 @@ class Injection(SecretsCase):
         r = self.fetch(tok, origin("tls.test", "tls") + "/echo", {"authorization": PH})
         self.assertError(r, 403, "forbidden", 'http.fetch secret "gh" is not granted to this run')
         self.assertNothingSent()
+
+    def test_no_content_coding_no_range_no_method_override(self):
+        """Redaction needs the value's bytes whole and in the clear: a run with secrets asks for no coding and
+        no range, and a coded or partial answer is refused (execution_error), never handed to the guest."""
+        tok = self.token(self.gh(), [hp("tls.test", "tls")])
+        sneaky = {"Authorization": "Bearer " + PH, "Accept-Encoding": "gzip, br", "Range": "bytes=7-11",
+                  "If-Range": "x", "X-HTTP-Method-Override": "DELETE"}
+        r = self.fetch(tok, origin("tls.test", "tls") + "/echo", sneaky)
+        self.assertEqual(r.status, 200, r)
+        req = UP["tls"].snapshot()[0]
+        self.assertEqual(req.header_values("accept-encoding"), ["identity"])
+        for name in ("range", "if-range", "x-http-method-override"):
+            self.assertEqual(req.header_values(name), [], name)
+        for path in ("/gzip", "/partial"):
+            r = self.fetch(tok, origin("tls.test", "tls") + path, {"Authorization": "Bearer " + PH})
+            self.assertError(r, 500, "execution_error")
+            self.assertNoValue(r.raw)
+            self.assertNotIn(gzip.compress(SECRET.encode())[10:20], r.raw)
+        # a run without secrets is left as it asked
+        plain = B.mint_ok("%s-plain" % self._testMethodName, {"net": [hp("tls.test", "tls")]})
+        r = self.fetch(plain, origin("tls.test", "tls") + "/echo", {"Accept-Encoding": "gzip", "Range": "bytes=0-1"})
+        self.assertEqual(r.status, 200, r)
+        req = UP["tls"].snapshot()[-1]
+        self.assertEqual((req.header_values("accept-encoding"), req.header_values("range")), (["gzip"], ["bytes=0-1"]))
 
     def test_malformed_placeholder_is_refused(self):
         tok = self.token(self.gh(), [hp("tls.test", "tls")])
@@ -509,13 +548,13 @@ class NetRules(SecretsCase):
              'http.fetch method "DELETE" is not allowed for host "%s" (net methods rule)' % hp("ok.test", "a")),
             ({"url": base + "/other/echo"}, 'http.fetch path is not allowed for host "%s" (net paths rule)' % hp("ok.test", "a")),
             ({"url": base + "/repos/acme/..%2f..%2fother/echo"},
-             "http.fetch path for host \"%s\" has an encoded '/', '\\' or '.', or a dot segment (net paths rule)"
+             "http.fetch path for host \"%s\" has an encoded '/', '\\', '.' or '%%', a ';', or a dot segment (net paths rule)"
              % hp("ok.test", "a")),
             ({"url": base + "/repos/acme/%2E%2E/x"},
-             "http.fetch path for host \"%s\" has an encoded '/', '\\' or '.', or a dot segment (net paths rule)"
+             "http.fetch path for host \"%s\" has an encoded '/', '\\', '.' or '%%', a ';', or a dot segment (net paths rule)"
              % hp("ok.test", "a")),
             ({"url": base + "/repos/acme/a%5Cb"},
-             "http.fetch path for host \"%s\" has an encoded '/', '\\' or '.', or a dot segment (net paths rule)"
+             "http.fetch path for host \"%s\" has an encoded '/', '\\', '.' or '%%', a ';', or a dot segment (net paths rule)"
              % hp("ok.test", "a")),
         ]
         for args, reason in refused:

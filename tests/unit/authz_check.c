@@ -591,16 +591,23 @@ static void test_fetch_rules(void)
     /* encodings a server may decode before routing are refused whatever the glob says */
     expect(
         m, "http.fetch", "{\"url\": \"https://api.test/repos/acme/..%2Fother\"}",
-        FORBIDDEN("http.fetch path for host \"api.test:443\" has an encoded '/', '\\' or '.', or a dot segment (net paths rule)"));
+        FORBIDDEN("http.fetch path for host \"api.test:443\" has an encoded '/', '\\', '.' or '%', a ';', or a dot segment (net paths rule)"));
     expect(
         m, "http.fetch", "{\"url\": \"https://api.test/repos/acme/%2e%2e/x\"}",
-        FORBIDDEN("http.fetch path for host \"api.test:443\" has an encoded '/', '\\' or '.', or a dot segment (net paths rule)"));
+        FORBIDDEN("http.fetch path for host \"api.test:443\" has an encoded '/', '\\', '.' or '%', a ';', or a dot segment (net paths rule)"));
     expect(
         m, "http.fetch", "{\"url\": \"https://api.test/repos/acme/a%5cb\"}",
-        FORBIDDEN("http.fetch path for host \"api.test:443\" has an encoded '/', '\\' or '.', or a dot segment (net paths rule)"));
+        FORBIDDEN("http.fetch path for host \"api.test:443\" has an encoded '/', '\\', '.' or '%', a ';', or a dot segment (net paths rule)"));
     expect(
         m, "http.fetch", "{\"url\": \"https://api.test/repos/acme/a%2fb\"}",
-        FORBIDDEN("http.fetch path for host \"api.test:443\" has an encoded '/', '\\' or '.', or a dot segment (net paths rule)"));
+        FORBIDDEN("http.fetch path for host \"api.test:443\" has an encoded '/', '\\', '.' or '%', a ';', or a dot segment (net paths rule)"));
+    /* path parameters (servlet containers strip them before resolving "..;") and an encoded '%' (decoded twice) */
+    expect(
+        m, "http.fetch", "{\"url\": \"https://api.test/repos/acme/..;/other\"}",
+        FORBIDDEN("http.fetch path for host \"api.test:443\" has an encoded '/', '\\', '.' or '%', a ';', or a dot segment (net paths rule)"));
+    expect(
+        m, "http.fetch", "{\"url\": \"https://api.test/repos/acme/%252e%252e/other\"}",
+        FORBIDDEN("http.fetch path for host \"api.test:443\" has an encoded '/', '\\', '.' or '%', a ';', or a dot segment (net paths rule)"));
     /* other percent-encodings are ordinary bytes */
     expect(m, "http.fetch", "{\"url\": \"https://api.test/repos/acme/a%20b\"}", OK_);
     /* entries for one host add up: PUT anywhere, or anything under /public/ */

@@ -226,7 +226,7 @@ static void test_decide(void)
         {"gh", "authorization", "https://api.test/repos/other", "GET",
          "http.fetch secret \"gh\" may not be sent to this path (secret paths rule)"},
         {"gh", "authorization", "https://api.test/repos/acme/%2e%2e/other", "GET",
-         "http.fetch secret \"gh\" may not be sent: the path has an encoded '/', '\\' or '.', or a dot segment (secret paths "
+         "http.fetch secret \"gh\" may not be sent: the path has an encoded '/', '\\', '.' or '%', a ';', or a dot segment (secret paths "
          "rule)"},
         {"nope", "authorization", "https://api.test/repos/acme/x", "GET", "http.fetch secret \"nope\" is not granted to this run"},
         /* host entries with their own rules, and wildcards */

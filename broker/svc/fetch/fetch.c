@@ -313,6 +313,52 @@ static int may_park(const fetch_t *f)
     return f->ctx->conf->keepalive_pool_size != 0 && f->tok != NULL && f->body_len == 0;
 }
 
+/*
+ * A run that holds secrets gets every answer redacted (PROTOCOL.md section 5,
+ * "Secrets"), and redaction needs the value's bytes whole and in the clear:
+ * such a run's requests ask for no content coding and no byte range (the
+ * guest's accept-encoding, range and if-range are dropped; a coded or partial
+ * answer is refused in succeed), and carry no method-override header that
+ * would let a server run another method than the one the rules judged.
+ */
+#define GUARDED_ENCODING "accept-encoding: identity\r\n"
+
+static int holds_secrets(const fetch_t *f)
+{
+    return f->tok != NULL && sb_secrets_count(f->tok->secrets) != 0;
+}
+
+static int guarded_drop(const char *name)
+{
+    static const char *const drop[] = {"accept-encoding",   "range", "if-range", "x-http-method-override", "x-http-method",
+                                       "x-method-override", NULL};
+    for (size_t i = 0; drop[i] != NULL; ++i)
+        if (strcmp(drop[i], name) == 0)
+            return 1;
+    return 0;
+}
+
+/* why an answer to a run with secrets cannot be redacted (coded or partial), or NULL */
+static const char *unredactable(const sb_http_response_t *res)
+{
+    if (res->status == 206)
+        return "a partial (206) answer";
+    for (size_t i = 0; i < res->nheaders; ++i) {
+        const sb_http_header_t *h = &res->headers[i];
+        if (h->name_len == 16 && memcmp(h->name, "content-encoding", 16) == 0) {
+            const char *v = h->value;
+            size_t n = h->value_len;
+            while (n != 0 && (*v == ' ' || *v == '\t'))
+                ++v, --n;
+            while (n != 0 && (v[n - 1] == ' ' || v[n - 1] == '\t'))
+                --n;
+            if (!h2o_lcstris(v, n, H2O_STRLIT("identity")))
+                return "a content-coded answer";
+        }
+    }
+    return NULL;
+}
+
 static void build_request(fetch_t *f)
 {
     char host[SB_URL_MAX_HOST + 16];
@@ -320,16 +366,21 @@ static void build_request(fetch_t *f)
     int with_length =
         f->body_len != 0 || strcmp(f->method, "POST") == 0 || strcmp(f->method, "PUT") == 0 || strcmp(f->method, "PATCH") == 0;
 
+    int guarded = holds_secrets(f);
+
     for (size_t i = 0; i < f->nheaders; ++i)
         cap += strlen(f->headers[i].name) + expanded_len(&f->headers[i]) + 4;
+    cap += sizeof(GUARDED_ENCODING);
     sb_url_host_header(&f->url, host, sizeof(host));
     wipe_request(f);
     f->request = sb_mem_alloc(cap);
     /* HTTP/1.1 connections persist by default (RFC 9112 section 9.3): "close" unless the worker may park this one */
-    len += (size_t)snprintf(f->request + len, cap - len, "%s %s HTTP/1.1\r\nhost: %s\r\n%s", f->method, f->url.target, host,
-                            may_park(f) ? "" : "connection: close\r\n");
+    len += (size_t)snprintf(f->request + len, cap - len, "%s %s HTTP/1.1\r\nhost: %s\r\n%s%s", f->method, f->url.target, host,
+                            may_park(f) ? "" : "connection: close\r\n", guarded ? GUARDED_ENCODING : "");
     f->request_secret = 0;
     for (size_t i = 0; i < f->nheaders; ++i) {
+        if (guarded && guarded_drop(f->headers[i].name))
+            continue;
         len += (size_t)snprintf(f->request + len, cap - len, "%s: ", f->headers[i].name);
         len += write_value(f->request + len, &f->headers[i]);
         f->request_secret |= f->headers[i].nph != 0;
@@ -473,7 +524,12 @@ static void succeed(fetch_t *f, sb_http_response_t *res)
     const char *body = res->body != NULL ? (const char *)res->body : "";
     redacted_t red;
     sb_status_t rst;
+    const char *why;
 
+    if (holds_secrets(f) && (why = unredactable(res)) != NULL) {
+        fail(f, SB_E_EXECUTION, "%s to a run that holds secrets: it cannot be redacted", why);
+        return;
+    }
     if ((rst = redact_response(f->tok != NULL ? f->tok->secrets : NULL, res, &red)) != SB_OK) {
         free_redacted(&red);
         fail(f, SB_E_EXECUTION, "%s",
