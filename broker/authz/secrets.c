@@ -780,17 +780,6 @@ int sb_secrets_have_key(void)
     return g_have_key;
 }
 
-static int hexval(char h)
-{
-    if (h >= '0' && h <= '9')
-        return h - '0';
-    if (h >= 'a' && h <= 'f')
-        return h - 'a' + 10;
-    if (h >= 'A' && h <= 'F')
-        return h - 'A' + 10;
-    return -1;
-}
-
 sb_status_t sb_secrets_read_key(const char *path, uint8_t key[32], char *err, size_t errsz)
 {
     uint8_t buf[130];
@@ -812,7 +801,7 @@ sb_status_t sb_secrets_read_key(const char *path, uint8_t key[32], char *err, si
         if (n != 64)
             st = fail(err, errsz, "secrets_key_file: %s holds neither 32 raw bytes nor 64 hex digits", path);
         for (size_t i = 0; st == SB_OK && i < 32; ++i) {
-            int hi = hexval((char)buf[2 * i]), lo = hexval((char)buf[2 * i + 1]);
+            int hi = sb_hex_digit((char)buf[2 * i]), lo = sb_hex_digit((char)buf[2 * i + 1]);
             if (hi < 0 || lo < 0)
                 st = fail(err, errsz, "secrets_key_file: %s holds neither 32 raw bytes nor 64 hex digits", path);
             else

@@ -894,11 +894,6 @@ Exit:
     return st;
 }
 
-static int hexval(char c)
-{
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-}
-
 static int ipv6_supported(void)
 {
     int fd = socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0);
@@ -929,7 +924,7 @@ static sb_status_t load_ipv6(cidr_list_t *out, size_t *cap, char *err, size_t er
             break;
         }
         for (size_t i = 0; i != 16 && st == SB_OK; ++i) {
-            int hi = hexval(line[2 * i]), lo = hexval(line[2 * i + 1]);
+            int hi = sb_hex_digit(line[2 * i]), lo = sb_hex_digit(line[2 * i + 1]);
             if (hi < 0 || lo < 0)
                 st = iface_fail(err, errsz, "/proc/net/if_inet6", 0);
             addr[i] = (uint8_t)(hi << 4 | lo);

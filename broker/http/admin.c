@@ -162,17 +162,6 @@ static const char *unauthorized(h2o_req_t *req)
     return "wrong admin secret";
 }
 
-static int hexval(char h)
-{
-    if (h >= '0' && h <= '9')
-        return h - '0';
-    if (h >= 'a' && h <= 'f')
-        return h - 'a' + 10;
-    if (h >= 'A' && h <= 'F')
-        return h - 'A' + 10;
-    return -1;
-}
-
 /*
  * strict percent-decoding of one path segment: a literal '/' ends the segment
  * and is refused, while "%2F" decodes to '/' (run ids may contain it, and every
@@ -188,7 +177,7 @@ static int decode_segment(const char *s, size_t len, char *out, size_t outsz)
             return -1;
         if (c == '%') {
             int v1, v2;
-            if (len - i < 3 || (v1 = hexval(s[i + 1])) < 0 || (v2 = hexval(s[i + 2])) < 0)
+            if (len - i < 3 || (v1 = sb_hex_digit(s[i + 1])) < 0 || (v2 = sb_hex_digit(s[i + 2])) < 0)
                 return -1;
             c = v1 << 4 | v2;
             i += 2;

@@ -89,6 +89,17 @@ void sb_hex(const uint8_t *in, size_t len, char *out)
     out[2 * len] = '\0';
 }
 
+int sb_hex_digit(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
 /*
  * OpenSSL 3 looks the algorithm up on every EVP_Digest with the implicit
  * EVP_sha256(); fetching it once and keeping one context per thread makes the

@@ -27,6 +27,8 @@ SB_WARN_UNUSED sb_status_t sb_uuid4(char out[37]);
 
 /** lowercase hex of `len` bytes into `out` (2 * len + 1 bytes) */
 void sb_hex(const uint8_t *in, size_t len, char *out);
+/** the value of one hex digit (either case), or -1 */
+int sb_hex_digit(char c);
 /** SHA-256 of `len` bytes */
 void sb_sha256(const void *in, size_t len, uint8_t out[32]);
 /** constant-time comparison of two buffers of equal length; 1 if equal */
