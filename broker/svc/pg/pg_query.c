@@ -350,18 +350,28 @@ static sb_status_t where_expr(build_t *b, const sb_where_t *w)
     return fail(b, "where is malformed");
 }
 
+/* the token's value for the i-th scope binding, added as a parameter whose number goes to *n */
+static sb_status_t scope_param(build_t *b, const sb_token_t *tok, size_t i, int *n)
+{
+    const char *v = sb_token_scope_value(tok, b->c->scope[i].scope_key);
+
+    if (v == NULL) {
+        snprintf(b->err, b->errsz, "the token binds no \"%s\" scope value", b->c->scope[i].scope_key);
+        return SB_E_FORBIDDEN;
+    }
+    if ((*n = add_param(b, sb_mem_strdup(v))) == 0)
+        return fail(b, "too many parameters");
+    return SB_OK;
+}
+
 /* AND the scope clamp (and the store namespace) onto the statement */
 static sb_status_t emit_clamp(build_t *b, const sb_token_t *tok, const char *store_ns)
 {
     for (size_t i = 0; i < b->c->nscope; ++i) {
-        const char *v = sb_token_scope_value(tok, b->c->scope[i].scope_key);
         int n;
-        if (v == NULL) {
-            snprintf(b->err, b->errsz, "the token binds no \"%s\" scope value", b->c->scope[i].scope_key);
-            return SB_E_FORBIDDEN;
-        }
-        if ((n = add_param(b, sb_mem_strdup(v))) == 0)
-            return fail(b, "too many parameters");
+        sb_status_t st;
+        if ((st = scope_param(b, tok, i, &n)) != SB_OK)
+            return st;
         {
             /* cast to the scope column's own type: a uuid or integer tenant column compares as such */
             const sb_pg_col_t *col = find_col(b->c, b->c->scope[i].column, strlen(b->c->scope[i].column));
@@ -538,14 +548,9 @@ static sb_status_t build_insert(build_t *b, const sb_call_data_t *d, const sb_pg
             return st;
     }
     for (size_t s = 0; s < b->c->nscope; ++s) {
-        const char *v = sb_token_scope_value(tok, b->c->scope[s].scope_key);
         int n;
-        if (v == NULL) {
-            snprintf(b->err, b->errsz, "the token binds no \"%s\" scope value", b->c->scope[s].scope_key);
-            return SB_E_FORBIDDEN;
-        }
-        if ((n = add_param(b, sb_mem_strdup(v))) == 0)
-            return fail(b, "too many parameters");
+        if ((st = scope_param(b, tok, s, &n)) != SB_OK)
+            return st;
         {
             const sb_pg_col_t *col = find_col(b->c, b->c->scope[s].column, strlen(b->c->scope[s].column));
             emit(b, "%s$%d::%s", first ? "" : ", ", n, col != NULL ? col->type : "text");
