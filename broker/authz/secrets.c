@@ -812,9 +812,13 @@ sb_status_t sb_secrets_read_key(const char *path, uint8_t key[32], char *err, si
     return st;
 }
 
-/* AES-256-GCM over the value; aad = token hash || name; out = nonce || ciphertext || tag */
-static int gcm(int enc, const uint8_t hash[32], const char *name, const uint8_t *nonce, const uint8_t *in, size_t len, uint8_t *out,
-               uint8_t *tag)
+/*
+ * AES-256-GCM over the value; aad = token hash || name || NUL || the rules
+ * (sorted compact JSON), so a record's rules cannot be widened by whoever can
+ * write to Redis without the key; out = nonce || ciphertext || tag
+ */
+static int gcm(int enc, const uint8_t hash[32], const char *name, const char *rules, const uint8_t *nonce, const uint8_t *in,
+               size_t len, uint8_t *out, uint8_t *tag)
 {
     EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
     int ok = 0, n;
@@ -824,7 +828,8 @@ static int gcm(int enc, const uint8_t hash[32], const char *name, const uint8_t 
     if (EVP_CipherInit_ex(c, EVP_aes_256_gcm(), NULL, NULL, NULL, enc) != 1 ||
         EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_IVLEN, NONCE_LEN, NULL) != 1 ||
         EVP_CipherInit_ex(c, NULL, NULL, g_key, nonce, enc) != 1 || EVP_CipherUpdate(c, NULL, &n, hash, 32) != 1 ||
-        EVP_CipherUpdate(c, NULL, &n, (const uint8_t *)name, (int)strlen(name)) != 1 ||
+        EVP_CipherUpdate(c, NULL, &n, (const uint8_t *)name, (int)strlen(name) + 1) != 1 ||
+        EVP_CipherUpdate(c, NULL, &n, (const uint8_t *)rules, (int)strlen(rules)) != 1 ||
         EVP_CipherUpdate(c, out, &n, in, (int)len) != 1)
         goto Exit;
     if (!enc && EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_TAG, TAG_LEN, tag) != 1)
@@ -854,9 +859,12 @@ json_t *sb_secrets_seal(const sb_secrets_t *s, const uint8_t hash[32])
         const sb_secret_t *sec = &s->v[i];
         size_t blen = NONCE_LEN + sec->value_len + TAG_LEN;
         json_t *rules = json_loads(sec->rules_text, 0, NULL);
-        if (rules == NULL || sb_random(box, NONCE_LEN) != SB_OK ||
-            !gcm(1, hash, sec->name, box, (const uint8_t *)sec->value, sec->value_len, box + NONCE_LEN,
-                 box + NONCE_LEN + sec->value_len)) {
+        char *aad = rules != NULL ? json_dumps(rules, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+        int ok = aad != NULL && sb_random(box, NONCE_LEN) == SB_OK &&
+                 gcm(1, hash, sec->name, aad, box, (const uint8_t *)sec->value, sec->value_len, box + NONCE_LEN,
+                     box + NONCE_LEN + sec->value_len);
+        sb_mem_free_foreign(aad);
+        if (!ok) {
             json_decref(rules);
             json_decref(o);
             o = NULL;
@@ -888,18 +896,27 @@ sb_status_t sb_secrets_unseal(const json_t *o, const uint8_t hash[32], const sb_
     {
         json_t *sealed = json_object_get(e, "sealed"), *rules;
         size_t blen = 0;
-        char *text;
-        if (!json_is_string(sealed) || json_string_length(sealed) > sb_b64_encoded_len(NONCE_LEN + SB_MAX_SECRET_VALUE + TAG_LEN) ||
-            sb_b64_decode(json_string_value(sealed), json_string_length(sealed), box, &blen) != SB_OK ||
-            blen < NONCE_LEN + 1 + TAG_LEN ||
-            !gcm(0, hash, name, box, box + NONCE_LEN, blen - NONCE_LEN - TAG_LEN, plain, box + blen - TAG_LEN)) {
-            /* a tag that does not verify comes after the plaintext was written: wipe it too */
-            OPENSSL_cleanse(plain, SB_MAX_SECRET_VALUE + 1);
+        char *text, *aad;
+        int ok;
+        if (!json_is_object(e) || (rules = json_deep_copy(e)) == NULL) {
             st = SB_E_UNAVAILABLE;
             break;
         }
-        rules = json_deep_copy(e);
         json_object_del(rules, "sealed");
+        aad = json_dumps(rules, JSON_COMPACT | JSON_SORT_KEYS);
+        ok = aad != NULL && json_is_string(sealed) &&
+             json_string_length(sealed) <= sb_b64_encoded_len(NONCE_LEN + SB_MAX_SECRET_VALUE + TAG_LEN) &&
+             sb_b64_decode(json_string_value(sealed), json_string_length(sealed), box, &blen) == SB_OK &&
+             blen >= NONCE_LEN + 1 + TAG_LEN &&
+             gcm(0, hash, name, aad, box, box + NONCE_LEN, blen - NONCE_LEN - TAG_LEN, plain, box + blen - TAG_LEN);
+        sb_mem_free_foreign(aad);
+        if (!ok) {
+            /* a tag that does not verify comes after the plaintext was written: wipe it too */
+            OPENSSL_cleanse(plain, SB_MAX_SECRET_VALUE + 1);
+            json_decref(rules);
+            st = SB_E_UNAVAILABLE;
+            break;
+        }
         text = json_dumps(rules, JSON_COMPACT);
         json_decref(rules);
         if (text == NULL)

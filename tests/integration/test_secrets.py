@@ -751,6 +751,24 @@ class RedisAtRest(SecretsCase):
         self.assertEqual(r.status, 503, r)
         self.assertNothingSent()
 
+    def test_widened_rules_fail_closed(self):
+        """The rules are in the associated data: whoever can write to Redis but has no key cannot send a
+        value to another host by editing the record's rules (and the run's net beside them)."""
+        net = [hp("tls.test", "tls")]
+        tok = self.mint(self.gh(), net, broker=self.rb).body["token"]
+        key = "sbsec:tok:" + hashlib.sha256(tok.encode()).hexdigest()
+        rec = json.loads(sbtest.redis_command(self.redis.port, "GET", key))
+        self.assertIn("hosts", rec["secrets"]["gh"], rec["secrets"]["gh"])
+        rec["secrets"]["gh"]["hosts"] = rec["secrets"]["gh"]["hosts"] + [hp("other.test", "other")]
+        rec["capabilities"]["net"] = rec["capabilities"]["net"] + [hp("other.test", "other")]
+        rec["mint"] = "1" * 32
+        sbtest.redis_command(self.redis.port, "SET", key, json.dumps(rec, separators=(",", ":")))
+        for name in ("other", "tls"):
+            r = self.fetch(tok, origin(name + ".test" if name == "other" else "tls.test", name) + "/echo",
+                           {"authorization": PH}, broker=self.rb)
+            self.assertEqual(r.status, 503, r)
+        self.assertNothingSent()
+
     def test_no_key_refuses_secrets(self):
         b = sbtest.Broker(env=self.env).start()
         try:
