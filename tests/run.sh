@@ -33,6 +33,21 @@ cmake -S . -B build-minsize -DCMAKE_BUILD_TYPE=MinSizeRel -DSB_WERROR=ON >/dev/n
 cmake --build build-minsize -j"$JOBS"
 
 # --- servers ---------------------------------------------------------------
+# The jailed guests run under uids of their own, and PostgreSQL as postgres: they must be able to
+# reach the checkout (a clone inside a 0700 directory, e.g. one made by mktemp -d, is not). Grant
+# search (x, never read) on the directories above it that lack it, and say so.
+d=$ROOT
+while :; do
+    case "$(stat -c %A "$d" | cut -c10)" in
+    x | t) ;;
+    *)
+        echo "tests/run.sh: granting other users search permission on $d (the jailed guests read the checkout)"
+        chmod o+x "$d"
+        ;;
+    esac
+    [ "$d" = / ] && break
+    d=$(dirname "$d")
+done
 WORK=$(mktemp -d /tmp/sb-tests.XXXXXX)
 REDIS_PORT=${SB_TEST_REDIS_PORT:-6390}
 PG_PORT=${SB_TEST_PG_PORT:-6432}
