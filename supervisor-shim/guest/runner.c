@@ -67,53 +67,10 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
     return 0;
 }
 
-static _Thread_local int unreadable_seen;
-
-/* a directory of the guest's becomes ours again, 0700, so that it can be emptied without CAP_DAC_OVERRIDE */
-static int take_back(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+/* Removes the --jail=off work directory, which only this process and its unjailed guest wrote. */
+static void remove_workdir(const char *workdir)
 {
-    (void)ftw;
-    if (flag != FTW_D && flag != FTW_DNR)
-        return 0;
-    if (sb->st_uid != geteuid() || sb->st_gid != getegid())
-        (void)lchown(path, geteuid(), getegid());
-    if ((sb->st_mode & 07777) != 0700)
-        (void)chmod(path, 0700); /* FTW_PHYS: a directory, not a link to one; its guest is gone */
-    if (flag == FTW_DNR)
-        unreadable_seen = 1;
-    return 0;
-}
-
-/*
- * Removes the work directory. Called once the guest and everything it started are gone and before
- * the jail gives its uid back (sb_shim_child_close), so no process of that uid can change the tree
- * under us. The directories the guest made are taken back first, a level deeper on each pass for
- * those it had made unreadable.
- */
-static void remove_workdir(const char *workdir, const char *home)
-{
-    for (int pass = 0; pass < 16; ++pass) {
-        unreadable_seen = 0;
-        (void)nftw(home, take_back, 16, FTW_PHYS | FTW_MOUNT);
-        if (!unreadable_seen)
-            break;
-    }
     (void)nftw(workdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
-}
-
-/* 1 when a guest running as another uid can traverse `dir` and every directory above it */
-static int reachable(const char *dir)
-{
-    char walk[256];
-    struct stat st;
-
-    snprintf(walk, sizeof(walk), "%s", dir);
-    for (char *slash = walk + strlen(walk); slash > walk; slash = strrchr(walk, '/')) {
-        *slash = '\0';
-        if (stat(walk[0] != '\0' ? walk : "/", &st) != 0 || (st.st_mode & S_IXOTH) == 0)
-            return 0;
-    }
-    return 1;
 }
 
 sb_status_t sb_shim_deno_run(const sb_shim_deno_t *d, const sb_shim_config_t *cfg, const uint8_t *init, size_t init_len,
@@ -130,29 +87,28 @@ sb_status_t sb_shim_deno_run(const sb_shim_deno_t *d, const sb_shim_config_t *cf
     size_t a = 0, e = 0;
 
     *outcome = NULL;
-    if (base == NULL || base[0] != '/' || strlen(base) > 200)
-        base = "/tmp";
-    /* jailed, the guest runs as another uid: it must reach its home through every parent */
-    if (jailed && !reachable(base)) {
-        snprintf(err, errsz, "failed to create sandbox work root: the guest cannot reach %s (every parent needs o+x; set TMPDIR)",
-                 base);
-        return SB_E_EXECUTION;
-    }
-    snprintf(workdir, sizeof(workdir), "%s/sb-shim-XXXXXX", base);
-    if (mkdtemp(workdir) == NULL) {
-        snprintf(err, errsz, "failed to create sandbox work root");
-        return SB_E_EXECUTION;
-    }
+    workdir[0] = home[0] = '\0';
     /*
-     * The directory stays ours: 0700, or only searchable (0711) when jailed; `home` inside it is
-     * the guest's HOME, DENO_DIR and TMPDIR, handed to the guest's uid when it is spawned
-     * (sb_shim_spawn_t.home). The runtime is on the command line, so nothing else is in it.
+     * Jailed, the guest's HOME, DENO_DIR and TMPDIR are in /work, the scratch tmpfs of its own root
+     * (jail/mounts.c), which goes with it: nothing is made on the host. Only --jail=off still needs a
+     * private directory on the host, 0700 and removed afterwards.
      */
-    snprintf(home, sizeof(home), "%s/home", workdir);
-    if (mkdir(home, 0700) != 0 || (jailed && chmod(workdir, 0711) != 0)) {
-        snprintf(err, errsz, "failed to create sandbox work root");
-        st = SB_E_EXECUTION;
-        goto Exit;
+    if (!jailed) {
+        if (base == NULL || base[0] != '/' || strlen(base) > 200)
+            base = "/tmp";
+        snprintf(workdir, sizeof(workdir), "%s/sb-shim-XXXXXX", base);
+        if (mkdtemp(workdir) == NULL) {
+            snprintf(err, errsz, "failed to create sandbox work root");
+            return SB_E_EXECUTION;
+        }
+        snprintf(home, sizeof(home), "%s/home", workdir);
+        if (mkdir(home, 0700) != 0) {
+            snprintf(err, errsz, "failed to create sandbox work root");
+            st = SB_E_EXECUTION;
+            goto Exit;
+        }
+    } else {
+        snprintf(home, sizeof(home), "/work");
     }
     snprintf(v8flags, sizeof(v8flags), "--v8-flags=--max-old-space-size=%lu", d->memory_mb);
     /*
@@ -181,7 +137,7 @@ sb_status_t sb_shim_deno_run(const sb_shim_deno_t *d, const sb_shim_config_t *cf
     argv[a++] = (char *)d->runtime_url;
     argv[a] = NULL;
     snprintf(e_home, sizeof(e_home), "HOME=%s", home);
-    snprintf(e_denodir, sizeof(e_denodir), "DENO_DIR=%s/deno", home);
+    snprintf(e_denodir, sizeof(e_denodir), "DENO_DIR=%s/%s", home, jailed ? ".deno" : "deno");
     snprintf(e_tmp, sizeof(e_tmp), "TMPDIR=%s", home);
     envp[e++] = e_home;
     envp[e++] = e_denodir;
@@ -196,11 +152,12 @@ sb_status_t sb_shim_deno_run(const sb_shim_deno_t *d, const sb_shim_config_t *cf
     sp.path = d->exe;
     sp.argv = argv;
     sp.envp = envp;
-    sp.cwd = "/";
+    sp.cwd = jailed ? "/work" : "/"; /* Deno.cwd() reads /work either way (runtime.js), as upstream's guest */
     sp.nofile = SB_SHIM_GUEST_NOFILE;
     sp.jail = d->jail;
     sp.memory_mb = (unsigned)d->memory_mb;
-    sp.home = home;
+    sp.root_exe = "/runtime/deno"; /* argv[0], and what Deno.execPath() reads */
+    sp.timeout_ms = cfg->timeout_ms;
     /* the child's copy of our memory is wiped of the token first (its own copy: ours stays) */
     sp.scrub = (void *)cfg->token;
     sp.scrub_len = sizeof(cfg->token);
@@ -216,12 +173,10 @@ sb_status_t sb_shim_deno_run(const sb_shim_deno_t *d, const sb_shim_config_t *cf
     if (on_spawned != NULL)
         on_spawned(arg, &child);
     st = sb_shim_relay_run(cfg, &child, init, init_len, outcome);
-    /* the relay reaped the guest; a jailed one took its PID namespace with it */
-    remove_workdir(workdir, home);
-    workdir[0] = '\0';
+    /* the relay reaped the guest; a jailed one took its PID and mount namespaces with it */
     sb_shim_child_close(&child);
 Exit:
     if (workdir[0] != '\0')
-        remove_workdir(workdir, home);
+        remove_workdir(workdir);
     return st;
 }

@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
@@ -55,7 +56,7 @@
 
 /* the namespaces of every jailed guest, as clone(2) flags */
 /* (the cgroup namespace comes later, in sb_shim_jail_enter: once the guest is in its run's cgroup) */
-#define JAIL_NS_FLAGS ((unsigned long)(CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS))
+#define JAIL_NS_FLAGS ((unsigned long)(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS))
 
 /*
  * Refused outright with EPERM. Grouped by what they would give a guest that got past Deno:
@@ -113,7 +114,7 @@ struct st_sb_shim_jail_t {
     char *cgroup_path;
     struct sock_fprog prog;
     unsigned rules;
-    char describe[640];
+    char describe[1024];
 };
 
 static atomic_uint_fast64_t jail_failures;
@@ -127,6 +128,20 @@ void sb_shim_jail_count_failure(void)
 uint64_t sb_shim_jail_failures(void)
 {
     return (uint64_t)atomic_load(&jail_failures);
+}
+
+unsigned long long sb_shim_jail_cpu_limit(unsigned timeout_ms)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+
+    if (timeout_ms == 0)
+        return 0;
+    return (unsigned long long)(cpus > 0 ? cpus : 1) * ((timeout_ms + 999ull) / 1000u) + SB_SHIM_JAIL_CPU_MARGIN_S;
+}
+
+unsigned long long sb_shim_jail_scratch_bytes(const sb_shim_jail_t *j)
+{
+    return j->fsize;
 }
 
 unsigned long sb_shim_jail_clone_flags(void)
@@ -530,10 +545,13 @@ sb_shim_jail_t *sb_shim_jail_new(const sb_shim_jail_config_t *cfg, char *err, si
                      "no cgroup v2 subtree (--jail-cgroup): memory is bounded only by the V8 heap cap and "
                      "RLIMIT_DATA, processes by RLIMIT_NPROC");
         snprintf(j->describe, sizeof(j->describe),
-                 "jail: on: user, pid, net (lo down), ipc, uts, cgroup namespaces; %s, no groups or capabilities; "
+                 "jail: on: user, mount, pid, net (lo down), ipc, uts, cgroup namespaces; a tmpfs root of its own (the "
+                 "executable and its libraries read-only, /dev null zero random urandom, /proc/self/exe only, "
+                 "scratch /work %llu MiB / %u inodes; no host /tmp, /etc, /home, /sys); %s, no groups or capabilities; "
                  "no_new_privs; seccomp (%u rules); rlimits nproc %u, fsize %llu MiB, data memory limit + %u MiB + "
                  "%u MiB per CPU, core 0; %s",
-                 ids, j->rules, j->nproc, j->fsize / (1024u * 1024u), SB_SHIM_JAIL_DATA_BASE_MB, SB_SHIM_JAIL_DATA_PER_CPU_MB, mem);
+                 j->fsize / (1024u * 1024u), SB_SHIM_JAIL_SCRATCH_INODES, ids, j->rules, j->nproc, j->fsize / (1024u * 1024u),
+                 SB_SHIM_JAIL_DATA_BASE_MB, SB_SHIM_JAIL_DATA_PER_CPU_MB, mem);
     }
     return j;
 Fail:
@@ -570,6 +588,54 @@ const char *sb_shim_jail_describe(const sb_shim_jail_t *j)
 
 /* ---- per run ---- */
 
+/*
+ * 1 when a process runs as `uid` (any of its real, effective, saved or filesystem uids), or when that
+ * cannot be known. A lock is given back when the process holding it dies, which can be before its
+ * guest is gone (the guest dies of PR_SET_PDEATHSIG a moment later, or a guest of an older shim
+ * outlived it): the slot is taken only once nothing runs as its uid any more.
+ */
+static int uid_in_use(uid_t uid)
+{
+    DIR *d = opendir("/proc");
+    struct dirent *de;
+    int used = 0;
+
+    if (d == NULL)
+        return 1;
+    while (!used && (de = readdir(d)) != NULL) {
+        char path[64], buf[2048];
+        const char *p;
+        int fd;
+        ssize_t n;
+        if (de->d_name[0] < '1' || de->d_name[0] > '9')
+            continue;
+        snprintf(path, sizeof(path), "/proc/%.20s/status", de->d_name);
+        if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+            continue; /* gone meanwhile */
+        n = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        if (n <= 0)
+            continue;
+        buf[n] = '\0';
+        /* the kernel escapes newlines in Name:, so "\nUid:" is its own line */
+        if ((p = strstr(buf, "\nUid:")) == NULL)
+            continue;
+        p += 5;
+        for (int k = 0; k < 4 && !used; ++k) {
+            unsigned long long v = 0;
+            while (*p == '\t' || *p == ' ')
+                ++p;
+            if (*p < '0' || *p > '9')
+                break;
+            while (*p >= '0' && *p <= '9')
+                v = v * 10 + (unsigned long long)(*p++ - '0');
+            used = v == (unsigned long long)uid;
+        }
+    }
+    closedir(d);
+    return used;
+}
+
 /* takes the byte at offset `uid` of the lock file; an open file description lock, so two runs of
  * one process conflict like two processes do, and the lock goes when the descriptor is closed */
 static int take_uid(const sb_shim_jail_t *j, sb_shim_jail_run_t *run, char *err, size_t errsz)
@@ -592,6 +658,11 @@ static int take_uid(const sb_shim_jail_t *j, sb_shim_jail_run_t *run, char *err,
         fl.l_start = (off_t)uid;
         fl.l_len = 1;
         if (fcntl(fd, F_OFD_SETLK, &fl) == 0) {
+            if (uid_in_use((uid_t)uid)) {
+                fl.l_type = F_UNLCK;
+                (void)fcntl(fd, F_OFD_SETLK, &fl);
+                continue;
+            }
             run->uid = (uid_t)uid;
             run->gid = (gid_t)uid;
             run->lock_fd = fd;
@@ -668,7 +739,7 @@ sb_status_t sb_shim_jail_begin(sb_shim_jail_t *j, unsigned memory_mb, const char
                                size_t errsz)
 {
     memset(run, 0, sizeof(*run));
-    run->lock_fd = run->cgroup_fd = -1;
+    run->lock_fd = run->cgroup_fd = run->parent_fd = -1;
     if (!sb_shim_jail_enabled(j))
         return SB_OK;
     run->active = 1;
@@ -768,6 +839,30 @@ int sb_shim_jail_enter(const sb_shim_jail_t *j, const sb_shim_jail_run_t *run, u
     if (setresuid(run->uid, run->uid, run->uid) != 0)
         ENTER_FAIL(SB_SHIM_JAIL_STAGE_UID);
     /*
+     * The kernel clears PR_SET_PDEATHSIG on every credential change, so the one set before the uid
+     * switch is gone (as root the uid changed): set it again, then make sure the spawning process did
+     * not die before it was: its end of our socket would then be closed. From here on its death kills us.
+     */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
+        ENTER_FAIL(SB_SHIM_JAIL_STAGE_PDEATHSIG);
+    if (run->parent_fd >= 0) {
+        struct pollfd pfd;
+        pfd.fd = run->parent_fd;
+        pfd.events = POLLIN | POLLRDHUP;
+        pfd.revents = 0;
+        if (poll(&pfd, 1, 0) != 0) {
+            errno = ESRCH;
+            ENTER_FAIL(SB_SHIM_JAIL_STAGE_PDEATHSIG);
+        }
+    }
+    /* a root of its own (mounts.c), while we still hold CAP_SYS_ADMIN in our user namespace; as the
+     * guest's uid already, so nothing is bound that the guest could not read anyway */
+    if (run->fs != NULL) {
+        int stage = 0;
+        if (sb_shim_jail_mount(run->fs, &stage) != 0)
+            ENTER_FAIL(stage);
+    }
+    /*
      * The namespace's uid 0 is unmapped, so setresuid kept our capabilities (the kernel clears them
      * only on a change away from the namespace's root) and exec would drop them; drop them here
      * anyway, bounding and ambient sets included, and lock the securebits so nothing regains them.
@@ -800,6 +895,12 @@ int sb_shim_jail_enter(const sb_shim_jail_t *j, const sb_shim_jail_run_t *run, u
     rl.rlim_cur = rl.rlim_max = (rlim_t)run->data_limit;
     if (setrlimit(RLIMIT_DATA, &rl) != 0)
         ENTER_FAIL(SB_SHIM_JAIL_STAGE_RLIMIT);
+    /* soft = hard: at the limit the kernel sends SIGKILL, which a guest cannot block as it can SIGXCPU */
+    if (run->cpu_limit != 0) {
+        rl.rlim_cur = rl.rlim_max = (rlim_t)run->cpu_limit;
+        if (setrlimit(RLIMIT_CPU, &rl) != 0)
+            ENTER_FAIL(SB_SHIM_JAIL_STAGE_RLIMIT);
+    }
     if (nofile != 0) {
         rl.rlim_cur = rl.rlim_max = nofile;
         if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
@@ -817,6 +918,8 @@ int sb_shim_jail_enter(const sb_shim_jail_t *j, const sb_shim_jail_run_t *run, u
 
 void sb_shim_jail_end(sb_shim_jail_t *j, sb_shim_jail_run_t *run)
 {
+    sb_shim_jail_fs_free(run->fs);
+    run->fs = NULL;
     if (!run->active)
         return;
     if (run->cgroup_fd >= 0)
@@ -918,6 +1021,22 @@ const char *sb_shim_jail_stage_name(int stage)
         return "setting no_new_privs";
     case SB_SHIM_JAIL_STAGE_SECCOMP:
         return "loading the seccomp filter";
+    case SB_SHIM_JAIL_STAGE_PROPAGATION:
+        return "making mount propagation private in the guest's mount namespace";
+    case SB_SHIM_JAIL_STAGE_ROOT:
+        return "mounting the guest's tmpfs root";
+    case SB_SHIM_JAIL_STAGE_BIND:
+        return "binding the guest's executable, libraries or devices read-only into its root";
+    case SB_SHIM_JAIL_STAGE_SCRATCH:
+        return "mounting the guest's scratch tmpfs";
+    case SB_SHIM_JAIL_STAGE_PIVOT:
+        return "pivot_root into the guest's root and detaching the old one";
+    case SB_SHIM_JAIL_STAGE_PDEATHSIG:
+        return "re-arming PR_SET_PDEATHSIG after the uid change (the shim is gone)";
+    case SB_SHIM_JAIL_STAGE_PROC:
+        return "making the guest's /proc (self/exe only)";
+    case SB_SHIM_JAIL_STAGE_CWD:
+        return "entering the guest's working directory";
     default:
         return "preparing the guest";
     }

@@ -48,6 +48,9 @@
  */
 #define SB_SHIM_JAIL_DATA_BASE_MB 768u
 #define SB_SHIM_JAIL_DATA_PER_CPU_MB 16u
+/* RLIMIT_CPU = CPUs x the run's wall clock (rounded up to seconds) + this: every thread busy for the
+ * whole run still fits; a guest that outlives its run (or blocks SIGXCPU) cannot spin past it */
+#define SB_SHIM_JAIL_CPU_MARGIN_S 5u
 /* the memory limit of a run that names none (relay without --memory-mb) */
 #define SB_SHIM_JAIL_DEFAULT_MEMORY_MB 256u
 
@@ -63,6 +66,51 @@ typedef struct st_sb_shim_jail_config_t {
     const char *lock_file; /* root only: the byte-range lock file that hands out the guest uids */
 } sb_shim_jail_config_t;
 
+/* ---- the guest's filesystem (mounts.c) ---- */
+
+/* a scratch (/work: HOME, TMPDIR, DENO_DIR, the cwd) of a run: bytes and inodes */
+#define SB_SHIM_JAIL_SCRATCH_INODES 4096u
+
+/* one entry of the guest's root: a read-only bind of a host path, or a symlink */
+typedef struct st_sb_shim_jail_bind_t {
+    char *src; /* the host path (resolved); for a symlink, its target */
+    char *dst; /* the path inside the guest's root */
+    unsigned flags;
+} sb_shim_jail_bind_t;
+#define SB_SHIM_JAIL_BIND_DIR 1u     /* a directory (else a file) */
+#define SB_SHIM_JAIL_BIND_EXEC 2u    /* code: not noexec */
+#define SB_SHIM_JAIL_BIND_DEV 4u     /* a device node: not nodev */
+#define SB_SHIM_JAIL_BIND_SYMLINK 8u /* a symlink at the top of the root */
+
+typedef struct st_sb_shim_jail_fs_t sb_shim_jail_fs_t;
+
+/* what goes into one guest's root */
+typedef struct st_sb_shim_jail_fs_spec_t {
+    const char *exe;         /* the executable on the host; NULL: none (the probe) */
+    const char *exe_in_root; /* where it appears in the root; NULL: at its resolved host path */
+    char *const *argv;       /* with `system`: regular files named by absolute paths here are bound read-only */
+    int system;              /* 1 (relay): the host's /usr read-only, /bin, /lib, /lib64, /sbin as the host has them */
+    unsigned long long scratch_bytes;
+    unsigned scratch_inodes;
+} sb_shim_jail_fs_spec_t;
+
+/**
+ * Works out a guest's root (mounts.c has the layout and why): the executable, its ELF interpreter and
+ * libraries (DT_NEEDED, recursively, in the loader's default directories), /dev, the scratch.
+ * Allocates; call before the child exists.
+ * @return a plan for sb_shim_jail_mount (free with sb_shim_jail_fs_free), or NULL with the reason in `err`
+ */
+sb_shim_jail_fs_t *sb_shim_jail_plan_fs(const sb_shim_jail_fs_spec_t *spec, char *err, size_t errsz);
+void sb_shim_jail_fs_free(sb_shim_jail_fs_t *fs);
+/** @return the executable's path inside the root, or NULL */
+const char *sb_shim_jail_fs_exe(const sb_shim_jail_fs_t *fs);
+/**
+ * Child side, with CAP_SYS_ADMIN in the guest's user namespace, inside its new mount namespace: builds
+ * the root and pivots into it. Async-signal-safe.
+ * @return 0, or -1 with errno and the failing SB_SHIM_JAIL_STAGE_* in `stage`
+ */
+int sb_shim_jail_mount(const sb_shim_jail_fs_t *fs, int *stage);
+
 /* one run's jail state; lives in sb_shim_child_t */
 typedef struct st_sb_shim_jail_run_t {
     int active; /* begin succeeded and end has not run */
@@ -71,6 +119,9 @@ typedef struct st_sb_shim_jail_run_t {
     int lock_fd;                   /* holds the byte lock on `uid` in the lock file; -1: none (not root) */
     int cgroup_fd;                 /* the run's cgroup directory; -1: none */
     unsigned long long data_limit; /* RLIMIT_DATA in bytes */
+    unsigned long long cpu_limit;  /* RLIMIT_CPU in seconds; 0: none */
+    sb_shim_jail_fs_t *fs;         /* the guest's root (sb_shim_jail_plan_fs); freed by sb_shim_jail_end */
+    int parent_fd;                 /* child side: a socket whose peer closes when the spawning process dies; -1: none */
     char cgroup_name[48];
 } sb_shim_jail_run_t;
 
@@ -163,6 +214,20 @@ uint64_t sb_shim_jail_failures(void);
 #define SB_SHIM_JAIL_STAGE_SECCOMP 9
 #define SB_SHIM_JAIL_STAGE_SETUP 10 /* not a jail stage: dup2, chdir, ... */
 #define SB_SHIM_JAIL_STAGE_CGROUPNS 11
+#define SB_SHIM_JAIL_STAGE_PROPAGATION 12
+#define SB_SHIM_JAIL_STAGE_ROOT 13
+#define SB_SHIM_JAIL_STAGE_BIND 14
+#define SB_SHIM_JAIL_STAGE_SCRATCH 15
+#define SB_SHIM_JAIL_STAGE_PIVOT 16
+#define SB_SHIM_JAIL_STAGE_PDEATHSIG 17
+#define SB_SHIM_JAIL_STAGE_CWD 18
+#define SB_SHIM_JAIL_STAGE_PROC 19
+
+/** @return RLIMIT_CPU in seconds for a run of `timeout_ms` (0: none) */
+unsigned long long sb_shim_jail_cpu_limit(unsigned timeout_ms);
+
+/** @return the byte cap of a run's scratch tmpfs (--jail-fsize-mb) */
+unsigned long long sb_shim_jail_scratch_bytes(const sb_shim_jail_t *j);
 
 /** @return the clone(2) namespace flags a jailed guest is started with (the cgroup namespace follows in enter) */
 unsigned long sb_shim_jail_clone_flags(void);
