@@ -792,7 +792,7 @@ def observe_guest(serve, src="export default async () => { await new Promise(r =
                 try:
                     st = status_fields(pid)
                     seen = {"pid": pid, "status": st, "ns": {n: os.readlink("/proc/%d/ns/%s" % (pid, n))
-                                                             for n in ("user", "pid", "net", "ipc", "uts")}}
+                                                             for n in ("user", "mnt", "pid", "net", "ipc", "uts")}}
                 except OSError:
                     seen = {}
                 break
@@ -808,7 +808,7 @@ def t_jailed():
     status, mine = g["status"], {n: os.readlink("/proc/self/ns/" + n) for n in g["ns"]}
     check(status["NoNewPrivs"] == "1" and status["Seccomp"] == "2", "no_new_privs and a seccomp filter", status)
     check(status["CapEff"] == "0000000000000000" and status["CapBnd"] == "0000000000000000", "no capabilities", status)
-    check(all(g["ns"][n] != mine[n] for n in g["ns"]), "user, pid, net, ipc and uts namespaces of its own", g["ns"], mine)
+    check(all(g["ns"][n] != mine[n] for n in g["ns"]), "user, mount, pid, net, ipc and uts namespaces of its own", g["ns"], mine)
     uid = int(status["Uid"].split()[0])
     if os.geteuid() == 0:
         check(UID_BASE <= uid < UID_BASE + 1024, "a uid of its own from the jail's range", status["Uid"])
@@ -832,7 +832,7 @@ def t_jailed():
         s2.stop()
 
 
-MSG_USERNS = ("jail: the kernel refused new user, pid, network, ipc and uts namespaces (clone: Operation not permitted); "
+MSG_USERNS = ("jail: the kernel refused new user, mount, pid, network, ipc and uts namespaces (clone: Operation not permitted); "
               "refusing to start the guest (--jail=off runs it without the jail); serve does not start")
 
 
@@ -918,7 +918,8 @@ def t_cancel_cleans_up():
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline and s2.metrics()["sb_serve_guests_alive"] < 1:
             time.sleep(0.02)
-        check(len(os.listdir(tmp)) == 1, "the run's work directory", os.listdir(tmp))
+        check(os.listdir(tmp) == [], "no work directory on the host (the guest's scratch is its own tmpfs)",
+              os.listdir(tmp))
         c.close()
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and (s2.metrics()["sb_serve_runs_in_flight"] != 0 or os.listdir(tmp)):
@@ -938,13 +939,32 @@ def t_cancel_cleans_up():
         while time.monotonic() < deadline and not guest:
             guest = [(p, pp) for p, (pp, a) in descendants(s2.proc.pid).items() if a and a[0] == b"/runtime/deno"]
             time.sleep(0.02)
-        check(len(guest) == 1 and len(os.listdir(tmp)) == 1, "one guest, one work directory", guest, os.listdir(tmp))
+        check(len(guest) == 1 and os.listdir(tmp) == [], "one guest, no work directory", guest, os.listdir(tmp))
         os.kill(guest[0][1], signal.SIGTERM)
         th.join(10)
         st, o = res["r"]
         check(st == 200 and o == {"ok": False, "error": "sandbox request cancelled", "logs": [], "ms": o.get("ms")},
               "the run's process cancelled the run and answered", o)
-        check(os.listdir(tmp) == [], "and removed its guest's work directory", os.listdir(tmp))
+        check(os.listdir(tmp) == [], "and nothing is left on the host", os.listdir(tmp))
+        # a run's process killed outright: its guest dies with it (PR_SET_PDEATHSIG, set again after
+        # the guest's uid change), not at the end of its timeoutMs
+        th = threading.Thread(target=lambda: res.update(r=s2.run({"source": "export default async () => "
+                                                                  "{ await new Promise(r => setTimeout(r, 25000)); return 1; }",
+                                                                  "capabilities": dict(CAPS, timeoutMs=30000)})))
+        th.start()
+        guest = []
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not guest:
+            guest = [(p, pp) for p, (pp, a) in descendants(s2.proc.pid).items() if a and a[0] == b"/runtime/deno"]
+            time.sleep(0.02)
+        check(len(guest) == 1, "one guest", guest)
+        os.kill(guest[0][1], signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and os.path.exists("/proc/%d" % guest[0][0]):
+            time.sleep(0.02)
+        check(not os.path.exists("/proc/%d" % guest[0][0]), "the guest died with its run's process", guest)
+        th.join(30)
+        check(os.listdir(tmp) == [], "nothing left on the host", os.listdir(tmp))
     finally:
         s2.stop()
         os.rmdir(tmp)
@@ -989,7 +1009,7 @@ def t_systemd_unit():
     s2 = Serve(env=env, secret=None, wrap=["/usr/bin/python3", UNITJAIL, UNIT, "--"], argv=argv)
     try:
         st = status_fields(s2.proc.pid)
-        want = sum(1 << n for n in (0, 5, 6, 7))  # CAP_CHOWN, CAP_KILL, CAP_SETGID, CAP_SETUID
+        want = sum(1 << n for n in (5, 6, 7))  # CAP_KILL, CAP_SETGID, CAP_SETUID
         if os.geteuid() == 0:
             check(int(st["CapEff"], 16) == want and int(st["CapBnd"], 16) == want, "the unit's capabilities only", st)
         check(st["NoNewPrivs"] == "1" and st["Seccomp"] == "2", "the unit's filters", st)
@@ -1042,7 +1062,7 @@ tap.case("SIGTERM drains the runs in flight", t_drain_on_sigterm)
 tap.case("jail: serve's guests are jailed, seen from outside; --jail=off is logged and runs them unjailed", t_jailed)
 tap.case("jail: serve refuses to start on a kernel refusing it; --jail=off serves there", t_jail_fail_closed)
 tap.case("jail: a guest the jail refuses fails its run and is counted in /metrics", t_jail_failure_counted)
-tap.case("a cancelled run's process removes its guest's work directory", t_cancel_cleans_up)
+tap.case("a cancelled or killed run's process: no guest, nothing on the host", t_cancel_cleans_up)
 tap.case("the systemd unit: serve under the unit's sandbox jails its guests", t_systemd_unit)
 rc = S.stop()
 check(rc == 0, "serve exits 0")
