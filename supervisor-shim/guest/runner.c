@@ -157,7 +157,8 @@ sb_status_t sb_shim_deno_run(const sb_shim_deno_t *d, const sb_shim_config_t *cf
     sp.jail = d->jail;
     sp.memory_mb = (unsigned)d->memory_mb;
     sp.root_exe = "/runtime/deno"; /* argv[0], and what Deno.execPath() reads */
-    sp.timeout_ms = cfg->timeout_ms;
+    sp.timeout_ms = (unsigned)cfg->timeout_ms;
+    sp.threads_only = 1; /* Deno runs with --deny-run: a process of its own would be a second RLIMIT_DATA */
     /* the child's copy of our memory is wiped of the token first (its own copy: ours stays) */
     sp.scrub = (void *)cfg->token;
     sp.scrub_len = sizeof(cfg->token);

@@ -214,6 +214,7 @@ sb_status_t sb_shim_child_spawn(const sb_shim_spawn_t *sp, sb_shim_child_t *out,
             goto Exit;
         }
         out->jail_run.cpu_limit = sb_shim_jail_cpu_limit(sp->timeout_ms);
+        out->jail_run.threads_only = sp->threads_only;
     }
     if (pipe2(in_p, O_CLOEXEC) != 0 || pipe2(out_p, O_CLOEXEC) != 0 || pipe2(err_p, O_CLOEXEC) != 0 || pipe2(ep, O_CLOEXEC) != 0) {
         snprintf(err, errsz, "pipe: %s", strerror(errno));

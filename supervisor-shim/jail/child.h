@@ -31,6 +31,7 @@ typedef struct st_sb_shim_spawn_t {
     const char *home;     /* jailed: a directory the guest must own (its HOME); chowned to its uid; NULL: none */
     const char *root_exe; /* jailed: where `path` appears in the guest's root (NULL: at its resolved host path) */
     int root_system;      /* jailed: the guest's root also gets the host's /usr and argv's files, read-only (relay) */
+    int threads_only;     /* jailed: the guest may start threads but no process (Deno guests; jail.h) */
     unsigned timeout_ms;  /* jailed: the run's wall clock, the base of RLIMIT_CPU (0: no RLIMIT_CPU) */
     void *scrub;          /* memory the child wipes first thing (the run token): NULL: none */
     size_t scrub_len;

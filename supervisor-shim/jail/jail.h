@@ -122,6 +122,7 @@ typedef struct st_sb_shim_jail_run_t {
     unsigned long long cpu_limit;  /* RLIMIT_CPU in seconds; 0: none */
     sb_shim_jail_fs_t *fs;         /* the guest's root (sb_shim_jail_plan_fs); freed by sb_shim_jail_end */
     int parent_fd;                 /* child side: a socket whose peer closes when the spawning process dies; -1: none */
+    int threads_only;              /* the filter that lets the guest start threads but no process */
     char cgroup_name[48];
 } sb_shim_jail_run_t;
 
@@ -228,6 +229,15 @@ unsigned long long sb_shim_jail_cpu_limit(unsigned timeout_ms);
 
 /** @return the byte cap of a run's scratch tmpfs (--jail-fsize-mb) */
 unsigned long long sb_shim_jail_scratch_bytes(const sb_shim_jail_t *j);
+
+struct sock_fprog;
+/**
+ * Compiles the guest's seccomp allow-list (seccomp.c) with libseccomp and exports it as raw BPF into
+ * `prog` (its filter allocated with sb_mem), so that the child only has to hand it to the kernel.
+ * @param threads_only 1: clone only for threads (no fork, vfork or process clone), for Deno guests
+ * @return 0, or -1 with the reason in `err`
+ */
+int sb_shim_jail_build_filter(struct sock_fprog *prog, unsigned *rules, int threads_only, char *err, size_t errsz);
 
 /** @return the clone(2) namespace flags a jailed guest is started with (the cgroup namespace follows in enter) */
 unsigned long sb_shim_jail_clone_flags(void);

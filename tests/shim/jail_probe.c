@@ -19,6 +19,9 @@
  *       (seccomp(2) and prctl(PR_SET_SECCOMP): EINVAL), or only the loading of a filter (the
  *       refusal then comes from inside the starting guest), for the fail-closed tests.
  *
+ *   started by `sandbox-shim run --deno jail_probe` (argv[0] reads /runtime/deno): runs the probes
+ *       of a Deno guest's filter (fork_once, thread, mmap_shared, mmap_private, fs_view) and answers.
+ *
  * Built without sanitizers: it runs under the jail's filter, which refuses the ptrace that
  * LeakSanitizer needs at exit.
  */
@@ -38,6 +41,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <pthread.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/ptrace.h>
@@ -170,9 +175,16 @@ static void creds(char *out, size_t outsz)
     for (int c = 0; c < 64; ++c)
         if (prctl(PR_CAPBSET_READ, c, 0, 0, 0) == 1)
             bnd |= 1ull << c;
-    off = (size_t)snprintf(out, outsz, "NoNewPrivs=%d Seccomp=%d Uid=%u\t%u\t%u\t%u Gid=%u\t%u\t%u\t%u Groups=",
-                           prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0), prctl(PR_GET_SECCOMP, 0, 0, 0, 0), ru, eu, su,
-                           (unsigned)setfsuid((uid_t)-1), rg, eg, sgid, (unsigned)setfsgid((gid_t)-1));
+    /* setfsuid(-1) answers the fs uid without changing it, where the filter lets it through ("-" if not) */
+    {
+        char fsu[16], fsg[16];
+        int fu = setfsuid((uid_t)-1), fg = setfsgid((gid_t)-1);
+        snprintf(fsu, sizeof(fsu), fu < 0 ? "-" : "%u", (unsigned)fu);
+        snprintf(fsg, sizeof(fsg), fg < 0 ? "-" : "%u", (unsigned)fg);
+        off = (size_t)snprintf(out, outsz, "NoNewPrivs=%d Seccomp=%d Uid=%u\t%u\t%u\t%s Gid=%u\t%u\t%u\t%s Groups=",
+                               prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0), prctl(PR_GET_SECCOMP, 0, 0, 0, 0), ru, eu, su, fsu, rg, eg,
+                               sgid, fsg);
+    }
     for (int i = 0; i < ng && off < outsz; ++i)
         off += (size_t)snprintf(out + off, outsz - off, "%u ", groups[i]);
     if (off < outsz)
@@ -475,6 +487,43 @@ static void probe_view(const char *host_file, const char *marker)
     }
     if (wanted("ptmx"))
         TRY("ptmx", open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC));
+    if (wanted("memfd"))
+        TRY("memfd", syscall(SYS_memfd_create, "probe", 0));
+    if (wanted("shmget"))
+        TRY("shmget", syscall(SYS_shmget, 0 /* IPC_PRIVATE */, 4096, 01600 /* IPC_CREAT | 0600 */));
+}
+
+static void *thread_body(void *arg)
+{
+    return arg;
+}
+
+/* what the seccomp filter lets a guest start and map */
+static void probe_spawn(void)
+{
+    if (wanted("fork_once")) {
+        pid_t p = fork();
+        if (p == 0)
+            _exit(0);
+        add("fork_once", p, errno);
+        if (p > 0)
+            (void)waitpid(p, NULL, 0);
+    }
+    if (wanted("thread")) {
+        pthread_t t;
+        int rc = pthread_create(&t, NULL, thread_body, NULL);
+        add("thread", rc == 0 ? 0 : -1, rc);
+        if (rc == 0)
+            (void)pthread_join(t, NULL);
+    }
+    if (wanted("mmap_shared")) {
+        void *m = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        add("mmap_shared", m == MAP_FAILED ? -1 : 0, errno);
+    }
+    if (wanted("mmap_private")) {
+        void *m = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        add("mmap_private", m == MAP_FAILED ? -1 : 0, errno);
+    }
 }
 
 static void probe_kernel(void)
@@ -690,6 +739,14 @@ int main(int argc, char **argv)
 
     if (argc >= 3 && strncmp(argv[1], "deny-", 5) == 0)
         return deny(argv[1], argv + 2);
+    if (strcmp(argv[0], "/runtime/deno") == 0) {
+        only = "fork_once,thread,mmap_shared,mmap_private,fs_view";
+        if (skip_init() != 0)
+            return 3;
+        probe_spawn();
+        probe_view(NULL, NULL);
+        return send_result() == 0 ? 0 : 4;
+    }
     if (argc < 2 || strcmp(argv[1], "probe") != 0) {
         fprintf(stderr, "usage: jail_probe probe [--dir D] [--tcp-port P] [--unix-path S] [--only a,b] [--hold-ms N] | "
                         "jail_probe deny-userns|deny-seccomp CMD ARGS...\n");
@@ -729,6 +786,7 @@ int main(int argc, char **argv)
     shim = target != -2 ? target : shim_pid();
     probe_kernel();
     probe_view(host_file, marker);
+    probe_spawn();
     probe_network(tcp_port, unix_path);
     probe_files(dir);
     probe_processes(shim, bomb_cap);

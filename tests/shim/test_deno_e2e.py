@@ -479,6 +479,62 @@ export default async () => {
         check(leak not in blob, "the guest must not see " + leak, out)
 
 
+FEATURES = r"""
+export default async () => {
+  const out = {};
+  // timers
+  const t0 = Date.now();
+  await new Promise((r) => setTimeout(r, 20));
+  let ticks = 0;
+  await new Promise((r) => { const id = setInterval(() => { if (++ticks === 3) { clearInterval(id); r(); } }, 1); });
+  out.timers = Date.now() - t0 >= 20 && ticks === 3;
+  // crypto: random, digest, an AES-GCM round trip, an ECDSA signature
+  const key = await crypto.subtle.generateKey({ name: "AES-GCM", length: 256 }, true, ["encrypt", "decrypt"]);
+  const iv = crypto.getRandomValues(new Uint8Array(12));
+  const ct = await crypto.subtle.encrypt({ name: "AES-GCM", iv }, key, new TextEncoder().encode("secret"));
+  const pt = new TextDecoder().decode(await crypto.subtle.decrypt({ name: "AES-GCM", iv }, key, ct));
+  const ec = await crypto.subtle.generateKey({ name: "ECDSA", namedCurve: "P-256" }, false, ["sign", "verify"]);
+  const sig = await crypto.subtle.sign({ name: "ECDSA", hash: "SHA-256" }, ec.privateKey, new Uint8Array([1, 2]));
+  const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", new TextEncoder().encode("abc")));
+  out.crypto = pt === "secret" && digest[0] === 0xba && sig.byteLength === 64 && crypto.randomUUID().length === 36 &&
+    await crypto.subtle.verify({ name: "ECDSA", hash: "SHA-256" }, ec.publicKey, sig, new Uint8Array([1, 2]));
+  // WebAssembly: (func (export "add") (param i32 i32) (result i32) local.get 0 local.get 1 i32.add)
+  const wasm = new Uint8Array([0, 97, 115, 109, 1, 0, 0, 0, 1, 7, 1, 96, 2, 127, 127, 1, 127, 3, 2, 1, 0, 7, 7, 1, 3,
+    97, 100, 100, 0, 0, 10, 9, 1, 7, 0, 32, 0, 32, 1, 106, 11]);
+  const { instance } = await WebAssembly.instantiate(wasm);
+  out.wasm = instance.exports.add(2, 3);
+  // Intl
+  out.intl = [new Intl.NumberFormat("de-DE").format(1234.5),
+    new Intl.DateTimeFormat("en-US", { timeZone: "UTC", dateStyle: "medium" }).format(new Date(0)),
+    new Intl.Collator("sv").compare("z", "ä"), new Intl.PluralRules("ar").select(3)];
+  // structuredClone
+  const c = structuredClone({ d: new Date(1), m: new Map([[1, { x: new Uint8Array([7]) }]]), s: new Set([1]) });
+  out.clone = c.d.getTime() === 1 && c.m.get(1).x[0] === 7 && c.s.has(1);
+  // large allocations: 64 MiB of ArrayBuffer, touched
+  const big = new Uint8Array(64 * 1024 * 1024);
+  for (let i = 0; i < big.length; i += 4096) big[i] = 1;
+  out.big = big.reduce((a, b) => a + b, 0) === 16384;
+  // TextDecoder streams
+  const stream = new ReadableStream({ start(ctl) { ctl.enqueue(new Uint8Array([0xe2, 0x82])); ctl.enqueue(new Uint8Array([0xac, 0x21])); ctl.close(); } });
+  let text = "";
+  for await (const chunk of stream.pipeThrough(new TextDecoderStream())) text += chunk;
+  out.decoderStream = text;
+  // dynamic import() of a data: module
+  out.dynImport = (await import("data:application/javascript,export const v = 42;")).v;
+  return out;
+};
+"""
+
+
+def t_runtime_features():
+    """What a guest uses every day keeps working inside the jail (seccomp allow-list, own root)."""
+    o, _, _, err = guest(FEATURES, flags=["--memory-mb", "256"])
+    check(o["ok"], "the features guest ran", o, err)
+    out = o["output"]
+    check(out == {"timers": True, "crypto": True, "wasm": 5, "intl": ["1.234,5", "Jan 1, 1970", -1, "few"], "clone": True,
+                  "big": True, "decoderStream": "\u20ac!", "dynImport": 42}, "every feature", out)
+
+
 def guest_of(ppid):
     """Pids of the Deno guests (argv[0] /runtime/deno) whose parent is `ppid`."""
     found = []
@@ -552,6 +608,8 @@ tap.case("attack: 10,000 calls", t_flood)
 tap.case("attack: garbage on stdout", t_garbage_stdout)
 tap.case("wall-clock timeout", t_wall_timeout)
 tap.case("memory cap", t_memory_cap)
+tap.case("timers, crypto, WebAssembly, Intl, structuredClone, big buffers, TextDecoderStream, import()",
+         t_runtime_features)
 tap.case("no work directory on the host, not even after a killed run", t_workdir_cleaned)
 tap.case("jail: Deno.connect/listen/Command/hostname without permissions give clean errors", t_jail_clean_errors)
 tap.case("jail: Deno granted net/read/run meets the kernel's refusals, reported cleanly", t_jail_kernel_under_deno)

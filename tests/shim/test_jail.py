@@ -112,8 +112,9 @@ def writable_dir():
 def guest_uid(res):
     """The guest's uid as it sees it (every one of real, effective, saved, fs); processes_of() finds
     the same number outside, so the map is the identity."""
-    m = re.search(r"Uid=(\d+)\t(\d+)\t(\d+)\t(\d+) ", res["status"]["detail"])
-    check(m is not None and len(set(m.groups())) == 1, "one uid", res["status"])
+    # (the fs uid reads "-" where the filter refuses setfsuid, the one call that tells it)
+    m = re.search(r"Uid=(\d+)\t(\d+)\t(\d+)\t(\d+|-) ", res["status"]["detail"])
+    check(m is not None and len(set(m.groups()) - {"-"}) == 1, "one uid", res["status"])
     return int(m.group(1))
 
 
@@ -213,8 +214,8 @@ def t_refusals():
           "no capabilities, no groups", st)
     uid = guest_uid(res)
     check(UID_BASE <= uid < UID_BASE + SLOTS and uid != 0, "an unprivileged uid from the guest range", uid)
-    check(("Uid=%d\t%d\t%d\t%d " % (uid, uid, uid, uid)) in st, "every uid is the guest's", st)
-    check(("Gid=%d\t%d\t%d\t%d " % (uid, uid, uid, uid)) in st, "gid = uid", st)
+    check(("Uid=%d\t%d\t%d\t- " % (uid, uid, uid)) in st, "every uid is the guest's (setfsuid refused)", st)
+    check(("Gid=%d\t%d\t%d\t- " % (uid, uid, uid)) in st, "gid = uid", st)
     refused(res, "uid_map", "ENOENT")  # no procfs
     check(res["hostname"]["detail"] == "sandbox", "UTS namespace", res["hostname"])
     check(processes_of(uid) == [], "nothing of the run (the fork bomb) outlives it", processes_of(uid))
@@ -462,7 +463,7 @@ def t_filesystem():
     what it writes does not outlive the run anywhere on the host."""
     marker = "fs%d" % os.getpid()
     res, err, _ = probe(["--timeout-ms", "4000"],
-                        ["--only", "fs_view,host_file,proc1_cmdline,write_out,mqueue,ptmx,pdeathsig,rlimit_cpu",
+                        ["--only", "fs_view,host_file,proc1_cmdline,write_out,mqueue,ptmx,pdeathsig,rlimit_cpu,memfd,shmget",
                          "--host-file", "host:" + HOST_FILE, "--marker", marker])
     check("a tmpfs root of its own" in err, "the start-up line says so", err)
     refused(res, "host_file", "ENOENT")
@@ -477,7 +478,10 @@ def t_filesystem():
     refused(res, "proc1_cmdline", "ENOENT")
     refused(res, "ptmx", "ENOENT")
     check(res["write_out"]["detail"].split() == ["/work"], "writable: its scratch only", res["write_out"])
-    check(res["mqueue"]["ret"] >= 0, "a POSIX queue of its own IPC namespace", res["mqueue"])
+    # memory outside RLIMIT_DATA, and queues: not on the seccomp allow-list (their IPC namespace is
+    # the guest's own anyway)
+    for name in ("mqueue", "memfd", "shmget"):
+        refused(res, name, "EPERM")
     check(res["pdeathsig"]["detail"] == "9", "PR_SET_PDEATHSIG SIGKILL, re-armed after the uid change", res["pdeathsig"])
     cpus = os.cpu_count()
     check(res["rlimit_cpu"]["detail"] == "%d %d" % (cpus * 4 + 5, cpus * 4 + 5), "RLIMIT_CPU = CPUs x 4 s + 5 s",
@@ -527,7 +531,28 @@ def t_uid_in_use():
     check(guest_uid(res) == uid, "handed out once nothing runs as it", res)
 
 
+def t_spawn_filters():
+    """A Deno guest (run, serve) may start threads but no process, so that RLIMIT_DATA bounds the
+    whole run; a relay guest may fork. Neither gets shared anonymous memory."""
+    src = os.path.join(TMP, "any.js")
+    with open(src, "w") as f:
+        f.write("export default () => 1;")
+    env = dict(os.environ, SB_TEST_TOKEN=TOKEN)
+    p = subprocess.run([SHIM, "run", "--broker-url", URL, "--token-env", "SB_TEST_TOKEN", "--source", src, "--deno", PROBE],
+                       env=env, capture_output=True, text=True, timeout=60)
+    check(p.returncode == 0, "the probe ran as a Deno guest", p)
+    res = json.loads(p.stdout)["output"]
+    refused(res, "fork_once", "EPERM")
+    refused(res, "mmap_shared", "EPERM")
+    check(res["thread"]["ret"] == 0 and res["mmap_private"]["ret"] == 0, "threads and private memory", res)
+    check("runtime" in res["fs_view"]["detail"].split(";")[0], "at /runtime/deno in its root", res["fs_view"])
+    res, _, _ = probe(probe_args=["--only", "fork_once,thread,mmap_shared,mmap_private"])
+    check(res["fork_once"]["ret"] > 0 and res["thread"]["ret"] == 0, "a relay guest forks", res)
+    refused(res, "mmap_shared", "EPERM")
+
+
 tap.case("jailed probe: every refusal with its errno, credentials and namespaces", t_refusals)
+tap.case("Deno guests start threads only; no shared anonymous memory", t_spawn_filters)
 tap.case("a guest's namespaces, mount included, are its own (seen from the host)", t_namespaces)
 tap.case("filesystem: no host file, no host /tmp or /proc, nothing left behind", t_filesystem)
 tap.case("a killed shim takes its guest with it", t_shim_killed)
