@@ -73,7 +73,7 @@ struct st_sb_shim_jail_t {
     struct sock_fprog prog;         /* relay guests: processes allowed */
     struct sock_fprog prog_threads; /* Deno guests: threads only */
     unsigned rules;
-    char describe[1024];
+    char describe[1536];
 };
 
 static atomic_uint_fast64_t jail_failures;
@@ -372,7 +372,7 @@ sb_shim_jail_t *sb_shim_jail_new(const sb_shim_jail_config_t *cfg, char *err, si
         goto Fail;
 
     {
-        char ids[128], mem[256];
+        char ids[128], mem[512];
         if (j->privileged)
             snprintf(ids, sizeof(ids), "uid/gid %lu+slot (%u slots)", j->uid_base, j->slots);
         else
@@ -384,7 +384,9 @@ sb_shim_jail_t *sb_shim_jail_new(const sb_shim_jail_config_t *cfg, char *err, si
         else
             snprintf(mem, sizeof(mem),
                      "no cgroup v2 subtree (--jail-cgroup): memory is bounded only by the V8 heap cap and "
-                     "RLIMIT_DATA, processes by RLIMIT_NPROC");
+                     "RLIMIT_DATA (per process: a Deno guest is one process, its filter allows threads only; a relay "
+                     "guest may fork up to RLIMIT_NPROC processes, each with its own), and the scratch tmpfs by its "
+                     "size; shared anonymous memory, memfd and shm are refused; processes by RLIMIT_NPROC");
         snprintf(j->describe, sizeof(j->describe),
                  "jail: on: user, mount, pid, net (lo down), ipc, uts, cgroup namespaces; a tmpfs root of its own (the "
                  "executable and its libraries read-only, /dev null zero random urandom, /proc/self/exe only, "

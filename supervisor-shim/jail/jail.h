@@ -34,7 +34,7 @@
 /* defaults (README.md, "The jail") */
 #define SB_SHIM_JAIL_UID_BASE 1879048192ul /* 0x70000000: above systemd's container ranges, below 2^31 */
 #define SB_SHIM_JAIL_SLOTS 1024u
-#define SB_SHIM_JAIL_NPROC 256u                    /* tasks per run: Deno alone runs about cores + 4 threads */
+#define SB_SHIM_JAIL_NPROC 128u                    /* tasks per run: Deno alone runs about cores + 4 threads */
 #define SB_SHIM_JAIL_FSIZE (64ull * 1024u * 1024u) /* largest file a guest may write (Deno's caches: < 1 MiB) */
 #define SB_SHIM_JAIL_LOCK_FILE "/run/sandbox-shim/uids.lock"
 /* cgroup memory.max = the run's memory limit plus this (Deno beyond its V8 old space; README.md) */
