@@ -199,6 +199,8 @@ sb_status_t sb_shim_child_spawn(const sb_shim_spawn_t *sp, sb_shim_child_t *out,
     if (jailed) {
         out->jail = sp->jail;
         sb_shim_jail_fs_spec_t fsp;
+        if (sb_shim_jail_prepare(sp->jail, sp->threads_only, err, errsz) != 0)
+            goto Exit;
         if (sb_shim_jail_begin(sp->jail, sp->memory_mb, sp->home, &out->jail_run, err, errsz) != SB_OK)
             goto Exit;
         memset(&fsp, 0, sizeof(fsp));

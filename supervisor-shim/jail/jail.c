@@ -326,7 +326,6 @@ static int open_lock_file(const char *path, char *err, size_t errsz)
 sb_shim_jail_t *sb_shim_jail_new(const sb_shim_jail_config_t *cfg, char *err, size_t errsz)
 {
     sb_shim_jail_t *j = sb_mem_try_calloc(1, sizeof(*j));
-    unsigned rules_threads = 0;
     int fd;
 
     if (j == NULL) {
@@ -367,8 +366,7 @@ sb_shim_jail_t *sb_shim_jail_new(const sb_shim_jail_config_t *cfg, char *err, si
     }
     if (cfg->cgroup != NULL && open_cgroup(j, cfg->cgroup, err, errsz) != 0)
         goto Fail;
-    if (sb_shim_jail_build_filter(&j->prog, &j->rules, 0, err, errsz) != 0 ||
-        sb_shim_jail_build_filter(&j->prog_threads, &rules_threads, 1, err, errsz) != 0)
+    if (sb_shim_jail_build_filter(&j->prog, &j->rules, 0, err, errsz) != 0)
         goto Fail;
 
     {
@@ -888,6 +886,19 @@ const char *sb_shim_jail_stage_name(int stage)
     }
 }
 
+int sb_shim_jail_prepare(sb_shim_jail_t *j, int threads_only, char *err, size_t errsz)
+{
+    unsigned rules = 0;
+
+    if (!sb_shim_jail_enabled(j) || !threads_only || j->prog_threads.filter != NULL)
+        return 0;
+    if (sb_shim_jail_build_filter(&j->prog_threads, &rules, 1, err, errsz) != 0) {
+        sb_shim_jail_count_failure();
+        return -1;
+    }
+    return 0;
+}
+
 sb_status_t sb_shim_jail_probe(sb_shim_jail_t *j, char *err, size_t errsz)
 {
     sb_shim_spawn_t sp;
@@ -896,6 +907,9 @@ sb_status_t sb_shim_jail_probe(sb_shim_jail_t *j, char *err, size_t errsz)
 
     if (!sb_shim_jail_enabled(j))
         return SB_OK;
+    /* a service forks its runs from here on: both filters compiled once, before */
+    if (sb_shim_jail_prepare(j, 1, err, errsz) != 0)
+        return SB_E_EXECUTION;
     memset(&sp, 0, sizeof(sp));
     sp.path = NULL; /* exit right after the jail is in place */
     sp.jail = j;

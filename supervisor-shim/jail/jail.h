@@ -179,6 +179,14 @@ const char *sb_shim_jail_describe(const sb_shim_jail_t *j);
 SB_WARN_UNUSED sb_status_t sb_shim_jail_probe(sb_shim_jail_t *j, char *err, size_t errsz);
 
 /**
+ * Compiles the threads-only filter of Deno guests if it is not yet (sb_shim_jail_new compiles the
+ * relay filter; sb_shim_jail_probe both, so a service that probes at start-up compiles nothing per
+ * run). Mutates the jail: call it from the thread that made it, before runs share it.
+ * @return 0, or -1 with the reason in `err`
+ */
+int sb_shim_jail_prepare(sb_shim_jail_t *j, int threads_only, char *err, size_t errsz);
+
+/**
  * For a process that closes every descriptor it inherited (serve's run processes): moves the one
  * descriptor the jail keeps open (its cgroup directory) to `fd`, close-on-exec, closing the old one.
  * `fd` is overwritten if open. Nothing to do when the jail holds none.
