@@ -2,7 +2,7 @@
  * sandbox-shim: one run of a Deno guest, start to finish.
  *
  * `run` and `serve` start every guest through this one function, so both get
- * the same private work directory, the same Deno command line and
+ * the same filesystem, the same Deno command line and
  * environment, the same spawn path (child.c) and the same relay (relay.c).
  * The embedded runtime is loaded from a data: URL on the command line, so no
  * host path of it exists for the guest to see.
@@ -37,10 +37,11 @@ char *sb_shim_runtime_url(void);
 typedef void (*sb_shim_on_spawned_cb)(void *arg, const sb_shim_child_t *child);
 
 /**
- * Runs one guest: a fresh private work directory whose `home` (HOME, DENO_DIR,
- * TMPDIR) belongs to the guest's uid, `deno run` with no permissions inside
- * the jail (jail.h; `d->jail`), the relay until the guest is gone, then the
- * directory is removed and the jail's uid and cgroup given back. The child
+ * Runs one guest: `deno run` with no permissions inside the jail (jail.h;
+ * `d->jail`), its HOME, DENO_DIR and TMPDIR in the scratch of its own root
+ * (with --jail=off: a fresh private directory under TMPDIR, removed
+ * afterwards), the relay until the guest is gone, then the jail's uid and
+ * cgroup are given back. The child
  * wipes its copy of `cfg->token` before anything else. A spawn that fails
  * because the jail could not be set up is counted (sb_shim_hook_jail_failure).
  * @param init the whole init frame (header included)

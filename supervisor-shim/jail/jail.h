@@ -1,10 +1,12 @@
 /*
  * sandbox-shim: the kernel jail around every guest (README.md, "The jail").
  *
- * A guest starts, before exec, in new user, PID, network, IPC, UTS and cgroup
- * namespaces (no network interface up), as an unprivileged uid and gid of its
- * own with no supplementary groups and no capabilities, under
- * PR_SET_NO_NEW_PRIVS and a seccomp-bpf filter, with RLIMIT_NPROC,
+ * A guest starts, before exec, in new user, mount, PID, network, IPC, UTS and
+ * cgroup namespaces (no network interface up), in a root of its own (a tmpfs
+ * holding its executable and libraries read-only, four device nodes and a
+ * capped scratch: mounts.c), as an unprivileged uid and gid of its own with no
+ * supplementary groups and no capabilities, under PR_SET_NO_NEW_PRIVS and a
+ * seccomp-bpf allow-list (seccomp.c), with RLIMIT_CPU, RLIMIT_NPROC,
  * RLIMIT_FSIZE, RLIMIT_CORE and RLIMIT_NOFILE set, and, when a delegated
  * cgroup v2 directory is configured, in a cgroup of its own with memory.max
  * and pids.max. Anything the kernel refuses fails the spawn with a message:
@@ -12,8 +14,9 @@
  *
  * Split: sb_shim_jail_new() does everything that allocates or may block
  * (the seccomp program is compiled once with libseccomp and kept as raw BPF),
- * once at start-up. Per run, sb_shim_jail_begin() takes a guest uid and makes
- * the cgroup, sb_shim_jail_attach() (parent, after clone) writes the child's
+ * once at start-up. Per run, sb_shim_jail_begin() takes a guest uid (one no
+ * process runs as) and makes the cgroup, sb_shim_jail_plan_fs() works out the
+ * guest's root, sb_shim_jail_attach() (parent, after clone) writes the child's
  * uid/gid maps and moves it into the cgroup, sb_shim_jail_enter() (child,
  * before exec) drops everything using raw system calls only, and
  * sb_shim_jail_end() (after the guest was reaped) removes the cgroup and gives

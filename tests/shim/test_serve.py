@@ -994,8 +994,8 @@ def t_systemd_unit():
     """serve as deploy/systemd/sandbox-shim-serve.service starts it, under the unit's own sandbox
     (tests/integration/unitjail.py: its capability bounding set, no_new_privs, system call filter,
     namespace and address-family restrictions, read-only file system): the start-up probe passes,
-    guests are jailed, a bindings run reaches the broker, a bomb leaves it healthy, and the work
-    directories of guests running under other uids are removed without CAP_DAC_OVERRIDE."""
+    guests are jailed, a bindings run reaches the broker, a bomb leaves it healthy, and nothing of
+    the guests is left under TMPDIR (they write only their own scratch)."""
     creds = tempfile.mkdtemp(prefix="creds-", dir=TMP)
     for name, value in (("admission-secret", SECRET), ("net-mint-secret", "n" * 40)):
         with open(os.path.join(creds, name), "w") as f:
