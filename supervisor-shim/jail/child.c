@@ -204,7 +204,9 @@ sb_status_t sb_shim_child_spawn(const sb_shim_spawn_t *sp, sb_shim_child_t *out,
         if (sb_shim_jail_begin(sp->jail, sp->memory_mb, sp->home, &out->jail_run, err, errsz) != SB_OK)
             goto Exit;
         memset(&fsp, 0, sizeof(fsp));
-        fsp.exe = sp->path;
+        /* the probe (no path) binds the shim's own binary and libraries, so that every step of a
+         * real guest's root is tried at start-up; it exits before it would exec */
+        fsp.exe = sp->path != NULL ? sp->path : "/proc/self/exe";
         fsp.exe_in_root = sp->root_exe;
         fsp.argv = sp->argv;
         fsp.system = sp->root_system;
@@ -231,7 +233,7 @@ sb_status_t sb_shim_child_spawn(const sb_shim_spawn_t *sp, sb_shim_child_t *out,
     a.errpipe = ep[1];
     a.sync = -1;
     a.parent = getpid();
-    a.exe = jailed ? sb_shim_jail_fs_exe(out->jail_run.fs) : sp->path;
+    a.exe = jailed && sp->path != NULL ? sb_shim_jail_fs_exe(out->jail_run.fs) : sp->path;
     if (jailed) {
         if ((pid = clone_jailed(&a, out, &keep, err, errsz)) < 0) {
             sb_shim_jail_count_failure();
