@@ -84,6 +84,7 @@ typedef struct st_sb_shim_jail_bind_t {
 #define SB_SHIM_JAIL_BIND_EXEC 2u    /* code: not noexec */
 #define SB_SHIM_JAIL_BIND_DEV 4u     /* a device node: not nodev */
 #define SB_SHIM_JAIL_BIND_SYMLINK 8u /* a symlink at the top of the root */
+#define SB_SHIM_JAIL_BIND_EXE 16u    /* the executable itself: a source the guest cannot reach is an exec failure */
 
 typedef struct st_sb_shim_jail_fs_t sb_shim_jail_fs_t;
 

@@ -346,7 +346,13 @@ sb_shim_jail_fs_t *sb_shim_jail_plan_fs(const sb_shim_jail_fs_spec_t *spec, char
         }
         if ((fs->exe = sb_mem_try_strdup(at)) == NULL)
             goto Errno;
-        if (!(spec->system && strncmp(at, "/usr/", 5) == 0) && add_bind(fs, real, at, SB_SHIM_JAIL_BIND_EXEC) != 0)
+        /* the source as named, not resolved: the child binds it as the guest's uid, so a path the guest
+         * could not walk (a 0700 home directory on the way, even behind a symlink) fails as an exec would;
+         * a /proc magic link (the probe's /proc/self/exe) names a mount of the parent's namespace, which
+         * cannot be bound from the child's: resolved */
+        if (!(spec->system && strncmp(at, "/usr/", 5) == 0) &&
+            add_bind(fs, spec->exe[0] == '/' && strncmp(spec->exe, "/proc/", 6) != 0 ? spec->exe : real, at,
+                     SB_SHIM_JAIL_BIND_EXEC | SB_SHIM_JAIL_BIND_EXE) != 0)
             goto Errno;
         if (add_libraries(fs, spec->system, real, err, errsz) != 0)
             goto Fail;
@@ -493,8 +499,12 @@ int sb_shim_jail_mount(const sb_shim_jail_fs_t *fs, int *stage)
         if (make_point(root, b->dst, (b->flags & SB_SHIM_JAIL_BIND_DIR) != 0) != 0 ||
             root_path(path, sizeof(path), fs->mnt, b->dst) != 0)
             MOUNT_FAIL(SB_SHIM_JAIL_STAGE_BIND);
-        if (mount(b->src, path, NULL, MS_BIND, NULL) != 0)
+        if (mount(b->src, path, NULL, MS_BIND, NULL) != 0) {
+            /* the executable the guest's uid cannot reach: reported as exec would report it (stage 0) */
+            if ((b->flags & SB_SHIM_JAIL_BIND_EXE) && (errno == EACCES || errno == ENOENT || errno == ENOTDIR || errno == ELOOP))
+                MOUNT_FAIL(0);
             MOUNT_FAIL(SB_SHIM_JAIL_STAGE_BIND);
+        }
         /* a plain bind keeps the source mount's flags; read-only, nosuid, nodev but for the device
          * nodes, noexec but for code; plus whatever the source mount has locked */
         if (!(b->flags & SB_SHIM_JAIL_BIND_DEV))
