@@ -204,9 +204,10 @@ sb_status_t sb_shim_child_spawn(const sb_shim_spawn_t *sp, sb_shim_child_t *out,
         if (sb_shim_jail_begin(sp->jail, sp->memory_mb, sp->home, &out->jail_run, err, errsz) != SB_OK)
             goto Exit;
         memset(&fsp, 0, sizeof(fsp));
-        /* the probe (no path) binds the shim's own binary and libraries, so that every step of a
-         * real guest's root is tried at start-up; it exits before it would exec */
-        fsp.exe = sp->path != NULL ? sp->path : "/proc/self/exe";
+        /* the probe (no path) binds /bin/sh and its libraries as a guest's executable would be, so
+         * that every step of a real guest's root is tried at start-up (a system binary: the shim's
+         * own may sit where no guest uid reaches); it exits before it would exec */
+        fsp.exe = sp->path != NULL ? sp->path : access("/bin/sh", X_OK) == 0 ? "/bin/sh" : NULL;
         fsp.exe_in_root = sp->root_exe;
         fsp.argv = sp->argv;
         fsp.system = sp->root_system;
@@ -256,7 +257,7 @@ sb_status_t sb_shim_child_spawn(const sb_shim_spawn_t *sp, sb_shim_child_t *out,
     keep = -1;
     if (failed) {
         if (f.stage == 0) {
-            snprintf(err, errsz, "cannot execute %s: %s", sp->path, strerror(f.err));
+            snprintf(err, errsz, "cannot execute %s: %s", sp->path != NULL ? sp->path : "/bin/sh", strerror(f.err));
         } else if (jailed && f.stage != SB_SHIM_JAIL_STAGE_SETUP) {
             snprintf(err, errsz,
                      "jail: the kernel refused %s (%s); refusing to start the guest (--jail=off runs it without "

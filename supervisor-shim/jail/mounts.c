@@ -169,14 +169,14 @@ static int elf_needs(const char *path, char *interp, size_t interpsz, char neede
                 end = 1;
             else if (dyn[i].d_tag == DT_STRTAB)
                 strtab = dyn[i].d_un.d_ptr;
-            else if (dyn[i].d_tag == DT_NEEDED && nnames < sizeof(names) / sizeof(names[0]))
-                names[nnames++] = dyn[i].d_un.d_val;
+            else if (dyn[i].d_tag == DT_NEEDED && nnames++ < sizeof(names) / sizeof(names[0]))
+                names[nnames - 1] = dyn[i].d_un.d_val;
         }
         if (end)
             break;
         done += chunk;
     }
-    if (nnames > max) {
+    if (nnames > max || nnames > sizeof(names) / sizeof(names[0])) { /* refused, never cut short */
         errno = E2BIG;
         goto Exit;
     }
