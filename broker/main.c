@@ -28,6 +28,7 @@
 #include "fetch/fetch.h"
 #include "svc/target.h"
 #include "svc/handlers.h"
+#include "svc/decide/decide.h"
 #include "util/util.h"
 #include "sb/mem.h"
 #include "sb_build_info.h"
@@ -136,6 +137,7 @@ static void reload(void)
 {
     sb_config_t *conf = NULL, *cur = server.conf;
     sb_fetch_conf_t *fc = NULL;
+    sb_decide_conf_t *dc = NULL;
     sb_targets_t *targets = NULL;
     char err[8192];
     int reachable = 0;
@@ -143,6 +145,7 @@ static void reload(void)
 
     if (sb_config_load(config_path, 1, &conf, err, sizeof(err)) != SB_OK ||
         sb_fetch_conf_create(conf->egress, &fc, err, sizeof(err)) != SB_OK ||
+        sb_decide_conf_create(conf->decider, &dc, err, sizeof(err)) != SB_OK ||
         sb_targets_parse(conf->targets, &targets, err, sizeof(err)) != SB_OK ||
         sb_pg_check_schema(conf->database_url, targets, &reachable, err, sizeof(err)) == SB_E_BAD_ARGS) {
         for (char *p = err; *p != '\0'; ++p)
@@ -154,6 +157,7 @@ static void reload(void)
         sb_log_cstr(&l, "msg", "the running configuration stays");
         sb_log_end(&l);
         sb_targets_free(targets);
+        sb_decide_conf_free(dc);
         sb_fetch_conf_free(fc);
         sb_config_free(conf);
         return;
@@ -186,7 +190,7 @@ static void reload(void)
     conf->log_file = sb_mem_strdup(cur->log_file);
     conf->max_tokens = cur->max_tokens;
     log_sources(conf);
-    sb_server_reload(&server, conf, fc, targets);
+    sb_server_reload(&server, conf, fc, dc, targets);
     sb_metrics_reload(1);
     sb_log_msg(SB_LOG_INFO, "reload.applied", "configuration reloaded");
 }
@@ -274,6 +278,7 @@ int main(int argc, char **argv)
     int check_only = 0, offline = 0, backend_down = 0;
     sb_config_t *conf;
     sb_fetch_conf_t *fetch_conf = NULL;
+    sb_decide_conf_t *decide_conf = NULL;
     sb_targets_t *targets = NULL;
     char errbuf[8192];
     const char *err = NULL;
@@ -323,6 +328,7 @@ int main(int argc, char **argv)
     }
     sb_log_set_level((sb_log_level_t)sb_log_parse_level(conf->log_level));
     if (sb_fetch_conf_create(conf->egress, &fetch_conf, errbuf, sizeof(errbuf)) != SB_OK ||
+        sb_decide_conf_create(conf->decider, &decide_conf, errbuf, sizeof(errbuf)) != SB_OK ||
         sb_targets_parse(conf->targets, &targets, errbuf, sizeof(errbuf)) != SB_OK) {
         invalid(errbuf);
         goto Exit;
@@ -429,8 +435,9 @@ int main(int argc, char **argv)
     sb_metrics_set_live_tokens_fn(live_tokens);
     sb_metrics_set_store_up_fn(store_up);
     sb_metrics_set_db_up_fn(db_up);
+    sb_metrics_set_decide_pending_fn(sb_decide_pending);
 
-    if (sb_server_init(&server, conf, the_store, fetch_conf, targets) != SB_OK)
+    if (sb_server_init(&server, conf, the_store, fetch_conf, decide_conf, targets) != SB_OK)
         goto Exit;
     {
         sb_logline_t l;
@@ -453,6 +460,7 @@ int main(int argc, char **argv)
         /* reloads replaced the start-up objects; the replaced ones are on the retired list */
         conf = server.conf;
         fetch_conf = server.fetch_conf;
+        decide_conf = server.decide_conf;
         targets = server.targets;
     }
     sb_server_free_retired(&server);
@@ -460,6 +468,7 @@ Exit:
     sb_audit_close();
     sb_store_destroy(the_store);
     sb_fetch_conf_free(fetch_conf);
+    sb_decide_conf_free(decide_conf);
     sb_targets_free(targets);
     sb_config_free(conf);
     return rc;
