@@ -16,7 +16,7 @@ import base64
 import json
 import os
 import shutil
-import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -495,6 +495,60 @@ class NoDecider(sbtest.BrokerTestCase):
                 self.assertFalse(os.path.exists(os.path.join(base, "t1", "n.txt")))
         finally:
             shutil.rmtree(base, ignore_errors=True)
+
+
+class ExampleDecider(sbtest.BrokerTestCase):
+    """deploy/decider/decider.py with deploy/decider/rules.example.json, in front of a real broker."""
+
+    def start_example(self, port, secret_file):
+        script = os.path.join(sbtest.SOURCE_DIR, "deploy", "decider", "decider.py")
+        rules = os.path.join(sbtest.SOURCE_DIR, "deploy", "decider", "rules.example.json")
+        p = subprocess.Popen([sys.executable, script, "--listen", "127.0.0.1:%d" % port, "--rules", rules,
+                              "--secret-file", secret_file], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        first = json.loads(p.stdout.readline())
+        self.assertEqual(first["event"], "listening")
+        return p
+
+    def test_example(self):
+        base = tempfile.mkdtemp(prefix="sbdecide-example-")
+        os.mkdir(os.path.join(base, "t1"))
+        secret_file = os.path.join(base, "secret")
+        with open(secret_file, "w") as f:
+            f.write(SECRET + "\n")
+        wrong_file = os.path.join(base, "wrong")
+        with open(wrong_file, "w") as f:
+            f.write("another-secret\n")
+        port = sbtest.free_port()
+        p = self.start_example(port, secret_file)
+        try:
+            url = "http://127.0.0.1:%d/" % port
+            caps = {"files": {"write": ["**"]}, "data": {"collections": {"posts": ["delete"], "notes": ["delete"]}},
+                    "decide": {"methods": ["files.write", "collections.*.delete"]}}
+            with sbtest.Broker(config=config(base, {"url": url, "secret_file": secret_file})) as b:
+                tok = b.mint_ok("run-example", caps, target="app", scope={"tenantId": "t1"})
+                r = b.rpc(tok, "files.write", {"path": "e.txt", "content": "x"})
+                self.assertError(r, 403, "forbidden", DENIED + ": writes are reviewed by a person")
+                self.assertFalse(os.path.exists(os.path.join(base, "t1", "e.txt")))
+                r = b.rpc(tok, "collections.posts.delete", {"where": {"id": 1}})
+                self.assertError(r, 403, "forbidden", "the decider denied collections.posts.delete: post 1 is the front page")
+                # allowed: the target (no database here) answers not_implemented, so the call went past the decider
+                r = b.rpc(tok, "collections.notes.delete", {"where": {"id": 1}})
+                self.assertError(r, 501, "not_implemented")
+            with sbtest.Broker(config=config(base, {"url": url, "secret_file": wrong_file})) as b:
+                tok = b.mint_ok("run-example-2", caps, target="app", scope={"tenantId": "t1"})
+                r = b.rpc(tok, "collections.notes.delete", {"where": {"id": 1}})
+                self.assertError(r, 403, "forbidden",
+                                 "the decider did not allow collections.notes.delete: the decider answered HTTP 401")
+        finally:
+            p.terminate()
+            out = p.communicate(timeout=10)[0].decode()
+            shutil.rmtree(base, ignore_errors=True)
+        lines = [json.loads(x) for x in out.splitlines() if x.strip()]
+        decisions = [(x["method"], x["decision"]) for x in lines if x.get("event") == "decision"]
+        self.assertEqual(decisions, [("files.write", "deny"), ("collections.posts.delete", "deny"),
+                                     ("collections.notes.delete", "allow")])
+        self.assertTrue(any(x.get("event") == "refused" for x in lines), out)
+        self.assertNotIn(SECRET, out)
 
 
 class Config(unittest.TestCase):
