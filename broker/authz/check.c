@@ -320,16 +320,19 @@ int sb_authz_has_decide(const sb_manifest_t *m)
 
 int sb_authz_needs_decision(const sb_manifest_t *m, const sb_call_t *call)
 {
-    if (!sb_authz_has_decide(m))
+    /* a call of a family no rule names costs this one test */
+    if (m == NULL || !sb_manifest__decide_kind(m, (int)call->m.kind))
         return 0;
     if (sb_manifest__decide_method_match(m, call->method, call->method_len))
         return 1;
-    /* the document store answers under two names: a rule on either holds both (collections.document_store.<op> is store.<ns>.<op>)
-     */
+    /* the document store answers under two names (store.<ns>.<op>, collections.document_store.<op>): a rule on either holds both */
     if (call->data != NULL && call->data->docstore && call->data->ns != NULL && call->data->ns_len <= SB_MAX_NAME) {
         char canon[SB_MAX_NAME + 64];
-        int n =
-            snprintf(canon, sizeof(canon), "store.%.*s.%s", (int)call->data->ns_len, call->data->ns, sb_method_op_name(call->m.op));
+        const char *op = sb_method_op_name(call->m.op);
+        int n = snprintf(canon, sizeof(canon), "store.%.*s.%s", (int)call->data->ns_len, call->data->ns, op);
+        if (n > 0 && (size_t)n < sizeof(canon) && sb_manifest__decide_method_match(m, canon, (size_t)n))
+            return 1;
+        n = snprintf(canon, sizeof(canon), "collections.document_store.%s", op);
         if (n > 0 && (size_t)n < sizeof(canon) && sb_manifest__decide_method_match(m, canon, (size_t)n))
             return 1;
     }

@@ -775,6 +775,9 @@ typedef struct st_mnet_t {
 
 typedef struct st_mbody_t {
     int64_t timeout_ms, memory_mb; /* -1 when absent */
+    /* the method families (bit sb_method_kind_t) some decide rule may name: a call of another family needs no look */
+    uint32_t decide_kinds;
+    uint32_t _pad0;
     mspan_t axis[AX_COUNT_];
 } mbody_t;
 
@@ -943,6 +946,31 @@ static uint32_t body_hash(const unsigned char *p, size_t n)
     return h;
 }
 
+/*
+ * The families the decide rules may name. The document store answers under
+ * two names (collections.document_store.<op> and store.<ns>.<op>), so a rule
+ * in either family marks both.
+ */
+static uint32_t decide_kinds(const mtree_t *t)
+{
+    uint32_t bits = 0;
+
+    for (size_t i = 0; i != t->decide_methods.n; ++i) {
+        const char *p = t->decide_methods.v[i].p, *dot = strchr(p, '.');
+        size_t flen = dot != NULL ? (size_t)(dot - p) : strlen(p);
+        for (int k = 0; k != SB_MK_COUNT_; ++k) {
+            const char *name = sb_method_kind_name((sb_method_kind_t)k);
+            if (strlen(name) == flen && memcmp(name, p, flen) == 0)
+                bits |= 1u << k;
+        }
+    }
+    if (bits & ((1u << SB_MK_COLLECTIONS) | (1u << SB_MK_STORE)))
+        bits |= (1u << SB_MK_COLLECTIONS) | (1u << SB_MK_STORE);
+    if (t->decide_fetch.n != 0)
+        bits |= 1u << SB_MK_HTTP;
+    return bits;
+}
+
 /* the tree in one allocation (refcount 1, not interned); NULL when allocation fails */
 static sb_manifest_t *pack(const mtree_t *t)
 {
@@ -973,6 +1001,7 @@ static sb_manifest_t *pack(const mtree_t *t)
     b = (mbody_t *)(void *)m->body;
     b->timeout_ms = t->timeout_ms;
     b->memory_mb = t->memory_mb;
+    b->decide_kinds = decide_kinds(t);
     p.body = m->body;
     p.ent = sizeof(mbody_t);
     p.str = sizeof(mbody_t) + nent;
@@ -1713,8 +1742,12 @@ int sb_manifest__net_covers(const sb_manifest_t *m, const sb_net_entry_t *e)
 
 int sb_manifest__decide_any(const sb_manifest_t *m)
 {
-    const mbody_t *b = body_of(m);
-    return b->axis[AX_DECIDE_METHODS].n != 0 || b->axis[AX_DECIDE_FETCH].n != 0;
+    return body_of(m)->decide_kinds != 0;
+}
+
+int sb_manifest__decide_kind(const sb_manifest_t *m, int kind)
+{
+    return kind >= 0 && kind < SB_MK_COUNT_ && (body_of(m)->decide_kinds & (1u << (unsigned)kind)) != 0;
 }
 
 /* segment by segment: "*" matches any one segment, anything else itself */

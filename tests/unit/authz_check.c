@@ -766,6 +766,15 @@ static void test_decide(void)
            "an ambiguous path under a paths rule needs a decision");
     is_int(needs(m, "http.fetch", "{\"url\": \"https://api.test/v1/x\", \"method\": \"POST\"}"), 0, "another host");
     is_int(needs(plain, "collections.posts.delete", "{}"), 0, "no decide rules: nothing needs a decision");
+    {
+        sb_manifest_t *ds = manifest("{\"data\": {\"stores\": {\"notes\": [\"write\"]}},"
+                                     " \"decide\": {\"methods\": [\"collections.document_store.create\"]}}");
+        is_int(needs(ds, "store.notes.create", "{\"data\": {\"a\": 1}}"), 1,
+               "a collections.document_store rule holds the store.<ns> name too");
+        is_int(needs(ds, "store.notes.update", "{\"data\": {\"a\": 1}}"), 0, "another op is not held");
+        is_int(needs(ds, "tools.call", "{\"name\": \"x\"}"), 0, "a family no rule names");
+        sb_manifest_free(ds);
+    }
     is_int(needs(all_fetch, "http.fetch", "{\"url\": \"https://api.test/\"}"), 1, "decide.methods http.fetch holds every fetch");
     /* a rule never grants: the check still refuses what the manifest does not grant */
     expect(m, "collections.drafts.delete", "{}", FORBIDDEN("collection \"drafts\" does not grant \"delete\""));
