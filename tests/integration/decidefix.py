@@ -11,7 +11,8 @@ Decider(port=0).start() listens on 127.0.0.1; every POST is recorded
   a callable         f(request dict) -> (status, body bytes, headers dict) or None (never answer)
 
 stop() closes the listener and every held connection (a decider that is
-down); start() again on the same port is a restart. The test module also
+down); start() again on the same port is a restart. With `ssl_context` (an
+ssl.SSLContext for the server side) it speaks TLS. The test module also
 uses it from tests/shim (sys.path).
 """
 
@@ -22,8 +23,9 @@ import time
 
 
 class Decider:
-    def __init__(self, port=0):
+    def __init__(self, port=0, ssl_context=None):
         self.port = port
+        self.ssl_context = ssl_context
         self.mode = "allow"
         self.reason = None
         self.delay = 0.0
@@ -37,7 +39,7 @@ class Decider:
 
     @property
     def url(self):
-        return "http://127.0.0.1:%d/decide" % self.port
+        return "%s://127.0.0.1:%d/decide" % ("https" if self.ssl_context is not None else "http", self.port)
 
     def start(self):
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -131,6 +133,11 @@ class Decider:
 
     def _serve(self, c, stopping):
         try:
+            if self.ssl_context is not None:
+                try:
+                    c = self.ssl_context.wrap_socket(c, server_side=True)
+                except (OSError, ValueError):
+                    return
             req = self._read_request(c)
             if req is None:
                 return

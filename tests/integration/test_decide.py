@@ -16,6 +16,7 @@ import base64
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -549,6 +550,89 @@ class ExampleDecider(sbtest.BrokerTestCase):
                                      ("collections.notes.delete", "allow")])
         self.assertTrue(any(x.get("event") == "refused" for x in lines), out)
         self.assertNotIn(SECRET, out)
+
+
+class Tls(sbtest.BrokerTestCase):
+    """An https:// decider: its certificate checked against ca_file and tls_name."""
+
+    def test_https(self):
+        import fetchfix_upstream
+        pki = fetchfix_upstream.TestPki().make()
+        base = tempfile.mkdtemp(prefix="sbdecide-tls-")
+        os.mkdir(os.path.join(base, "t1"))
+        good = decidefix.Decider(ssl_context=pki.server_context(pki.tls_leaf)).start()
+        rogue = decidefix.Decider(ssl_context=pki.server_context(pki.rogue_leaf)).start()
+        try:
+            cases = [
+                (good, "tls.test", None),
+                (good, "other.test", NOT_ALLOWED + "the decider is unreachable ("),
+                (rogue, "tls.test", NOT_ALLOWED + "the decider is unreachable ("),
+            ]
+            for d, name, refused in cases:
+                with self.subTest(port=d.port, name=name):
+                    d.reset("allow")
+                    conf = config(base, {"url": d.url, "tls_name": name, "ca_file": pki.ca_file})
+                    with sbtest.Broker(config=conf) as b:
+                        tok = b.mint_ok("run-tls", CAPS, target="app", scope={"tenantId": "t1"})
+                        r = b.rpc(tok, "files.write", {"path": "tls.txt", "content": "x"})
+                        if refused is None:
+                            self.assertEqual(r.status, 200, r)
+                            self.assertEqual(d.count(), 1)
+                            self.assertEqual(d.requests[0]["body"]["method"], "files.write")
+                        else:
+                            self.assertEqual(r.status, 403, r)
+                            self.assertTrue(r.body["error"]["message"].startswith(refused), r)
+                            self.assertEqual(d.count(), 0, "nothing is sent to a decider whose certificate fails")
+                    if os.path.exists(os.path.join(base, "t1", "tls.txt")):
+                        os.unlink(os.path.join(base, "t1", "tls.txt"))
+                        self.assertIsNone(refused)
+        finally:
+            good.stop()
+            rogue.stop()
+            pki.cleanup()
+            shutil.rmtree(base, ignore_errors=True)
+
+
+class Reload(sbtest.BrokerTestCase):
+    def test_sighup_switches_decider(self):
+        """A reload points new decisions at the new decider; one held across it finishes with the old one;
+        a bad decider block is rejected whole and the running one stays."""
+        base = tempfile.mkdtemp(prefix="sbdecide-reload-")
+        os.mkdir(os.path.join(base, "t1"))
+        old, new = decidefix.Decider().start(), decidefix.Decider().start()
+        try:
+            with sbtest.Broker(config=config(base, {"url": old.url, "timeout_ms": 5000})) as b:
+                tok = b.mint_ok("run-reload", CAPS, target="app", scope={"tenantId": "t1"})
+                old.reset("slow", delay=1.0)
+                new.reset("deny", reason="the new decider says no")
+                out = {}
+                t = threading.Thread(target=lambda: out.setdefault("r", b.rpc(tok, "files.write", {"path": "a.txt", "content": "x"})))
+                t.start()
+                old.wait_requests(1)
+
+                def hup(cfg, event):
+                    path = os.path.join(b._tmpdir, "config.json")
+                    with open(path + ".new", "w") as f:
+                        json.dump(cfg, f)
+                    os.replace(path + ".new", path)
+                    before = b.log().count('"event":"%s"' % event)
+                    b.proc.send_signal(signal.SIGHUP)
+                    self.assertTrue(poll(lambda: b.log().count('"event":"%s"' % event) > before, 10), b.log()[-2000:])
+
+                hup(config(base, {"url": new.url, "timeout_ms": 5000}), "reload.applied")
+                t.join(10)
+                self.assertEqual(out["r"].status, 200, out["r"])  # the held call: the old decider's late allow
+                r = b.rpc(tok, "files.write", {"path": "b.txt", "content": "x"})
+                self.assertError(r, 403, "forbidden", DENIED + ": the new decider says no")
+                self.assertEqual((old.count(), new.count()), (1, 1))
+                hup(config(base, {"url": "http://decider.example/"}), "reload.rejected")
+                r = b.rpc(tok, "files.write", {"path": "c.txt", "content": "x"})
+                self.assertError(r, 403, "forbidden", DENIED + ": the new decider says no")
+                self.assertIn("decider.url: the host must be an IP address or localhost", b.log())
+        finally:
+            old.stop()
+            new.stop()
+            shutil.rmtree(base, ignore_errors=True)
 
 
 class Config(unittest.TestCase):
