@@ -49,6 +49,13 @@ class Upstream:
                 n = int(self.headers.get("content-length") or 0)
                 body = self.rfile.read(n) if n else b""
                 up.hits.append((self.command, self.path, body))
+                if self.path == "/redirect":
+                    # 307 keeps the method and the body (RFC 9110 section 15.4.8)
+                    self.send_response(307)
+                    self.send_header("Location", "/v1/charges")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 self.send_response(200)
                 self.send_header("Content-Length", "2")
                 self.end_headers()
@@ -379,6 +386,17 @@ class Outcomes(DecideCase):
         self.d.reset("deny")
         r = self.b.rpc(tok, "http.fetch", {"url": url})
         self.assertEqual(r.status, 200, r)
+        self.assertEqual(self.d.count(), 0)
+        # a POST no rule names, redirected (307) to one a rule names: refused, never sent there undecided
+        hits = len(self.up.hits)
+        r = self.b.rpc(tok, "http.fetch", {"url": "http://127.0.0.1:%d/redirect" % self.up.port, "method": "POST", "body": "b"})
+        # decided during the fetch, like a redirect leaving net (PROTOCOL.md section 6a): execution_error, the reason logged
+        self.assertError(r, 500, "execution_error", "sandbox binding operation failed")
+        cid = r.body["error"]["correlationId"]
+        why = "http.fetch redirect to host \"127.0.0.1:%d\" matches a decide rule (redirects are not sent to the decider)" % self.up.port
+        ev = poll(lambda: [e for e in self.b.events() if e.get("event") == "egress.failed" and e.get("cid") == cid], 5)
+        self.assertEqual([e.get("reason") for e in ev], [why])
+        self.assertEqual([h[1] for h in self.up.hits[hits:]], ["/redirect"])
         self.assertEqual(self.d.count(), 0)
 
     def test_collection_description(self):

@@ -93,6 +93,7 @@ class Proc:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        return self.proc.returncode
 
 
 # ---- PostgreSQL: the posts of one tenant ----
@@ -225,10 +226,16 @@ export default async () => {
     check(post_exists(3), "post 3 still there")
 
 
+def t_clean_exit():
+    check(serve.stop() == 0, "serve exits 0", "".join(serve.lines)[-2000:])
+    check(broker.stop() == 0, "the broker drains and exits 0 (no sanitizer report)", "".join(broker.lines)[-3000:])
+
+
 try:
     tap.case("serve: a delete held for the decider, then allowed", t_held_then_allowed)
     tap.case("serve: a delete the decider denies ends the run with its reason", t_denied)
     tap.case("run --on-denial reply: the guest sees the deny reason", t_guest_sees_reason)
+    tap.case("serve and the broker exit cleanly", t_clean_exit)
 finally:
     serve.stop()
     broker.stop()
