@@ -166,8 +166,8 @@ static void reply_error(rpc_call_t *c, sb_status_t st, const char *message)
     sb_metrics_call(c->kind, st, sb_mono_us() - c->started_us);
     if (st == SB_E_UNAUTHORIZED)
         sb_metrics_deny(c->tokref[0] == '\0' ? SB_DENY_TOKEN_MISSING : SB_DENY_TOKEN_INVALID);
-    else if (st == SB_E_FORBIDDEN && c->kind < SB_MK_COUNT_)
-        sb_metrics_deny(SB_DENY_AXIS + c->kind);
+    else if (st == SB_E_FORBIDDEN && c->kind < SB_MK_COUNT_ && !c->decided)
+        sb_metrics_deny(SB_DENY_AXIS + c->kind); /* a decider's refusal is counted in sb_decisions_total */
     send_body(c, st, message, &body);
 }
 

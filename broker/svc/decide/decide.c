@@ -540,6 +540,8 @@ int sb_decide_start(sb_decide_ctx_t *ctx, const sb_decide_conf_t *conf, const sb
     size_t pending;
 
     snprintf(method, sizeof(method), "%.*s", (int)call->method_len, call->method);
+    if (ctx == NULL) /* the worker's last turn after the drain */
+        return decided_now(d, SB_DECIDE_FAIL, "the broker is shutting down", cid, tok->run_id, method, started_us);
     if (conf == NULL)
         return decided_now(d, SB_DECIDE_FAIL, "no decider is configured", cid, tok->run_id, method, started_us);
     if (left_ms <= 0)
