@@ -8,6 +8,7 @@ Decider(port=0).start() listens on 127.0.0.1; every POST is recorded
   "slow"             as "allow", after self.delay seconds
   "never"            reads the request and never answers (until stop())
   ("raw", status, body, headers)  exactly that answer
+  ("bytes", data)    those bytes instead of an HTTP response, then the close
   a callable         f(request dict) -> (status, body bytes, headers dict) or None (never answer)
 
 stop() closes the listener and every held connection (a decider that is
@@ -145,6 +146,9 @@ class Decider:
                 self.requests.append(req)
                 mode, reason, delay = self.mode, self.reason, self.delay
                 self.cond.notify_all()
+            if isinstance(mode, tuple) and mode[0] == "bytes":
+                c.sendall(mode[1])
+                return
             answer = self._answer(mode, reason, req)
             if mode == "slow":
                 if stopping.wait(delay):

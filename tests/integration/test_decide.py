@@ -252,8 +252,17 @@ class Outcomes(DecideCase):
         self.d.reset(("raw", 200, big, {"Content-Type": "application/json"}))
         r = self.write(tok, "garbage-big.txt")
         self.assertEqual(r.status, 403, r)
-        self.assertTrue(r.body["error"]["message"].startswith(NOT_ALLOWED + "the decider is unreachable ("), r)
+        self.assertTrue(r.body["error"]["message"].startswith(NOT_ALLOWED + "the exchange with the decider failed ("), r)
         self.assertNotWritten("garbage-big.txt")
+        # not HTTP at all, an HTTP/1.1 head cut short, a 101
+        for i, data in enumerate([b"NOT HTTP AT ALL\r\n\r\n{\"v\":1,\"decision\":\"allow\"}",
+                                  b"HTTP/1.1 200 OK\r\nContent-Length: 26\r\n", b"HTTP/1.1 101 Switching\r\n\r\n"]):
+            with self.subTest(data=data):
+                self.d.reset(("bytes", data))
+                r = self.write(tok, "garbage-bytes-%d.txt" % i)
+                self.assertEqual(r.status, 403, r)
+                self.assertTrue(r.body["error"]["message"].startswith(NOT_ALLOWED + "the exchange with the decider failed ("), r)
+                self.assertNotWritten("garbage-bytes-%d.txt" % i)
         self.d.reset(("raw", 200, b'{"v":1,"decision":"allow"}', {"Content-Encoding": "gzip"}))
         r = self.write(tok, "garbage-gzip.txt")
         self.assertError(r, 403, "forbidden", NOT_ALLOWED + "malformed answer: a Content-Encoding was not asked for")
@@ -265,7 +274,7 @@ class Outcomes(DecideCase):
         r = self.write(tok, "down.txt")
         self.assertEqual(r.status, 403, r)
         self.assertEqual(r.body["error"]["code"], "forbidden")
-        self.assertTrue(r.body["error"]["message"].startswith(NOT_ALLOWED + "the decider is unreachable ("), r)
+        self.assertTrue(r.body["error"]["message"].startswith(NOT_ALLOWED + "the exchange with the decider failed ("), r)
         self.assertNotWritten("down.txt")
         # the same address comes back: the next call is decided, nothing to reset in the broker
         self.d.start()
@@ -288,7 +297,7 @@ class Outcomes(DecideCase):
         self.assertLess(time.monotonic() - t0, TIMEOUT_MS / 1000.0)
         r = out["r"]
         self.assertEqual(r.status, 403, r)
-        self.assertTrue(r.body["error"]["message"].startswith(NOT_ALLOWED + "the decider is unreachable ("), r)
+        self.assertTrue(r.body["error"]["message"].startswith(NOT_ALLOWED + "the exchange with the decider failed ("), r)
         self.assertNotWritten("held.txt")
         self.d.start()
         self.d.reset("allow")
@@ -583,8 +592,8 @@ class Tls(sbtest.BrokerTestCase):
         try:
             cases = [
                 (good, "tls.test", None),
-                (good, "other.test", NOT_ALLOWED + "the decider is unreachable ("),
-                (rogue, "tls.test", NOT_ALLOWED + "the decider is unreachable ("),
+                (good, "other.test", NOT_ALLOWED + "the exchange with the decider failed ("),
+                (rogue, "tls.test", NOT_ALLOWED + "the exchange with the decider failed ("),
             ]
             for d, name, refused in cases:
                 with self.subTest(port=d.port, name=name):

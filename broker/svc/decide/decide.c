@@ -469,7 +469,7 @@ static void on_http(void *arg, const char *err, sb_http_response_t *res)
     }
     r->http = NULL;
     if (err != NULL) {
-        snprintf(detail, sizeof(detail), "the decider is unreachable (%s)", err);
+        snprintf(detail, sizeof(detail), "the exchange with the decider failed (%s)", err);
         finish(r, SB_DECIDE_FAIL, detail);
         return;
     }
@@ -627,7 +627,8 @@ int sb_decide_start(sb_decide_ctx_t *ctx, const sb_decide_conf_t *conf, const sb
         r->starting = 0;
     }
     if (r->http == NULL) {
-        snprintf(reason, sizeof(reason), "the decider is unreachable (%s)", r->early_err != NULL ? r->early_err : "connect failed");
+        snprintf(reason, sizeof(reason), "the exchange with the decider failed (%s)",
+                 r->early_err != NULL ? r->early_err : "connect failed");
         sb_buf_free(&r->request);
         atomic_fetch_sub_explicit(&pending_total, 1, memory_order_relaxed);
         sb_mem_free(r);
