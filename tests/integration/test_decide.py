@@ -662,6 +662,30 @@ class Reload(sbtest.BrokerTestCase):
             shutil.rmtree(base, ignore_errors=True)
 
 
+class Drain(sbtest.BrokerTestCase):
+    def test_sigterm_waits_for_held_calls(self):
+        """SIGTERM while a call waits for its decision: the drain lets it finish (the allow runs it), then exits 0."""
+        base = tempfile.mkdtemp(prefix="sbdecide-drain-")
+        os.mkdir(os.path.join(base, "t1"))
+        d = decidefix.Decider().start()
+        try:
+            b = sbtest.Broker(config=config(base, {"url": d.url, "timeout_ms": 5000})).start()
+            tok = b.mint_ok("run-drain", CAPS, target="app", scope={"tenantId": "t1"})
+            d.reset("slow", delay=0.8)
+            out = {}
+            t = threading.Thread(target=lambda: out.setdefault("r", b.rpc(tok, "files.write", {"path": "d.txt", "content": "x"})))
+            t.start()
+            d.wait_requests(1)
+            b.proc.send_signal(signal.SIGTERM)
+            t.join(10)
+            self.assertEqual(out["r"].status, 200, out["r"])
+            self.assertTrue(os.path.exists(os.path.join(base, "t1", "d.txt")))
+            self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        finally:
+            d.stop()
+            shutil.rmtree(base, ignore_errors=True)
+
+
 class Config(unittest.TestCase):
     def check(self, decider, want):
         base = tempfile.mkdtemp(prefix="sbdecide-conf-")
