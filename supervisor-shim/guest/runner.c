@@ -121,7 +121,7 @@ sb_status_t sb_shim_deno_run(const sb_shim_deno_t *d, const sb_shim_config_t *cf
 {
     const char *base = getenv("TMPDIR");
     int jailed = sb_shim_jail_enabled(d->jail);
-    char workdir[256], home[270], v8flags[64], e_home[300], e_denodir[320], e_tmp[300], why[400];
+    char workdir[256], home[270], v8flags[128], e_home[300], e_denodir[320], e_tmp[300], why[400];
     char *argv[24], *envp[8];
     sb_shim_spawn_t sp;
     sb_shim_child_t child;
@@ -154,7 +154,13 @@ sb_status_t sb_shim_deno_run(const sb_shim_deno_t *d, const sb_shim_config_t *cf
         st = SB_E_EXECUTION;
         goto Exit;
     }
-    snprintf(v8flags, sizeof(v8flags), "--v8-flags=--max-old-space-size=%lu", d->memory_mb);
+    /*
+     * The heap cap, and no SharedArrayBuffer global in any context (the guest's, a node:vm
+     * context's, a worker's): V8 offers it then only where the embedder's per-context callback
+     * says so, and Deno sets none. WebAssembly's shared memories are the runtime's to close.
+     */
+    snprintf(v8flags, sizeof(v8flags), "--v8-flags=--max-old-space-size=%lu,--enable-sharedarraybuffer-per-context",
+             d->memory_mb);
     /*
      * No --allow-* at all: with --no-prompt every permission check fails.
      * The explicit --deny-* flags keep it that way should a config file or a
