@@ -36,6 +36,7 @@
 #include "sb/mem.h"
 #include "serve/serve.h"
 #include "serve/serve_int.h"
+#include "serve/launcher.h"
 #include "relay/tls.h"
 
 #define EXIT_USAGE 2
@@ -60,6 +61,9 @@
 static const char *const OUTCOMES[] = {"ok",           "failed", "timeout", "cancelled", "rejected", "egress_blocked",
                                        "spawn_failed", "busy",   "denied",  "invalid",   "error",    NULL};
 static const double BUCKETS[] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60};
+/* from the request to the guest's first instruction (its init frame): milliseconds warm, more cold */
+static const double HANDOVER_BUCKETS[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
+#define NHANDOVER (sizeof(HANDOVER_BUCKETS) / sizeof(HANDOVER_BUCKETS[0]))
 #define NBUCKETS (sizeof(BUCKETS) / sizeof(BUCKETS[0]))
 #define NOUTCOMES (sizeof(OUTCOMES) / sizeof(OUTCOMES[0]) - 1)
 /* the /metrics text: a fixed set of counters, about 2 kB; past this the scrape is a 500, never a cut text */
@@ -120,6 +124,14 @@ static struct {
     unsigned long long buckets[NBUCKETS], hist_count;
     double hist_sum;
     unsigned long long jail_failures;
+    unsigned long long handover_buckets[NHANDOVER], handover_count;
+    double handover_sum;
+
+    /* the launcher every run's process is forked from, and its pool (launcher.h) */
+    sb_serve_pool_conf_t pool;
+    sb_serve_launcher_t launcher;
+    uint64_t pool_failures_logged, pool_died_logged;
+    int launcher_down_logged;
 } S;
 
 static volatile sig_atomic_t stop_requested;
@@ -277,14 +289,21 @@ static int admitted(h2o_req_t *req, int allow_bearer)
 
 /* ---- runs ---- */
 
-/* signals a run's process through its pidfd where there is one (it cannot name another process) */
+/*
+ * Signals a run's process through its pidfd, which cannot name another process. Never by pid: the
+ * process is the launcher's child, reaped there, so its pid may already be another's. (Without a
+ * pidfd, which the launcher's start checks the kernel has, the run still ends: its deadline and
+ * the client's hang-up reach it through its own descriptors.)
+ */
 static void signal_run(const run_t *r, int sig)
 {
 #ifdef SYS_pidfd_send_signal
-    if (r->pidfd >= 0 && syscall(SYS_pidfd_send_signal, r->pidfd, sig, NULL, 0) == 0)
-        return;
+    if (r->pidfd >= 0)
+        (void)syscall(SYS_pidfd_send_signal, r->pidfd, sig, NULL, 0);
+#else
+    (void)r;
+    (void)sig;
 #endif
-    (void)kill(r->pid, sig); /* not reaped yet: the pid is still that process's */
 }
 
 /*
@@ -369,6 +388,16 @@ static void observe(int64_t ms)
     S.hist_sum += s;
 }
 
+static void observe_handover(int64_t ms)
+{
+    double s = (double)ms / 1000.0;
+    for (size_t i = 0; i < NHANDOVER; ++i)
+        if (s <= HANDOVER_BUCKETS[i])
+            ++S.handover_buckets[i];
+    ++S.handover_count;
+    S.handover_sum += s;
+}
+
 /*
  * The run's answer, once: the body its process reported, or (when there is
  * none: the process died, its report was malformed, it overran its deadline)
@@ -404,6 +433,13 @@ static void run_answer(run_t *r, const char *why)
             json_object_set(fields, "revoke", json_object_get(r->meta, "revoke"));
         if (json_object_get(r->meta, "revokeError") != NULL)
             json_object_set(fields, "revokeError", json_object_get(r->meta, "revokeError"));
+        json_object_set(fields, "pooled", json_object_get(r->meta, "pooled"));
+        if (json_is_integer(json_object_get(r->meta, "handoverMs"))) {
+            json_int_t h = json_integer_value(json_object_get(r->meta, "handoverMs"));
+            json_object_set_new(fields, "handoverMs", json_integer(h));
+            if (h >= 0)
+                observe_handover(h);
+        }
         if (jf > 0) {
             S.jail_failures += (unsigned long long)jf;
             json_object_set_new(fields, "jailFailures", json_integer(jf));
@@ -550,9 +586,9 @@ static int client_fd(h2o_req_t *req)
 static void start_run(h2o_req_t *req, sb_serve_job_t *job)
 {
     run_t *r = sb_mem_try_calloc(1, sizeof(*r)), **slot;
-    int sv[2] = {-1, -1}, cfd = client_fd(req);
+    int sv[2] = {-1, -1}, cfd = client_fd(req), pidfd = -1, pooled = 0;
     pid_t pid;
-    char e[160];
+    char e[300], why[240];
 
     if (r == NULL || socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
         snprintf(e, sizeof(e), "failed to spawn sandbox subprocess: %s", r == NULL ? "out of memory" : strerror(errno));
@@ -560,28 +596,19 @@ static void start_run(h2o_req_t *req, sb_serve_job_t *job)
         answer_failure(req, "spawn_failed", e, job->started_ms);
         return;
     }
-    fflush(stderr);
-    if ((pid = fork()) < 0) {
-        snprintf(e, sizeof(e), "failed to spawn sandbox subprocess: fork: %s", strerror(errno));
+    /* the run's process is forked by the launcher, whose memory holds no other run's data (launcher.h) */
+    if (sb_serve_launcher_submit(&S.launcher, job, sv[1], cfd, &pid, &pidfd, &pooled, why, sizeof(why)) != SB_OK) {
+        snprintf(e, sizeof(e), "failed to spawn sandbox subprocess: %s", why);
         close(sv[0]);
         close(sv[1]);
         sb_mem_free(r);
         answer_failure(req, "spawn_failed", e, job->started_ms);
         return;
     }
-    if (pid == 0) {
-        close(sv[0]);
-        sb_serve_run_main(job, sv[1], cfd);
-    }
     close(sv[1]);
     (void)fcntl(sv[0], F_SETFL, O_NONBLOCK);
     r->pid = pid;
-    r->pidfd = -1;
-#ifdef SYS_pidfd_open
-    r->pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
-    if (r->pidfd >= 0)
-        (void)fcntl(r->pidfd, F_SETFD, FD_CLOEXEC);
-#endif
+    r->pidfd = pidfd;
     r->req = req;
     r->holds_slot = 1;
     ++S.active;
@@ -754,6 +781,36 @@ static void handle_metrics(h2o_req_t *req)
                            "# TYPE sb_serve_jail_setup_failures_total counter\nsb_serve_jail_setup_failures_total %llu\n"
                            "# HELP sb_serve_max_runs The --max-runs cap.\n# TYPE sb_serve_max_runs gauge\nsb_serve_max_runs %u\n",
                            S.hist_count, S.hist_sum, S.hist_count, S.nruns, S.guests, S.jail_failures, S.max_runs);
+    if (st == SB_OK)
+        st = sb_buf_append_str(
+            &t, "# HELP sb_serve_handover_seconds From the request to the guest's first instruction (its init frame).\n"
+                "# TYPE sb_serve_handover_seconds histogram\n");
+    for (size_t i = 0; i < NHANDOVER && st == SB_OK; ++i)
+        st = sb_buf_printf(&t, "sb_serve_handover_seconds_bucket{le=\"%g\"} %llu\n", HANDOVER_BUCKETS[i], S.handover_buckets[i]);
+    if (st == SB_OK) {
+        sb_serve_pool_stats_t ps;
+        sb_serve_launcher_stats(&S.launcher, &ps);
+        st = sb_buf_printf(
+            &t,
+            "sb_serve_handover_seconds_bucket{le=\"+Inf\"} %llu\nsb_serve_handover_seconds_sum %.6f\n"
+            "sb_serve_handover_seconds_count %llu\n"
+            "# HELP sb_serve_pool_runs_total Runs by how their guest started: pooled (a hit) or cold.\n"
+            "# TYPE sb_serve_pool_runs_total counter\n"
+            "sb_serve_pool_runs_total{start=\"pooled\"} %llu\nsb_serve_pool_runs_total{start=\"cold\"} %llu\n"
+            "# HELP sb_serve_pool_misses_total Runs of a pooled memory class that found no guest ready (started cold).\n"
+            "# TYPE sb_serve_pool_misses_total counter\nsb_serve_pool_misses_total %llu\n"
+            "# HELP sb_serve_pool_started_total Pooled guests started and ready.\n"
+            "# TYPE sb_serve_pool_started_total counter\nsb_serve_pool_started_total %llu\n"
+            "# HELP sb_serve_pool_start_failures_total Pooled guests that could not be started.\n"
+            "# TYPE sb_serve_pool_start_failures_total counter\nsb_serve_pool_start_failures_total %llu\n"
+            "# HELP sb_serve_pool_died_total Pooled guests that died while waiting for a run (replaced).\n"
+            "# TYPE sb_serve_pool_died_total counter\nsb_serve_pool_died_total %llu\n"
+            "# HELP sb_serve_pool_guests Pooled guests now, by state.\n# TYPE sb_serve_pool_guests gauge\n"
+            "sb_serve_pool_guests{state=\"ready\"} %llu\nsb_serve_pool_guests{state=\"starting\"} %llu\n",
+            S.handover_count, S.handover_sum, S.handover_count, (unsigned long long)ps.hits, (unsigned long long)ps.cold,
+            (unsigned long long)ps.misses, (unsigned long long)ps.refills, (unsigned long long)ps.refill_failures,
+            (unsigned long long)ps.died, (unsigned long long)ps.idle, (unsigned long long)ps.starting);
+    }
     if (st != SB_OK) {
         sb_buf_free(&t);
         SEND_LIT(req, 500, "Internal Server Error", "{\"ok\":false,\"error\":\"out of memory\",\"logs\":[]}");
@@ -1023,6 +1080,8 @@ static void usage(FILE *f)
           "  --deno PATH                   the Deno binary (else DENO_BIN, else deno on PATH)\n"
           "  --max-runs N                  runs at once (default: online CPUs x 2); beyond it 503\n"
           "  --max-connections N           open client connections (default 256)\n"
+          "  --pool-size N                 guests kept started per memory class, waiting for a run (default 2; 0: none)\n"
+          "  --pool-memory-mb LIST         the memory classes of the pool, memoryMb values (default 128)\n"
           "  --jail on|off                 the kernel jail around every guest (default on; off is logged)\n"
           "  --jail-uid-base N, --jail-slots N, --jail-nproc N, --jail-fsize-mb N, --jail-cgroup DIR,\n"
           "  --jail-lock-file F            as for `sandbox-shim run` (supervisor-shim/README.md, \"The jail\")\n",
@@ -1042,6 +1101,9 @@ static int configure(int argc, char **argv, char *admission, size_t admsz)
     cpus = sysconf(_SC_NPROCESSORS_ONLN);
     S.max_runs = cpus > 0 && cpus < 4096 ? (unsigned)cpus * 2u : 2u;
     S.max_connections = DEFAULT_MAX_CONNECTIONS;
+    S.pool.size = SB_SERVE_POOL_DEFAULT_SIZE;
+    S.pool.nclasses = 1;
+    S.pool.class_mb[0] = SB_SERVE_DEFAULT_MEMORY_MB;
     sb_shim_jail_config_init(&jc);
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -1075,6 +1137,13 @@ static int configure(int argc, char **argv, char *admission, size_t admsz)
             if (parse_uint(val, 1, 4096, &v) != 0)
                 return fail_usage("--max-runs wants 1..4096, not \"%s\"", val);
             S.max_runs = (unsigned)v;
+        } else if (strcmp(a, "--pool-size") == 0) {
+            if (parse_uint(val, 0, SB_SERVE_POOL_MAX_SIZE, &v) != 0)
+                return fail_usage("--pool-size wants 0..64, not \"%s\"", val);
+            S.pool.size = (unsigned)v;
+        } else if (strcmp(a, "--pool-memory-mb") == 0) {
+            if (sb_serve_pool_parse_classes(val, &S.pool, &why) != 0)
+                return fail_usage("%s", why);
         } else if (strcmp(a, "--max-connections") == 0) {
             if (parse_uint(val, 1, 100000, &v) != 0)
                 return fail_usage("--max-connections wants 1..100000, not \"%s\"", val);
@@ -1208,6 +1277,29 @@ static int bind_listener(void)
     return fd;
 }
 
+/* the pool's failures, said once each time they rise (the launcher only counts) */
+static void pool_housekeeping(void)
+{
+    sb_serve_pool_stats_t ps;
+
+    sb_serve_launcher_stats(&S.launcher, &ps);
+    if (ps.refill_failures > S.pool_failures_logged) {
+        log_event("warn", "pool.start_failed",
+                  json_pack("{s:I, s:I}", "failures", (json_int_t)(ps.refill_failures - S.pool_failures_logged), "total",
+                            (json_int_t)ps.refill_failures));
+        S.pool_failures_logged = ps.refill_failures;
+    }
+    if (ps.died > S.pool_died_logged) {
+        log_event("warn", "pool.guest_died",
+                  json_pack("{s:I, s:I}", "died", (json_int_t)(ps.died - S.pool_died_logged), "total", (json_int_t)ps.died));
+        S.pool_died_logged = ps.died;
+    }
+    if (!S.launcher_down_logged && !sb_serve_launcher_alive(&S.launcher) && S.launcher.pid > 0) {
+        log_event("error", "launcher.down", json_pack("{s:s}", "effect", "every run fails to spawn until serve is restarted"));
+        S.launcher_down_logged = 1;
+    }
+}
+
 /* timers the loop checks on each turn: reaping and run deadlines */
 static void housekeeping(void)
 {
@@ -1215,6 +1307,7 @@ static void housekeeping(void)
     run_t *r = S.runs;
 
     reap_zombies();
+    pool_housekeeping();
     while (r != NULL) {
         run_t *next = r->next;
         if (now >= r->deadline_ms)
@@ -1242,6 +1335,16 @@ int sb_shim_serve_main(int argc, char **argv)
     }
     sha256(admission, strlen(admission), S.admission_hash);
     explicit_bzero(admission, sizeof(admission));
+    {
+        /* before the listener exists: the launcher's memory holds the configuration and no request */
+        char err[300];
+        if (sb_serve_launcher_start(&S.launcher, &S.conf, &S.pool, err, sizeof(err)) != SB_OK) {
+            fail_usage("%s; serve does not start", err);
+            explicit_bzero(S.conf.netmint.secret, sizeof(S.conf.netmint.secret));
+            sb_shim_jail_free(S.conf.deno.jail);
+            return EXIT_USAGE;
+        }
+    }
 
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = on_signal;
@@ -1275,6 +1378,12 @@ int sb_shim_serve_main(int argc, char **argv)
               json_pack("{s:s, s:b, s:b, s:i, s:s, s:b}", "deno", S.deno_version, "broker", S.conf.have_broker, "netMint",
                         S.conf.have_netmint, "maxRuns", (int)S.max_runs, "brokerOrigin",
                         S.conf.have_broker ? S.conf.broker.host_header : "", "jail", sb_shim_jail_enabled(S.conf.deno.jail)));
+    {
+        json_t *classes = json_array();
+        for (unsigned i = 0; i < S.pool.nclasses; ++i)
+            json_array_append_new(classes, json_integer(S.pool.class_mb[i]));
+        log_event("info", "pool", json_pack("{s:i, s:o}", "size", (int)S.pool.size, "memoryMb", classes));
+    }
 
     for (;;) {
         h2o_evloop_run(S.loop, 100);
@@ -1293,6 +1402,8 @@ int sb_shim_serve_main(int argc, char **argv)
     }
     while (S.runs != NULL)
         run_finish(S.runs, "the supervisor stopped");
+    /* the pooled guests go; the runs' processes are over or killed above */
+    sb_serve_launcher_stop(&S.launcher, 5000);
     /* let the last answers leave */
     for (int i = 0; i < 5; ++i)
         h2o_evloop_run(S.loop, 10);

@@ -62,11 +62,17 @@ typedef struct st_sb_serve_job_t {
     int64_t started_ms;                /* CLOCK_MONOTONIC, when the request was taken */
 } sb_serve_job_t;
 
+/* the run process's fixed descriptors (launcher.c arranges them; serve_run.c uses them) */
+#define SB_SERVE_REPORT_FD 3  /* the report socket */
+#define SB_SERVE_CANCEL_FD 4  /* the client's connection (closed when there is none) */
+#define SB_SERVE_JAIL_FD 5    /* the jail's cgroup directory, when it has one (sb_shim_jail_move_fd) */
+#define SB_SERVE_CONTROL_FD 6 /* the launcher's control pair (the launcher), or a pooled process's own (until its run) */
+
 /**
- * The run's process: does the run and reports it on `report_fd`, then exits.
- * @param cancel_fd the client's connection (hang-up cancels the run), or -1
+ * The run's process: does the run and reports it on SB_SERVE_REPORT_FD, then exits.
+ * @param pre a guest started before the run (the pool), or NULL to start one now
  */
-__attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, int report_fd, int cancel_fd);
+__attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, sb_shim_guest_t *pre);
 
 /** CLOCK_MONOTONIC in milliseconds */
 int64_t sb_serve_now_ms(void);
