@@ -253,14 +253,18 @@ sb_status_t sb_shim_deno_relay(sb_shim_guest_t *g, const sb_shim_config_t *cfg, 
 
     *outcome = NULL;
     st = sb_shim_relay_run(cfg, &g->child, init, init_len, outcome);
-    /* the relay reaped the guest; a jailed one took its PID namespace with it */
-    guest_release(g, 1);
+    g->reaped = 1; /* the relay reaped the guest; a jailed one took its PID namespace with it */
     return st;
+}
+
+void sb_shim_deno_release(sb_shim_guest_t *g)
+{
+    guest_release(g, g->reaped);
 }
 
 void sb_shim_deno_discard(sb_shim_guest_t *g)
 {
-    guest_release(g, 0);
+    guest_release(g, g->reaped);
 }
 
 sb_status_t sb_shim_deno_run(const sb_shim_deno_t *d, const sb_shim_config_t *cfg, const uint8_t *init, size_t init_len,
@@ -274,5 +278,7 @@ sb_status_t sb_shim_deno_run(const sb_shim_deno_t *d, const sb_shim_config_t *cf
         return st;
     if (on_spawned != NULL)
         on_spawned(arg, &g.child);
-    return sb_shim_deno_relay(&g, cfg, init, init_len, outcome);
+    st = sb_shim_deno_relay(&g, cfg, init, init_len, outcome);
+    sb_shim_deno_release(&g);
+    return st;
 }

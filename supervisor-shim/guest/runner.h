@@ -39,6 +39,7 @@ typedef struct st_sb_shim_guest_t {
     char workdir[256]; /* its private work directory ("" once removed) */
     char home[270];
     int started;
+    int reaped; /* the relay reaped it */
 } sb_shim_guest_t;
 
 /**
@@ -58,15 +59,18 @@ SB_WARN_UNUSED sb_status_t sb_shim_deno_start(const sb_shim_deno_t *d, void *scr
 
 /**
  * Hands a started guest its run: the init frame, then the relay until the guest
- * is gone (the run's timeout counts from here); then the directory is removed
- * and the jail's uid and cgroup given back.
+ * is gone (the run's timeout counts from here). Call sb_shim_deno_release after
+ * (serve answers first: the guest is already reaped).
  * @param outcome receives the relay's outcome (new reference) on SB_OK
  * @return SB_OK or SB_E_NOMEM
  */
 SB_WARN_UNUSED sb_status_t sb_shim_deno_relay(sb_shim_guest_t *g, const sb_shim_config_t *cfg, const uint8_t *init, size_t init_len,
                                               json_t **outcome);
 
-/** kills a started guest that gets no run, and releases what it holds (as sb_shim_deno_relay's end does) */
+/** after sb_shim_deno_relay: the guest's directory is removed, the jail's uid and cgroup given back */
+void sb_shim_deno_release(sb_shim_guest_t *g);
+
+/** kills a started guest that gets no run (or gets no more of it), and releases what it holds */
 void sb_shim_deno_discard(sb_shim_guest_t *g);
 
 /** called once the guest has been started, before the relay runs */

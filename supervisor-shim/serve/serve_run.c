@@ -114,6 +114,7 @@ __attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, sb_s
     const sb_serve_conf_t *conf = job->conf;
     static sb_shim_config_t cfg; /* 8 KiB of token: not on the stack */
     static sb_shim_guest_t cold;
+    sb_shim_guest_t *guest = NULL; /* released after the answer: it is reaped by then */
     json_t *outcome = NULL, *answer = NULL, *meta;
     const char *outcome_kind = NULL, *revoke = NULL;
     char err[512], revoke_err[256] = "", token[65] = "";
@@ -180,6 +181,7 @@ __attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, sb_s
         sb_status_t st;
         d.memory_mb = job->memory_mb;
         if (pre != NULL) {
+            guest = pre;
             /* a pooled guest: started before this run, it has waited for its init frame since */
             on_spawned(NULL, &pre->child);
             handover_ms = sb_serve_now_ms() - job->started_ms;
@@ -187,6 +189,7 @@ __attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, sb_s
         } else {
             st = sb_shim_deno_start(&d, (void *)cfg.token, sizeof(cfg.token), &cold, err, sizeof(err));
             if (st == SB_OK) {
+                guest = &cold;
                 on_spawned(NULL, &cold.child);
                 handover_ms = sb_serve_now_ms() - job->started_ms;
                 st = sb_shim_deno_relay(&cold, &cfg, (const uint8_t *)job->init.data, job->init.size, &outcome);
@@ -251,6 +254,9 @@ Answer:
         line[ln] = '\n'; /* json_dumps' NUL becomes the separator; the length below counts it */
         record(SB_SERVE_REC_RESULT, line, ln + 1, body, strlen(body));
     }
+    /* answered: the guest is reaped; its directory, uid and cgroup go now, off the run's latency */
+    if (guest != NULL)
+        sb_shim_deno_release(guest);
     _exit(0);
 }
 
