@@ -1374,6 +1374,21 @@ static void reopen_log(void)
 
 #define RESTART_ONLY "listen, broker and admin URLs, Deno, the jail, max-runs, max-connections, log-file"
 
+/* the secret files again, checked as at start-up; -1 with `err` when one is not acceptable */
+static int reread_secrets(char *adm, size_t admsz, char *mint, size_t mintsz, char *err, size_t errsz)
+{
+    if (S.adm_file != NULL && (read_secret(S.adm_file, NULL, adm, admsz, "host admission secret", err, errsz) != 0 ||
+                               check_admission(adm, S.adm_file, err, errsz) != 0))
+        return -1;
+    if (S.mint_file != NULL && read_secret(S.mint_file, NULL, mint, mintsz, "net-mint secret", err, errsz) != 0)
+        return -1;
+    if (S.mint_file != NULL && mint[0] == '\0') {
+        snprintf(err, errsz, "the net-mint secret file %s is empty", S.mint_file);
+        return -1;
+    }
+    return 0;
+}
+
 /*
  * SIGHUP: what serve can take without a restart is its secrets, when they are files: the host
  * admission secret and the net-mint secret are read again, checked as at start-up, and take effect
@@ -1394,9 +1409,7 @@ static void reload(void)
                             "msg", "restart serve to apply changes (SIGTERM drains the runs in flight)"));
         return;
     }
-    if ((S.adm_file != NULL && (read_secret(S.adm_file, NULL, adm, sizeof(adm), "host admission secret", err, sizeof(err)) != 0 ||
-                                check_admission(adm, S.adm_file, err, sizeof(err)) != 0)) ||
-        (S.mint_file != NULL && read_secret(S.mint_file, NULL, mint, sizeof(mint), "net-mint secret", err, sizeof(err)) != 0)) {
+    if (reread_secrets(adm, sizeof(adm), mint, sizeof(mint), err, sizeof(err)) != 0) {
         log_event("error", "reload.rejected", json_pack("{s:s, s:s}", "reason", err, "msg", "the running secrets stay"));
         explicit_bzero(adm, sizeof(adm));
         explicit_bzero(mint, sizeof(mint));

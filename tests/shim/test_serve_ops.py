@@ -273,6 +273,7 @@ def t_sigusr1_reopens_the_log():
         check(os.path.exists(log), "the log was opened again at its path", os.listdir(d))
         st, o = s.run("export default () => 'after'")
         check(st == 200 and o["output"] == "after" and s.proc.poll() is None, "still serving", st, o)
+        s.wait_event("run")  # the run's line follows its answer
         with open(log) as f:
             new = f.read()
         with open(log + ".1") as f:
@@ -346,6 +347,27 @@ def t_sighup_rereads_secret_files():
         check(st == 200 and o["output"] == 3, "the running secret stays", st, o)
         check(len(s.events("reload.applied")) == 1 and len(s.events("reopen")) == 2, "one line each per SIGHUP",
               s.text())
+    finally:
+        s.stop()
+    # with the net-mint credential from a file too: both are read again, an empty one is refused
+    mint = os.path.join(d, "net-mint")
+    with open(adm, "w") as f:
+        f.write(SECRET + "\n")
+    with open(mint, "w") as f:
+        f.write("m" * 40)
+    s = Serve(args=["--admission-secret-file", adm, "--net-mint-secret-file", mint, "--broker-url",
+                    "http://127.0.0.1:1/api/sandbox/rpc", "--broker-admin-url", "http://127.0.0.1:2"], secret=None)
+    try:
+        open(mint, "w").close()
+        s.proc.send_signal(signal.SIGHUP)
+        ev = s.wait_event("reload.rejected")[0]
+        check(ev["reason"] == "the net-mint secret file %s is empty" % mint, "an empty net-mint file is refused", ev)
+        with open(mint, "w") as f:
+            f.write("n" * 40)
+        s.proc.send_signal(signal.SIGHUP)
+        ev = s.wait_event("reload.applied")[0]
+        check(ev["reloaded"] == "the host admission secret, the net-mint secret", "both reloaded", ev)
+        check("n" * 40 not in s.text() and "m" * 40 not in s.text(), "no secret logged")
     finally:
         s.stop()
 
