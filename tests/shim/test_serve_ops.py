@@ -8,7 +8,7 @@ Each case starts its own serve (tests/shim/test_serve.py covers the /run API its
   * SIGUSR1 reopens --log-file (logrotate's rename + signal), SIGHUP re-reads the secret files or
     says in one line why it cannot, SIGUSR2 is logged and ignored, SIGTERM still drains;
   * /health answers 503 with the reason while a run cannot start (Deno removed, Deno unreachable by
-    the guests, every guest uid taken) and 200 again once it can;
+    the guests, every guest uid taken, a jail that cannot be set up) and 200 again once it can;
   * a binding call the broker denies is the run outcome "call_denied", a failing one "failed";
   * unprivileged, the start-up line is a warning that every guest shares one uid.
 Needs Deno (SB_DENO, or SB_NODE_PREFIX/node_modules/.bin/deno); SKIP (77) without it.
@@ -440,6 +440,17 @@ def t_health_uid_slots_exhausted():
         check(st == 503 and o["error"] == "spawn: jail: all 2 guest uids are in use (--jail-slots)", "503 with why", st, o)
         fcntl.lockf(fd, fcntl.LOCK_UN, 1, base + 1)
         check(wait_health(s, 200)[0] == 200, "200 once one is free")
+        # the jail cannot be set up: its uid lock file replaced by a symbolic link, which it refuses to follow
+        os.rename(lock, lock + ".moved")
+        os.symlink(lock + ".moved", lock)
+        st, o = wait_health(s, 503)
+        check(st == 503 and o["error"] == "spawn: jail: cannot open the uid lock file %s: Too many levels of symbolic "
+              "links" % lock, "a jail that cannot be set up: 503 with why", st, o)
+        st, r = s.run("export default () => 1")
+        check(r["ok"] is False and "jail: cannot open the uid lock file" in r["error"], "and indeed no run starts", r)
+        os.unlink(lock)
+        os.rename(lock + ".moved", lock)
+        check(wait_health(s, 200)[0] == 200, "200 once the jail can be set up again")
     finally:
         os.close(fd)
         s.stop()
@@ -545,7 +556,8 @@ try:
     tap.case("SIGHUP re-reads the admission secret file; a bad one is rejected", t_sighup_rereads_secret_files)
     tap.case("SIGTERM drains", t_sigterm_drains)
     tap.case("/health: Deno removed or unreachable by the guests -> 503, then 200", t_health_deno_gone_and_unreachable)
-    tap.case("/health: every guest uid taken -> 503, then 200", t_health_uid_slots_exhausted)
+    tap.case("/health: every guest uid taken, a jail that cannot be set up -> 503, then 200",
+             t_health_uid_slots_exhausted)
     tap.case("a denied binding call is the outcome call_denied", t_call_denied_outcome)
     tap.case("unprivileged: the start-up line warns", t_unprivileged_warns)
 finally:
