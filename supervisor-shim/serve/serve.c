@@ -38,6 +38,7 @@
 #include "serve/serve.h"
 #include "serve/serve_int.h"
 #include "relay/tls.h"
+#include "sb_build_info.h"
 
 #define EXIT_USAGE 2
 #define ADMISSION_HEADER "x-questpie-sandbox-host-admission"
@@ -1563,11 +1564,12 @@ int sb_shim_serve_main(int argc, char **argv)
      */
     shared_uid = sb_shim_jail_enabled(S.conf.deno.jail) && !sb_shim_jail_privileged(S.conf.deno.jail);
     {
-        json_t *f = json_pack("{s:s, s:b, s:b, s:i, s:s, s:b, s:b, s:s}", "deno", S.deno_version, "broker", S.conf.have_broker,
-                              "netMint", S.conf.have_netmint, "maxRuns", (int)S.max_runs, "brokerOrigin",
-                              S.conf.have_broker ? S.conf.broker.host_header : "", "jail", sb_shim_jail_enabled(S.conf.deno.jail),
-                              "uidPerGuest", sb_shim_jail_enabled(S.conf.deno.jail) && !shared_uid, "log",
-                              S.log_path != NULL ? S.log_path : "stderr");
+        json_t *f =
+            json_pack("{s:s, s:s, s:s, s:b, s:b, s:i, s:s, s:b, s:b, s:s}", "version", SB_VERSION, "commit", SB_GIT_COMMIT, "deno",
+                      S.deno_version, "broker", S.conf.have_broker, "netMint", S.conf.have_netmint, "maxRuns", (int)S.max_runs,
+                      "brokerOrigin", S.conf.have_broker ? S.conf.broker.host_header : "", "jail",
+                      sb_shim_jail_enabled(S.conf.deno.jail), "uidPerGuest", sb_shim_jail_enabled(S.conf.deno.jail) && !shared_uid,
+                      "log", S.log_path != NULL ? S.log_path : "stderr");
         if (f != NULL && shared_uid)
             json_object_set_new(
                 f, "warning",

@@ -252,6 +252,9 @@ def inside(deno):
         subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=" + mode, "tmpfs", d], check=True)
     os.makedirs("/run/postgresql", mode=0o2775)
     shutil.chown("/run/postgresql", "postgres", "postgres")
+    if not os.path.isdir("/etc/postgresql/%s/main" % PG_VERSION):
+        # what the postgresql package's installation does when it makes its first cluster
+        subprocess.run(["pg_createcluster", PG_VERSION, "main"], check=True, stdout=subprocess.DEVNULL)
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     work = tempfile.mkdtemp(prefix="sb-deploy-")
     os.chmod(work, 0o755)  # the checkout: readable by the users the steps switch to

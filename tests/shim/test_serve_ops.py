@@ -181,6 +181,14 @@ def t_version_and_help():
     p = subprocess.run([SHIM, "serve", "--help"], capture_output=True, text=True)
     for word in ("--check-config", "--log-file", "SIGUSR1", "SIGHUP", "SIGTERM", "DENO_BIN"):
         check(p.returncode == 0 and word in p.stdout, "serve --help names " + word, p.stdout)
+    s = Serve()
+    try:
+        ev = s.wait_event("started")[0]
+        m = re.fullmatch(r"sandbox-shim (\S+) \(commit (\S+)\)\n", subprocess.run([SHIM, "--version"], capture_output=True,
+                                                                                 text=True).stdout)
+        check((ev["version"], ev["commit"]) == m.groups(), "the started line says the same version and commit", ev)
+    finally:
+        s.stop()
     p = subprocess.run([SHIM, "nonsense"], capture_output=True, text=True)
     check(p.returncode == 2 and "--help lists them" in p.stderr, "an unknown mode points at --help", p.stderr)
 
