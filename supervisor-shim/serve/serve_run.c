@@ -91,17 +91,35 @@ static void on_spawned(void *arg, const sb_shim_child_t *child)
     record(SB_SERVE_REC_GUEST, pid, sizeof(pid), NULL, 0);
 }
 
-static const char *classify(const json_t *answer)
+#define SB_SERVE_OUTCOME_NAME(id, name) name,
+static const char *const OUTCOME_NAMES[] = {SB_SERVE_OUTCOMES(SB_SERVE_OUTCOME_NAME)};
+#undef SB_SERVE_OUTCOME_NAME
+
+const char *sb_serve_outcome_name(sb_serve_outcome_t o)
+{
+    return (unsigned)o < SB_SERVE_OUT_COUNT ? OUTCOME_NAMES[o] : OUTCOME_NAMES[SB_SERVE_OUT_ERROR];
+}
+
+sb_serve_outcome_t sb_serve_outcome_parse(const char *name)
+{
+    for (unsigned i = 0; name != NULL && i < SB_SERVE_OUT_COUNT; ++i)
+        if (strcmp(OUTCOME_NAMES[i], name) == 0)
+            return (sb_serve_outcome_t)i;
+    return SB_SERVE_OUT_ERROR;
+}
+
+/* a run whose guest started: what its answer says (the relay marks a broker denial, relay.h) */
+static sb_serve_outcome_t classify(const json_t *answer, int denied)
 {
     const char *e = json_string_value(json_object_get(answer, "error"));
 
     if (json_is_true(json_object_get(answer, "ok")))
-        return "ok";
+        return SB_SERVE_OUT_OK;
     if (json_is_true(json_object_get(answer, "timedOut")))
-        return "timeout";
+        return SB_SERVE_OUT_TIMEOUT;
     if (e != NULL && strcmp(e, "sandbox request cancelled") == 0)
-        return "cancelled";
-    return "failed";
+        return SB_SERVE_OUT_CANCELLED;
+    return denied ? SB_SERVE_OUT_CALL_DENIED : SB_SERVE_OUT_FAILED;
 }
 
 static json_t *failure(const char *error)
@@ -116,7 +134,9 @@ __attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, sb_s
     static sb_shim_guest_t cold;
     sb_shim_guest_t *guest = NULL; /* released after the answer: it is reaped by then */
     json_t *outcome = NULL, *answer = NULL, *meta;
-    const char *outcome_kind = NULL, *revoke = NULL;
+    sb_serve_outcome_t outcome_kind = SB_SERVE_OUT_COUNT; /* COUNT: not decided yet */
+    const char *revoke = NULL;
+    int denied = 0;
     char err[512], revoke_err[256] = "", token[65] = "";
     char *body = NULL, *line = NULL;
     long long calls = 0;
@@ -148,6 +168,7 @@ __attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, sb_s
     cfg.cancel_fd = cancel ? CANCEL_FD : -1;
     cfg.stop_fd = stop[0];
     cfg.stderr_cap_fails = 1;
+    cfg.mark_denial = 1;
     switch (job->kind) {
     case SB_SERVE_COMPUTE:
         cfg.calls_refused = "binding call refused: this run has no bindings";
@@ -161,7 +182,7 @@ __attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, sb_s
             char e[600];
             snprintf(e, sizeof(e), "egress blocked: %s", err);
             outcome = failure(e);
-            outcome_kind = "egress_blocked";
+            outcome_kind = SB_SERVE_OUT_EGRESS_BLOCKED;
             if (pre != NULL)
                 sb_shim_deno_discard(pre);
             goto Answer;
@@ -201,11 +222,11 @@ __attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, sb_s
             break;
         case SB_E_EXECUTION:
             outcome = failure(err);
-            outcome_kind = "spawn_failed";
+            outcome_kind = SB_SERVE_OUT_SPAWN_FAILED;
             break;
         default:
             outcome = failure("sandbox IO error: out of memory");
-            outcome_kind = "failed";
+            outcome_kind = SB_SERVE_OUT_FAILED;
             break;
         }
     }
@@ -223,6 +244,8 @@ Answer:
         outcome = failure("sandbox IO error: out of memory");
     calls = json_integer_value(json_object_get(outcome, "calls"));
     json_object_del(outcome, "calls");
+    denied = json_is_true(json_object_get(outcome, "denied"));
+    json_object_del(outcome, "denied");
     json_object_set_new(outcome, "ms", json_integer(sb_serve_now_ms() - job->started_ms));
     answer = outcome;
     body = json_dumps(answer, JSON_COMPACT);
@@ -232,14 +255,14 @@ Answer:
         answer = json_pack("{s:b, s:s, s:[], s:I}", "ok", 0, "error", "sandbox output limit exceeded", "logs", "ms",
                            (json_int_t)(sb_serve_now_ms() - job->started_ms));
         body = answer != NULL ? json_dumps(answer, JSON_COMPACT) : NULL;
-        if (outcome_kind == NULL)
-            outcome_kind = "failed";
+        if (outcome_kind == SB_SERVE_OUT_COUNT)
+            outcome_kind = SB_SERVE_OUT_FAILED;
     }
-    if (outcome_kind == NULL)
-        outcome_kind = classify(answer);
-    meta = json_pack("{s:s, s:I, s:b, s:I, s:b}", "outcome", outcome_kind, "calls", (json_int_t)calls, "timedOut",
-                     json_is_true(json_object_get(answer, "timedOut")), "jailFailures", (json_int_t)sb_shim_hook_jail_failures(),
-                     "pooled", pre != NULL);
+    if (outcome_kind == SB_SERVE_OUT_COUNT)
+        outcome_kind = classify(answer, denied);
+    meta = json_pack("{s:s, s:I, s:b, s:I, s:b}", "outcome", sb_serve_outcome_name(outcome_kind), "calls", (json_int_t)calls,
+                     "timedOut", json_is_true(json_object_get(answer, "timedOut")), "jailFailures",
+                     (json_int_t)sb_shim_hook_jail_failures(), "pooled", pre != NULL);
     /* from the request to the guest's first instruction: the init frame is written next */
     if (meta != NULL && handover_ms >= 0)
         json_object_set_new(meta, "handoverMs", json_integer(handover_ms));
