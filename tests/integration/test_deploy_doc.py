@@ -243,6 +243,12 @@ def systemctl(args):
 def inside(deno):
     """in the new namespaces (PID 1 here): private copies of what the steps write, then the steps"""
     subprocess.run(["mount", "--make-rprivate", "/"], check=True)
+    # the checkout, the build and Deno may live under /tmp (a clone made by mktemp -d): held by
+    # descriptors before /tmp is replaced, then bound back at their paths on the new one
+    keep = {}
+    for path in sorted({os.path.realpath(p) for p in (SOURCE_DIR, BIN_DIR, os.path.dirname(deno))}):
+        if path.startswith("/tmp/") and not any(path.startswith(k + "/") for k in keep):
+            keep[path] = os.open(path, os.O_PATH | os.O_DIRECTORY)
     for d in ("/etc", "/var/log", "/var/lib/postgresql", "/var/lib/redis", "/var/lib/nginx"):
         copy = tempfile.mkdtemp(prefix="sb-deploy-copy-")
         subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", copy], check=True)
@@ -250,6 +256,13 @@ def inside(deno):
         subprocess.run(["mount", "--bind", copy, d], check=True)
     for d, mode in (("/run", "0755"), ("/tmp", "1777"), ("/usr/local/bin", "0755")):
         subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=" + mode, "tmpfs", d], check=True)
+    for path, fd in keep.items():
+        os.makedirs(path, mode=0o755, exist_ok=True)
+        for parent in range(2, path.count("/") + 1):  # the users the steps switch to must reach it
+            os.chmod("/".join(path.split("/")[:parent]), 0o755)
+        # --no-canonicalize: the magic link must not be resolved back to the (now hidden) path it names
+        subprocess.run(["mount", "--no-canonicalize", "--bind", "/proc/%d/fd/%d" % (os.getpid(), fd), path], check=True)
+        os.close(fd)
     os.makedirs("/run/postgresql", mode=0o2775)
     shutil.chown("/run/postgresql", "postgres", "postgres")
     if not os.path.isdir("/etc/postgresql/%s/main" % PG_VERSION):
