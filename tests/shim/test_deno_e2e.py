@@ -591,10 +591,77 @@ def t_workdir_cleaned():
     os.rmdir(tmp)
 
 
+# a module that declares and exports a shared memory: (module (memory (export "m") 1 1 shared))
+SHARED_MEMORY_WASM = "0,97,115,109,1,0,0,0,5,4,1,3,1,1,7,5,1,1,109,2,0"
+# the same with a plain memory, which must keep working
+PLAIN_MEMORY_WASM = "0,97,115,109,1,0,0,0,5,4,1,1,1,1,7,5,1,1,109,2,0"
+
+
+def t_hardening_shared_memory():
+    o, _, _, _ = guest("""
+const attempt = async (f) => { try { const v = await f(); return "open: " + String(v); } catch (e) { return e.message; } };
+export default async () => ({
+  ctor: await attempt(() => new WebAssembly.Memory({ initial: 1, maximum: 1, shared: true }).buffer.constructor.name),
+  getter: await attempt(() => {
+    let n = 0;
+    return new WebAssembly.Memory({ initial: 1, maximum: 1, get shared() { return n++ > 0; } }).buffer.constructor.name
+      + " after " + n + " read";
+  }),
+  exported: await attempt(async () => {
+    const { instance } = await WebAssembly.instantiate(new Uint8Array([%s]));
+    return instance.exports.m.buffer.constructor.name;
+  }),
+  resizable: await attempt(async () => {
+    const { instance } = await WebAssembly.instantiate(new Uint8Array([%s]));
+    return typeof instance.exports.m.toResizableBuffer === "function" ? instance.exports.m.toResizableBuffer().constructor.name : "refused: absent";
+  }),
+  plain: await attempt(async () => {
+    const { instance } = await WebAssembly.instantiate(new Uint8Array([%s]));
+    const m = instance.exports.m;
+    return [m instanceof WebAssembly.Memory, m.buffer.byteLength, new WebAssembly.Memory({ initial: 2 }).buffer.byteLength].join();
+  }),
+  reach: await attempt(() => Object.getOwnPropertyDescriptor(WebAssembly.Memory.prototype, "buffer").configurable),
+});""" % (SHARED_MEMORY_WASM, SHARED_MEMORY_WASM, PLAIN_MEMORY_WASM))
+    check(o["ok"], "run completed", o)
+    out = o["output"]
+    refused = "shared WebAssembly memory is not available in the sandbox"
+    check(out["ctor"] == refused, "new WebAssembly.Memory({shared: true}) refused", out)
+    check(out["getter"] == "open: ArrayBuffer after 1 read", "a getter answering false first, true second, is read once", out)
+    check(out["exported"] == refused, "a module's exported shared memory hands out no SharedArrayBuffer", out)
+    check(out["resizable"] in (refused, "open: refused: absent"), "toResizableBuffer refuses a shared memory", out)
+    check(out["plain"] == "open: true,65536,131072", "plain WebAssembly memory still works", out)
+    check(out["reach"] == "open: false", "the guarded getter cannot be redefined", out)
+
+
+def t_hardening_vm_context():
+    o, _, _, _ = guest("""
+import vm from "node:vm";
+export default () => ({
+  main: typeof SharedArrayBuffer,
+  context: vm.runInNewContext("typeof SharedArrayBuffer"),
+  process: process.getBuiltinModule("node:vm").runInNewContext("typeof SharedArrayBuffer"),
+});""")
+    check(o["ok"] and o["output"] == {"main": "undefined", "context": "undefined", "process": "undefined"},
+          "no SharedArrayBuffer constructor in a node:vm context either (the engine's flag)", o)
+
+
+def t_hardening_storage_and_internals():
+    o, _, _, _ = guest("""
+export default async () => ({
+  caches: typeof caches, local: typeof localStorage, session: typeof sessionStorage,
+  internal: typeof Deno[Deno.internal], ops: (() => { try { return typeof Deno[Deno.internal].core.ops; } catch (e) { return e.constructor.name; } })(),
+});""")
+    check(o["ok"] and o["output"] == {"caches": "undefined", "local": "undefined", "session": "undefined",
+                                      "internal": "undefined", "ops": "TypeError"}, "storage and internals gone", o)
+
+
 tap.case("basic run: input, output, console captured", t_basic)
 tap.case("module without a default export", t_no_default_export)
 tap.case("guest throws", t_guest_throws)
 tap.case("Worker, SharedArrayBuffer, Atomics gone; questpie and fetch present", t_hardening_globals)
+tap.case("shared WebAssembly memory hands out no SharedArrayBuffer", t_hardening_shared_memory)
+tap.case("no SharedArrayBuffer in a node:vm context", t_hardening_vm_context)
+tap.case("no Cache API or web storage; no Deno internals (core ops)", t_hardening_storage_and_internals)
 tap.case("granted call under --on-denial reply sees not_implemented", t_granted_service_reply)
 tap.case("denied call under terminate ends the run", t_denied_terminate)
 tap.case("denied call under reply is a catchable error", t_denied_reply)
