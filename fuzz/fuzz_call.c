@@ -67,10 +67,12 @@ static const char *const methods[] = {
     "http.fetch",
     "tools.list",
     "tools.call",
+    "import.fetch",
 };
 
 static const char manifest_json[] =
     "{\"net\": [\"example.com\", \"*.ok.test\", \"[::1]:8080\", \"1.2.3.4\", \"xn--bcher-kva.example\"],"
+    " \"import\": [\"esm.test\", \"*.cdn.test:8443\"],"
     " \"files\": {\"read\": [\"docs/**\", \"a/?/b\", \"*.md\", \"x\"], \"write\": [\"out/**\", \"x\"]},"
     " \"data\": {\"collections\": {\"posts\": [\"read\", \"create\", \"update\", \"delete\"]},"
     "          \"globals\": {\"site\": [\"read\"]}, \"stores\": {\"notes\": [\"read\", \"write\"], \"ro\": [\"read\"]}},"
@@ -302,6 +304,21 @@ static void check_granted(const sb_call_t *c, const msgpack_object *args)
                            strcmp(url.target, c->fetch->url.target) == 0,
                        "the handler's URL is not args.url parsed once");
         SB_FUZZ_ASSERT(sb_authz_fetch_allows(manifest, &c->fetch->url, c->fetch->method), "granted URL not in net");
+        return;
+    }
+    case SB_MK_IMPORT: {
+        const msgpack_object *u = raw_str(args, "url");
+        sb_url_t url;
+        SB_FUZZ_ASSERT(c->fetch != NULL && u != NULL && sb_url_parse(u->via.str.ptr, u->via.str.size, &url, NULL) == SB_OK,
+                       "import.fetch granted for a URL the parser refuses");
+        SB_FUZZ_ASSERT(strcmp(url.host, c->fetch->url.host) == 0 && url.port == c->fetch->url.port &&
+                           strcmp(url.target, c->fetch->url.target) == 0,
+                       "the handler's URL is not args.url parsed once");
+        SB_FUZZ_ASSERT(strcmp(c->fetch->method, "GET") == 0 && c->fetch->nheaders == 0 && c->fetch->body_len == 0,
+                       "import.fetch granted with more than a GET of its URL");
+        SB_FUZZ_ASSERT(sb_authz_import_allows(manifest, &c->fetch->url), "granted URL not in import");
+        /* a net grant is no import grant: example.com is in net only */
+        SB_FUZZ_ASSERT(strcmp(c->fetch->url.host, "example.com") != 0, "import.fetch granted a net host");
         return;
     }
     case SB_MK_TOOLS:

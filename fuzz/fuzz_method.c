@@ -45,6 +45,7 @@ static size_t print(const sb_method_t *m, char *buf, size_t bufsz)
     case SB_MK_EMAIL:
     case SB_MK_HTTP:
     case SB_MK_TOOLS:
+    case SB_MK_IMPORT:
         n = snprintf(buf, bufsz, "%s.%s", kind, op);
         break;
     case SB_MK_COLLECTIONS:
@@ -100,7 +101,9 @@ static void check(const char *s, size_t len)
                        cap == SB_MAX_RPC_WIRE,
                    "request cap %zu", cap);
     SB_FUZZ_ASSERT((cap == SB_MAX_RPC_WIRE) == (m.kind == SB_MK_HTTP), "only http.fetch has the wire cap");
-    SB_FUZZ_ASSERT(sb_method_response_cap(&m) == (m.kind == SB_MK_HTTP ? SB_MAX_RPC_WIRE : SB_MAX_NATIVE_RESPONSE), "response cap");
+    SB_FUZZ_ASSERT(sb_method_response_cap(&m) ==
+                       (m.kind == SB_MK_HTTP || m.kind == SB_MK_IMPORT ? SB_MAX_RPC_WIRE : SB_MAX_NATIVE_RESPONSE),
+                   "response cap");
 }
 
 /* structured mode: build a method from the input and require the parse to give it back */

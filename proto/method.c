@@ -2,7 +2,7 @@
  * sandbox-broker: the RPC method grammar (include/sb/method.h).
  *
  * The grammar is the upstream parseBindingMethod (PROTOCOL.md section 4)
- * plus our store.<ns>.<op> and tools.(list|call) methods. A method string is a
+ * plus our store.<ns>.<op>, tools.(list|call) and import.fetch methods. A method string is a
  * closed set of shapes; anything that is not exactly one of them is
  * SB_E_BAD_METHOD, so the dispatcher and the capability check never see a
  * string they have to guess about.
@@ -34,6 +34,7 @@ static const char *const kind_names[SB_MK_COUNT_] = {
     [SB_MK_SERVICES] = "services",   [SB_MK_JOBS] = "jobs",
     [SB_MK_WORKFLOWS] = "workflows", [SB_MK_EMAIL] = "email",
     [SB_MK_HTTP] = "http",           [SB_MK_TOOLS] = "tools",
+    [SB_MK_IMPORT] = "import",
 };
 
 static int seg_is(const segment_t *seg, const char *lit)
@@ -121,6 +122,9 @@ sb_status_t sb_method_parse(const char *s, size_t len, sb_method_t *out)
         } else if (seg_is(&segs[0], "http") && seg_is(&segs[1], "fetch")) {
             m.kind = SB_MK_HTTP;
             m.op = SB_OP_FETCH;
+        } else if (seg_is(&segs[0], "import") && seg_is(&segs[1], "fetch")) {
+            m.kind = SB_MK_IMPORT;
+            m.op = SB_OP_FETCH;
         } else if (seg_is(&segs[0], "tools")) {
             m.kind = SB_MK_TOOLS;
             if (seg_is(&segs[1], "list"))
@@ -196,7 +200,8 @@ size_t sb_method_request_cap(const sb_method_t *m)
 
 size_t sb_method_response_cap(const sb_method_t *m)
 {
-    return m->kind == SB_MK_HTTP ? SB_MAX_RPC_WIRE : SB_MAX_NATIVE_RESPONSE;
+    /* a module answers in one response, like a fetch: up to the per-module cap (PROTOCOL.md section 6c) */
+    return m->kind == SB_MK_HTTP || m->kind == SB_MK_IMPORT ? SB_MAX_RPC_WIRE : SB_MAX_NATIVE_RESPONSE;
 }
 
 size_t sb_method_request_cap_str(const char *s, size_t len)

@@ -105,6 +105,17 @@ sb_net_verdict_t sb_authz_fetch_verdict(const sb_manifest_t *m, const sb_url_t *
  */
 size_t sb_authz_fetch_reason(sb_net_verdict_t v, const sb_url_t *url, const char *method, int redirect, char *buf, size_t bufsz);
 
+/**
+ * 1 when an import entry admits the URL's host and effective port
+ * (PROTOCOL.md section 6c): the only grant import.fetch reads, on its first
+ * URL and on every redirect hop. The net axis plays no part.
+ */
+int sb_authz_import_allows(const sb_manifest_t *m, const sb_url_t *url);
+/** import.fetch [redirect] host "<host>:<port>" is not in the import allowlist; returns the length written */
+size_t sb_authz_import_reason(const sb_url_t *url, int redirect, char *buf, size_t bufsz);
+/** 1 when a decide.methods pattern names import.fetch (a redirect hop of a decided module is refused) */
+int sb_authz_import_needs_decision(const sb_manifest_t *m);
+
 /*
  * Decide rules (capabilities.decide, PROTOCOL.md section 5a): calls the
  * manifest grants that also need the decider's allow. Asked only after

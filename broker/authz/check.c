@@ -43,6 +43,9 @@
  *   forbidden  tools.call name is missing or invalid
  *   forbidden  tools.call name is not granted
  *   forbidden  http.fetch requires a net allowlist
+ *   forbidden  import.fetch requires an import allowlist
+ *   bad_args   import.fetch url is invalid: <why>
+ *   forbidden  import.fetch host "<host>:<port>" is not in the import allowlist
  *   bad_args   http.fetch url is invalid: missing or not a string
  *   bad_args   http.fetch url is invalid: <why from sb_url_parse>
  *   forbidden  http.fetch host "<host>:<port>" is not in the net allowlist
@@ -212,6 +215,27 @@ static sb_status_t check_fetch(const sb_manifest_t *m, const sb_call_t *call, ch
     return SB_E_FORBIDDEN;
 }
 
+/*
+ * import.fetch: the import axis and nothing else (PROTOCOL.md section 6c).
+ * A net grant never admits a module, and an import grant never admits an
+ * http.fetch (check_fetch reads net only).
+ */
+static sb_status_t check_import(const sb_manifest_t *m, const sb_call_t *call, char *reason, size_t reasonsz)
+{
+    sb_status_t st;
+
+    if (sb_manifest__import_count(m) == 0)
+        return say(SB_E_FORBIDDEN, reason, reasonsz, "import.fetch requires an import allowlist");
+    if ((st = subject_error(call, reason, reasonsz)) != SB_OK)
+        return st;
+    if (call->fetch == NULL)
+        return say(SB_E_BAD_ARGS, reason, reasonsz, "import.fetch url is invalid: missing or not a string");
+    if (sb_authz_import_allows(m, &call->fetch->url))
+        return SB_OK;
+    sb_authz_import_reason(&call->fetch->url, 0, reason, reasonsz);
+    return SB_E_FORBIDDEN;
+}
+
 /* ---- the check ----------------------------------------------------------------------------------------------------- */
 
 sb_status_t sb_authz_check(const sb_manifest_t *m, const sb_call_t *call, char *reason, size_t reasonsz)
@@ -250,6 +274,8 @@ sb_status_t sb_authz_check(const sb_manifest_t *m, const sb_call_t *call, char *
         return check_fetch(m, call, reason, reasonsz);
     case SB_MK_TOOLS:
         return check_tools(m, call, reason, reasonsz);
+    case SB_MK_IMPORT:
+        return check_import(m, call, reason, reasonsz);
     default:
         break;
     }
@@ -309,6 +335,27 @@ size_t sb_authz_fetch_reason(sb_net_verdict_t v, const sb_url_t *url, const char
         break;
     }
     return n < 0 ? 0 : (size_t)n < bufsz ? (size_t)n : bufsz != 0 ? bufsz - 1 : 0;
+}
+
+int sb_authz_import_allows(const sb_manifest_t *m, const sb_url_t *url)
+{
+    return m != NULL && sb_manifest__import_admits(m, url);
+}
+
+size_t sb_authz_import_reason(const sb_url_t *url, int redirect, char *buf, size_t bufsz)
+{
+    char hp[SB_URL_MAX_HOST + 16];
+    int n;
+
+    sb_url_hostport(url, hp, sizeof(hp));
+    n = snprintf(buf, bufsz, "%s host \"%s\" is not in the import allowlist", redirect ? "import.fetch redirect" : "import.fetch",
+                 hp);
+    return n < 0 ? 0 : (size_t)n < bufsz ? (size_t)n : bufsz != 0 ? bufsz - 1 : 0;
+}
+
+int sb_authz_import_needs_decision(const sb_manifest_t *m)
+{
+    return sb_authz_has_decide(m) && sb_manifest__decide_method_match(m, "import.fetch", 12);
 }
 
 /* ---- decide rules (authz.h) ---------------------------------------------------------------------------------------- */

@@ -1709,6 +1709,23 @@ sb_net_verdict_t sb_manifest__net_verdict(const sb_manifest_t *m, const sb_url_t
     return first;
 }
 
+int sb_manifest__import_admits(const sb_manifest_t *m, const sb_url_t *u)
+{
+    size_t n;
+    const mnet_t *l = entries(m, AX_IMPORT, &n);
+
+    /* import entries are host[:port] strings (no rules): the host and the effective port decide, as for net */
+    for (size_t i = 0; i != n; ++i)
+        if (host_matches(l[i].kind, str_at(m, l[i].off), l[i].len, l[i].port, u))
+            return 1;
+    return 0;
+}
+
+size_t sb_manifest__import_count(const sb_manifest_t *m)
+{
+    return body_of(m)->axis[AX_IMPORT].n;
+}
+
 /* 1 when the packed entry `n` admits every host and port the tree entry `e` admits */
 static int entry_covers(const sb_manifest_t *m, const mnet_t *n, const sb_net_entry_t *e)
 {

@@ -36,6 +36,9 @@ int sb_manifest__tools_match(const sb_manifest_t *m, const char *name, size_t le
 size_t sb_manifest__net_count(const sb_manifest_t *m);
 /** the net verdict on a request (authz.h, sb_authz_fetch_verdict) */
 sb_net_verdict_t sb_manifest__net_verdict(const sb_manifest_t *m, const sb_url_t *u, const char *method);
+/** import entries: how many, and whether one admits the URL's host and effective port (PROTOCOL.md section 6c) */
+size_t sb_manifest__import_count(const sb_manifest_t *m);
+int sb_manifest__import_admits(const sb_manifest_t *m, const sb_url_t *u);
 /** 1 when the manifest has any decide rule */
 int sb_manifest__decide_any(const sb_manifest_t *m);
 /** 1 when some decide rule may name a call of this family (sb_method_kind_t) */

@@ -791,6 +791,33 @@ static sb_status_t decode_fetch(dec_t *d)
     return SB_OK;
 }
 
+/*
+ * import.fetch {url} (PROTOCOL.md section 6c): one module, always GET, with
+ * no header, no body and no credential of the guest's. The same request
+ * shape as http.fetch, so the hop machine sends it, but nothing of it is
+ * the guest's to choose but the URL.
+ */
+static sb_status_t decode_import(dec_t *d)
+{
+    static const char *const keys[] = {"url", NULL};
+    const msgpack_object *args = d->args, *url;
+    const char *why = NULL;
+    sb_call_fetch_t *f;
+
+    if ((f = d->call->fetch = alloc(d, sizeof(*f))) == NULL)
+        return nomem(d);
+    memcpy(f->method, "GET", 4);
+    if (!subject(d, args, "url", &url))
+        return d->call->err_status;
+    if (url == NULL || url->type != MSGPACK_OBJECT_STR)
+        return fail(d, SB_CALL_ERR_SUBJECT, SB_E_BAD_ARGS, "import.fetch url is invalid: missing or not a string");
+    if (sb_url_parse(url->via.str.ptr, url->via.str.size, &f->url, &why) != SB_OK)
+        return fail(d, SB_CALL_ERR_SUBJECT, SB_E_BAD_ARGS, "import.fetch url is invalid: %s", why != NULL ? why : "unparseable");
+    if (unknown_key(args, keys) != NULL)
+        return fail(d, SB_CALL_ERR_ARGS, SB_E_BAD_ARGS, "import.fetch takes only a url");
+    return SB_OK;
+}
+
 /* ---- entry ---------------------------------------------------------------------------------------------------------- */
 
 sb_status_t sb_call_decode(sb_call_t *call, const sb_method_t *m, const char *method, size_t method_len, const msgpack_object *args,
@@ -813,6 +840,8 @@ sb_status_t sb_call_decode(sb_call_t *call, const sb_method_t *m, const char *me
         return decode_tools(&d);
     case SB_MK_HTTP:
         return decode_fetch(&d);
+    case SB_MK_IMPORT:
+        return decode_import(&d);
     default:
         /* globals, services, jobs, workflows, email: the method names everything the check and dispatch need; args are ignored */
         return SB_OK;

@@ -174,7 +174,7 @@ typedef struct st_sb_call_t {
     sb_call_files_t *files;
     sb_call_data_t *data;
     sb_call_tools_t *tools;
-    sb_call_fetch_t *fetch;
+    sb_call_fetch_t *fetch; /* http.fetch, and import.fetch (GET, no headers, no body) */
 } sb_call_t;
 
 /**

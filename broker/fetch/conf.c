@@ -31,10 +31,22 @@ static int get_uint(const json_t *o, const char *key, uint64_t min, uint64_t max
 
 sb_status_t sb_fetch_conf_create(const json_t *egress, sb_fetch_conf_t **out, char *err, size_t errsz)
 {
-    static const char *known[] = {
-        "dns_servers",           "dns_timeout_ms",    "dns_tries",   "deny_cidrs",         "allow_cidrs",
-        "deny_local_interfaces", "ca_file",           "deadline_ms", "connect_timeout_ms", "max_redirects",
-        "keepalive_pool_size",   "keepalive_idle_ms", NULL};
+    static const char *known[] = {"dns_servers",
+                                  "dns_timeout_ms",
+                                  "dns_tries",
+                                  "deny_cidrs",
+                                  "allow_cidrs",
+                                  "deny_local_interfaces",
+                                  "ca_file",
+                                  "deadline_ms",
+                                  "connect_timeout_ms",
+                                  "max_redirects",
+                                  "keepalive_pool_size",
+                                  "keepalive_idle_ms",
+                                  "import_max_modules",
+                                  "import_max_module_bytes",
+                                  "import_max_total_bytes",
+                                  NULL};
     sb_fetch_conf_t *c = sb_mem_calloc(1, sizeof(*c));
     const char *k, *why = NULL;
     json_t *v, *servers, *dli;
@@ -88,6 +100,15 @@ sb_status_t sb_fetch_conf_create(const json_t *egress, sb_fetch_conf_t **out, ch
     if (get_uint(egress, "keepalive_idle_ms", 100, 300000, 5000, &c->keepalive_idle_ms, err, errsz) != 0)
         goto Error;
     c->max_body = SB_MAX_HTTP_BODY;
+    /* import.fetch caps: a module answers in one response, so at most the fetch body cap */
+    if (get_uint(egress, "import_max_modules", 1, 4096, 256, &c->import_max_modules, err, errsz) != 0)
+        goto Error;
+    if (get_uint(egress, "import_max_module_bytes", 1024, SB_MAX_HTTP_BODY, SB_MAX_HTTP_BODY, &u, err, errsz) != 0)
+        goto Error;
+    c->import_max_module_bytes = (size_t)u;
+    if (get_uint(egress, "import_max_total_bytes", 1024, (uint64_t)1 << 30, (uint64_t)64 << 20, &c->import_max_total_bytes, err,
+                 errsz) != 0)
+        goto Error;
     if ((v = json_object_get(egress, "ca_file")) != NULL) {
         if (!json_is_string(v)) {
             snprintf(err, errsz, "egress.ca_file: expected a path");

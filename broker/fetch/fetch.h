@@ -27,6 +27,9 @@ typedef struct st_sb_fetch_conf_t {
     size_t max_body;
     size_t keepalive_pool_size; /* parked connections per worker (default 64); 0: never reused */
     uint64_t keepalive_idle_ms;
+    /* import.fetch (PROTOCOL.md section 6c): modules and module bytes per run, bytes per module */
+    uint64_t import_max_modules, import_max_total_bytes;
+    size_t import_max_module_bytes;
 } sb_fetch_conf_t;
 
 /**

@@ -2,7 +2,8 @@
  * The net-mint credential (see admin_netmint.h).
  *
  * Least privilege, stated once: a token it mints grants fetching from the
- * hosts in `net`, for at most timeoutMs + 30 s, and nothing else (no target,
+ * hosts in `net` and loading modules from the hosts in `import`
+ * (PROTOCOL.md section 6c), for at most timeoutMs + 30 s, and nothing else (no target,
  * so no data, files or tools; no scope; the configured quotas). Revoking
  * needs the token itself, so it reaches only tokens its holder was given;
  * even then only those under the reserved run id prefix, with no target and
@@ -96,16 +97,22 @@ static void on_stored(void *arg, sb_status_t st)
 }
 
 /*
- * {runId, capabilities: {net, timeoutMs}}, nothing else: runId under the
- * reserved prefix, net a non-empty list, timeoutMs 1..30,000.
+ * {runId, capabilities: {net?, import?, timeoutMs}}, nothing else: runId
+ * under the reserved prefix, net and import non-empty lists (at least one of
+ * them), timeoutMs 1..30,000.
  */
+static int host_list_or_absent(const json_t *v)
+{
+    return v == NULL || (json_is_array(v) && json_array_size(v) != 0);
+}
+
 static void mint_one(h2o_req_t *req)
 {
     sb_config_t *conf = sb_current_worker->server->conf;
     static const char shape[] = "the net-mint credential mints only {runId: \"" SB_NETMINT_RUN_PREFIX
-                                "...\", capabilities: {net: [hosts], timeoutMs: 1..30000}}";
+                                "...\", capabilities: {net?: [hosts], import?: [hosts], timeoutMs: 1..30000}}";
     json_error_t jerr;
-    json_t *body, *run, *caps, *net, *timeout;
+    json_t *body, *run, *caps, *net, *import, *timeout;
     char err[512];
     uint8_t raw[32];
     int64_t ttl_ms;
@@ -120,11 +127,13 @@ static void mint_one(h2o_req_t *req)
     run = json_object_get(body, "runId");
     caps = json_object_get(body, "capabilities");
     net = json_object_get(caps, "net");
+    import = json_object_get(caps, "import");
     timeout = json_object_get(caps, "timeoutMs");
     if (!json_is_object(body) || json_object_size(body) != 2 || !json_is_string(run) || !json_is_object(caps) ||
-        json_object_size(caps) != 2 || !json_is_array(net) || json_array_size(net) == 0 || !json_is_integer(timeout) ||
-        json_integer_value(timeout) < 1 || json_integer_value(timeout) > SB_NETMINT_MAX_TIMEOUT_MS ||
-        strlen(json_string_value(run)) != json_string_length(run) || !sb_admin_netmint_reserved(json_string_value(run))) {
+        (net == NULL && import == NULL) || json_object_size(caps) != (size_t)(1 + (net != NULL) + (import != NULL)) ||
+        !host_list_or_absent(net) || !host_list_or_absent(import) || !json_is_integer(timeout) || json_integer_value(timeout) < 1 ||
+        json_integer_value(timeout) > SB_NETMINT_MAX_TIMEOUT_MS || strlen(json_string_value(run)) != json_string_length(run) ||
+        !sb_admin_netmint_reserved(json_string_value(run))) {
         json_decref(body);
         forbidden(req, "mint", shape);
         return;

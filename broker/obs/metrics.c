@@ -19,12 +19,14 @@ static _Atomic uint64_t denials[SB_DENY_COUNT_];
 static _Atomic uint64_t admin_ops[6][6]; /* op x status class (1xx..5xx) */
 static long long (*live_tokens_fn)(void);
 static int (*db_up_fn)(void);
-static const char *quota_names[] = {"calls per run", "concurrent calls per run", "fetched bytes per run"};
-static _Atomic uint64_t quota_hits[3];
+static const char *quota_names[] = {"calls per run", "concurrent calls per run", "fetched bytes per run", "modules per run",
+                                    "module bytes per run"};
+#define NQUOTAS (sizeof(quota_names) / sizeof(quota_names[0]))
+static _Atomic uint64_t quota_hits[NQUOTAS];
 
 void sb_metrics_quota_hit(const char *quota)
 {
-    for (size_t i = 0; i < 3; ++i)
+    for (size_t i = 0; i < NQUOTAS; ++i)
         if (quota != NULL && strcmp(quota, quota_names[i]) == 0)
             atomic_fetch_add_explicit(&quota_hits[i], 1, memory_order_relaxed);
 }
@@ -55,6 +57,18 @@ void sb_metrics_decision(int outcome, int reused, uint64_t us)
 void sb_metrics_set_decide_pending_fn(size_t (*fn)(void))
 {
     decide_pending_fn = fn;
+}
+
+/* import.fetch: modules fetched (ok), refused by a run's module caps (quota), failed otherwise (error); bytes of the ok ones */
+static const char *const module_outcomes[] = {"ok", "quota", "error"};
+static _Atomic uint64_t modules[3], module_bytes;
+
+void sb_metrics_module(int outcome, uint64_t bytes)
+{
+    if (outcome < 0 || outcome > 2)
+        outcome = 2;
+    atomic_fetch_add_explicit(&modules[outcome], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&module_bytes, bytes, memory_order_relaxed);
 }
 
 static _Atomic uint64_t connections_refused;
@@ -270,6 +284,15 @@ sb_status_t sb_metrics_render_into(sb_buf_t *out)
             }
         }
     }
+    emit(&o, "# HELP sb_module_fetches_total import.fetch module fetches by outcome.\n"
+             "# TYPE sb_module_fetches_total counter\n");
+    for (size_t i = 0; i < 3; ++i)
+        emit(&o, "sb_module_fetches_total{outcome=\"%s\"} %llu\n", module_outcomes[i],
+             (unsigned long long)atomic_load_explicit(&modules[i], memory_order_relaxed));
+    emit(&o,
+         "# HELP sb_module_bytes_total Bytes of the modules import.fetch answered.\n# TYPE sb_module_bytes_total counter\n"
+         "sb_module_bytes_total %llu\n",
+         (unsigned long long)atomic_load_explicit(&module_bytes, memory_order_relaxed));
     emit(&o, "# HELP sb_decisions_total Decisions on calls a decide rule holds, by outcome.\n"
              "# TYPE sb_decisions_total counter\n");
     for (size_t i = 0; i < 4; ++i)
@@ -309,7 +332,7 @@ sb_status_t sb_metrics_render_into(sb_buf_t *out)
          "# TYPE sb_connections_refused_total counter\nsb_connections_refused_total %llu\n",
          (unsigned long long)atomic_load_explicit(&connections_refused, memory_order_relaxed));
     emit(&o, "# HELP sb_quota_hits_total Calls refused by a per-run quota.\n# TYPE sb_quota_hits_total counter\n");
-    for (size_t i = 0; i < 3; ++i)
+    for (size_t i = 0; i < NQUOTAS; ++i)
         emit(&o, "sb_quota_hits_total{quota=\"%s\"} %llu\n", quota_names[i],
              (unsigned long long)atomic_load_explicit(&quota_hits[i], memory_order_relaxed));
 #define STORE_EV(e) (unsigned long long)atomic_load_explicit(&store_events[e], memory_order_relaxed)

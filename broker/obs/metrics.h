@@ -48,6 +48,8 @@ void sb_metrics_store_event(sb_store_event_t ev);
 void sb_metrics_decision(int outcome, int reused, uint64_t us);
 /** sets the function that reports the decisions waiting in the process (the pending gauge) */
 void sb_metrics_set_decide_pending_fn(size_t (*fn)(void));
+/** counts one import.fetch (PROTOCOL.md section 6c): outcome 0 ok (bytes answered), 1 refused by a module cap, 2 failed */
+void sb_metrics_module(int outcome, uint64_t bytes);
 /** counts a connection closed at accept because max_connections was reached */
 void sb_metrics_connection_refused(void);
 /** counts one SIGHUP reload: applied (1) or rejected (0), as sb_reload_total{result} */

@@ -20,9 +20,10 @@
 struct st_quota_entry_t {
     quota_entry_t *next;
     int64_t calls, inflight, fetched;
-    int64_t tool_calls;    /* tools.call of the run (the target's max_calls) */
-    int64_t expires_at_ms; /* the latest expiry of the run's tokens seen */
-    char run_id[];         /* NUL-terminated, at most SB_MAX_RUN_ID bytes */
+    int64_t tool_calls;            /* tools.call of the run (the target's max_calls) */
+    int64_t modules, module_bytes; /* import.fetch of the run: modules started, module bytes received */
+    int64_t expires_at_ms;         /* the latest expiry of the run's tokens seen */
+    char run_id[];                 /* NUL-terminated, at most SB_MAX_RUN_ID bytes */
 };
 
 sb_status_t sb_store_create(const sb_store_config_t *conf, sb_store_t **out, const char **err)
@@ -567,6 +568,42 @@ void sb_store_quota_tool_call(sb_store_conn_t *c, const sb_token_t *tok, unsigne
     } else if (++q->tool_calls > (int64_t)max_calls) {
         st = SB_E_RATE_LIMITED;
         why = "tools.call per run";
+    }
+    pthread_mutex_unlock(&s->mu);
+    cb(arg, st, why);
+}
+
+const char *sb_store__modules_verdict(int64_t modules, int64_t bytes, unsigned add_modules, uint64_t add_bytes, int64_t max_modules,
+                                      int64_t max_bytes)
+{
+    if (add_modules != 0 && modules > max_modules)
+        return "modules per run";
+    if (bytes > max_bytes || (add_bytes == 0 && bytes >= max_bytes))
+        return "module bytes per run";
+    return NULL;
+}
+
+void sb_store_quota_modules(sb_store_conn_t *c, const sb_token_t *tok, unsigned add_modules, uint64_t add_bytes,
+                            int64_t max_modules, int64_t max_bytes, sb_quota_cb cb, void *arg)
+{
+    sb_store_t *s = c->store;
+    quota_entry_t *q;
+    sb_status_t st = SB_OK;
+    const char *why = NULL;
+
+    if (s->is_redis) {
+        sb_store__redis_quota_modules(c->redis, tok, add_modules, add_bytes, max_modules, max_bytes, cb, arg);
+        return;
+    }
+    pthread_mutex_lock(&s->mu);
+    if ((q = quota_entry(s, tok, 1)) == NULL) {
+        st = SB_E_UNAVAILABLE;
+        why = "the quota table is full";
+    } else {
+        q->modules += add_modules;
+        q->module_bytes += (int64_t)add_bytes;
+        if ((why = sb_store__modules_verdict(q->modules, q->module_bytes, add_modules, add_bytes, max_modules, max_bytes)) != NULL)
+            st = SB_E_RATE_LIMITED;
     }
     pthread_mutex_unlock(&s->mu);
     cb(arg, st, why);

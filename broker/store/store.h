@@ -220,5 +220,20 @@ void sb_store_quota_fetch_add(sb_store_conn_t *c, const sb_token_t *tok, uint64_
  * (why "tools.call per run"), SB_E_UNAVAILABLE when the store cannot answer
  */
 void sb_store_quota_tool_call(sb_store_conn_t *c, const sb_token_t *tok, unsigned max_calls, sb_quota_cb cb, void *arg);
+/**
+ * The run's import.fetch counters (PROTOCOL.md section 6c): adds
+ * `add_modules` modules and `add_bytes` module bytes, in one step (on Redis
+ * one script, shared by every instance), and compares the totals with the
+ * caps. Before a module is fetched it is counted (1, 0); its bytes once it
+ * arrived (0, n).
+ * cb: SB_OK, or SB_E_RATE_LIMITED with why "modules per run" (more modules
+ * than max_modules) or "module bytes per run" (more bytes than max_bytes, or,
+ * when no bytes are added, none left), SB_E_UNAVAILABLE when the store cannot answer
+ */
+void sb_store_quota_modules(sb_store_conn_t *c, const sb_token_t *tok, unsigned add_modules, uint64_t add_bytes,
+                            int64_t max_modules, int64_t max_bytes, sb_quota_cb cb, void *arg);
+/** the verdict on module totals (shared by both stores): NULL, or the quota's name */
+const char *sb_store__modules_verdict(int64_t modules, int64_t bytes, unsigned add_modules, uint64_t add_bytes, int64_t max_modules,
+                                      int64_t max_bytes);
 
 #endif

@@ -9,7 +9,7 @@ typedef struct st_quota_entry_t quota_entry_t;
 
 #define SB_STORE_MAX_SENTINELS 16
 #define SB_STORE_MAX_MASTER_NAME 64
-#define SB_STORE_NSCRIPTS 7
+#define SB_STORE_NSCRIPTS 8
 
 /** a numeric address hiredis can connect to without resolving anything */
 typedef struct st_sb_store_addr_t {
@@ -67,6 +67,8 @@ void sb_store__redis_quota_release(void *rc, const sb_token_t *tok);
 void sb_store__redis_quota_fetch_check(void *rc, const sb_token_t *tok, sb_quota_cb cb, void *arg);
 void sb_store__redis_quota_fetch_add(void *rc, const sb_token_t *tok, uint64_t bytes);
 void sb_store__redis_quota_tool_call(void *rc, const sb_token_t *tok, unsigned max_calls, sb_quota_cb cb, void *arg);
+void sb_store__redis_quota_modules(void *rc, const sb_token_t *tok, unsigned add_modules, uint64_t add_bytes, int64_t max_modules,
+                                   int64_t max_bytes, sb_quota_cb cb, void *arg);
 
 /**
  * Parses a Sentinel "+switch-master" message: "<name> <old-ip> <old-port>

@@ -72,7 +72,7 @@
 
 /* ---- scripts ----------------------------------------------------------------------------------------------------------- */
 
-enum { SC_LOOKUP = 0, SC_RELEASE, SC_FETCH_ADD, SC_MINT, SC_REVOKE_RUN, SC_INSPECT_RUN, SC_TOOL_CALL };
+enum { SC_LOOKUP = 0, SC_RELEASE, SC_FETCH_ADD, SC_MINT, SC_REVOKE_RUN, SC_INSPECT_RUN, SC_TOOL_CALL, SC_MODULES };
 
 /*
  * Slots given back (KEYS[first..], ARGV[same index + off] = how many):
@@ -205,6 +205,23 @@ static const char script_tool_call[] =
     "if redis.call('PEXPIRETIME', KEYS[1]) < exp then redis.call('PEXPIREAT', KEYS[1], exp) end\n"
     "return n\n";
 
+/*
+ * A run's import.fetch counters: KEYS[1] its modules, KEYS[2] its module
+ * bytes, KEYS[3] its call counter (alive as long as the run's latest token),
+ * ARGV[1] the calling token's expiry, ARGV[2] and ARGV[3] what to add. Both
+ * counters live as long as the later of the two expiries, as the tools.call
+ * counter does. Returns {modules, bytes}, this call included.
+ */
+static const char script_modules[] =
+    "#!lua\n"
+    "local m = redis.call('INCRBY', KEYS[1], ARGV[2])\n"
+    "local b = redis.call('INCRBY', KEYS[2], ARGV[3])\n"
+    "local exp = tonumber(ARGV[1])\n"
+    "local run = redis.call('PEXPIRETIME', KEYS[3])\n"
+    "if run > exp then exp = run end\n"
+    "for i = 1, 2 do if redis.call('PEXPIRETIME', KEYS[i]) < exp then redis.call('PEXPIREAT', KEYS[i], exp) end end\n"
+    "return {m, b}\n";
+
 static const struct {
     const char *body;
     size_t len;
@@ -212,7 +229,7 @@ static const struct {
     {script_lookup, sizeof(script_lookup) - 1},         {script_release, sizeof(script_release) - 1},
     {script_fetch_add, sizeof(script_fetch_add) - 1},   {script_mint, sizeof(script_mint) - 1},
     {script_revoke_run, sizeof(script_revoke_run) - 1}, {script_inspect_run, sizeof(script_inspect_run) - 1},
-    {script_tool_call, sizeof(script_tool_call) - 1},
+    {script_tool_call, sizeof(script_tool_call) - 1},   {script_modules, sizeof(script_modules) - 1},
 };
 
 /* ---- configuration ----------------------------------------------------------------------------------------------------- */
@@ -863,6 +880,9 @@ struct st_cmd_t {
     void *arg;
     uint8_t hash[32];
     int64_t limit;
+    int64_t limit2;       /* import.fetch: the module bytes cap (limit: the module count cap) */
+    unsigned add_modules; /* import.fetch: what this call adds */
+    uint64_t add_bytes;
     char run_id[SB_MAX_RUN_ID + 1];
     /*
      * The command as RESP, written once (hiredis copies it into its output
@@ -2249,6 +2269,52 @@ void sb_store__redis_quota_tool_call(void *rcp, const sb_token_t *tok, unsigned 
     cmd->cb.quota = cb;
     cmd->arg = arg;
     cmd->limit = max_calls;
+    cmd_send(cmd);
+}
+
+/* ---- import.fetch per run ---------------------------------------------------------------------------------------------- */
+
+static void on_modules(cmd_t *cmd, redisReply *reply)
+{
+    const char *why;
+
+    if (reply == NULL || reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 ||
+        reply->element[0]->type != REDIS_REPLY_INTEGER || reply->element[1]->type != REDIS_REPLY_INTEGER) {
+        cmd->cb.quota(cmd->arg, SB_E_UNAVAILABLE, "the token store is unavailable");
+        return;
+    }
+    why = sb_store__modules_verdict(reply->element[0]->integer, reply->element[1]->integer, cmd->add_modules, cmd->add_bytes,
+                                    cmd->limit, cmd->limit2);
+    cmd->cb.quota(cmd->arg, why != NULL ? SB_E_RATE_LIMITED : SB_OK, why);
+}
+
+void sb_store__redis_quota_modules(void *rcp, const sb_token_t *tok, unsigned add_modules, uint64_t add_bytes, int64_t max_modules,
+                                   int64_t max_bytes, sb_quota_cb cb, void *arg)
+{
+    redis_conn_t *rc = rcp;
+    char mk[KEY_MAX], bk[KEY_MAX], ck[KEY_MAX], exp[32], am[16], ab[32];
+    const char *argv[7] = {"3", mk, bk, ck, exp, am, ab};
+    size_t lens[7];
+    cmd_t *cmd;
+
+    if (!usable(rc)) {
+        cb(arg, SB_E_UNAVAILABLE, "the token store is unavailable");
+        return;
+    }
+    lens[0] = 1;
+    lens[1] = quota_key(rc->store, "modules", tok->run_id, strlen(tok->run_id), mk, sizeof(mk));
+    lens[2] = quota_key(rc->store, "modbytes", tok->run_id, strlen(tok->run_id), bk, sizeof(bk));
+    lens[3] = quota_key(rc->store, "calls", tok->run_id, strlen(tok->run_id), ck, sizeof(ck));
+    lens[4] = (size_t)snprintf(exp, sizeof(exp), "%lld", (long long)tok->expires_at_ms);
+    lens[5] = (size_t)snprintf(am, sizeof(am), "%u", add_modules);
+    lens[6] = (size_t)snprintf(ab, sizeof(ab), "%llu", (unsigned long long)add_bytes);
+    cmd = cmd_new(rc, "the import.fetch count", on_modules, SC_MODULES, 7, argv, lens);
+    cmd->cb.quota = cb;
+    cmd->arg = arg;
+    cmd->limit = max_modules;
+    cmd->limit2 = max_bytes;
+    cmd->add_modules = add_modules;
+    cmd->add_bytes = add_bytes;
     cmd_send(cmd);
 }
 

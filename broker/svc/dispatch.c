@@ -151,7 +151,8 @@ void sb_dispatch(const sb_svc_env_t *env, sb_token_t *tok, const sb_call_t *call
         }
         break;
     case SB_MK_HTTP:
-        /* egress is the broker's own handler, for every run whose manifest grants net */
+    case SB_MK_IMPORT:
+        /* egress is the broker's own handler, for every run whose manifest grants net (or import, for modules) */
         if (env->fetch != NULL) {
             if (!refused(call, cb, arg))
                 sb_fetch_start(env->fetch, env->store, tok, call, cb, arg);

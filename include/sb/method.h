@@ -25,6 +25,7 @@ typedef enum en_sb_method_kind_t {
     SB_MK_EMAIL,       /* email.send */
     SB_MK_HTTP,        /* http.fetch */
     SB_MK_TOOLS,       /* tools.(list|call) */
+    SB_MK_IMPORT,      /* import.fetch: one ES module of the run's import hosts (PROTOCOL.md section 6c) */
     SB_MK_COUNT_
 } sb_method_kind_t;
 
@@ -43,7 +44,7 @@ typedef enum en_sb_method_op_t {
     SB_OP_ENQUEUE, /* jobs.enqueue */
     SB_OP_TRIGGER, /* workflows.trigger */
     SB_OP_SEND,    /* email.send */
-    SB_OP_FETCH,   /* http.fetch */
+    SB_OP_FETCH,   /* http.fetch, import.fetch */
     SB_OP_COUNT_
 } sb_method_op_t;
 

@@ -186,8 +186,8 @@ def documented_sub_keys():
     """The nested keys docs/config.md documents: rows of its targets.<name> and egress tables, as paths
     ("files.root", "collections.<n>.table", "egress.dns_tries"), and the keys of its targets example."""
     text = read("docs/config.md")
-    targets = text[text.index("## `targets.<name>`"):text.index("## `egress` (http.fetch)")]
-    egress = text[text.index("## `egress` (http.fetch)"):text.index("## `decider`")]
+    targets = text[text.index("## `targets.<name>`"):text.index("## `egress` (http.fetch and import.fetch)")]
+    egress = text[text.index("## `egress` (http.fetch and import.fetch)"):text.index("## `decider`")]
     decider = text[text.index("## `decider`"):text.index("## Reloading")]
     rows = set()
     for cell in re.findall(r"^\| (`[^|]*`) \|", targets, re.M):

@@ -22,8 +22,8 @@ from sbtest import ADMIN_SECRET, MISSING  # noqa: E402
 
 NETMINT_SECRET = "net-mint-secret-for-the-tests-0123456789"
 PREFIX = "net-mint:"
-SHAPE = ('the net-mint credential mints only {runId: "net-mint:...", capabilities: {net: [hosts], '
-         'timeoutMs: 1..30000}}')
+SHAPE = ('the net-mint credential mints only {runId: "net-mint:...", capabilities: {net?: [hosts], '
+         'import?: [hosts], timeoutMs: 1..30000}}')
 REVOKE_SCOPE = "the net-mint credential revokes only the network tokens it mints"
 
 
@@ -75,6 +75,25 @@ class NetMint(sbtest.BrokerTestCase):
             self.assertIn(body["error"]["code"], ("forbidden", "unauthorized"), (method, body))
         self.assertIn("credential", self.b.wait_for_event("token.minted") or {})
 
+    def test_mints_import_tokens(self):
+        # import alone, and net with import: module hosts for a run without bindings (PROTOCOL.md section 6c)
+        r = self.mint({"runId": "net-mint:i1", "capabilities": {"import": ["esm.example"], "timeoutMs": 5000}})
+        self.assertEqual(r.status, 201, r)
+        tok = r.body["token"]
+        # an import grant is no net grant, and a host outside import is refused before any I/O
+        s, body, _ = self.b.rpc(tok, "http.fetch", {"url": "https://esm.example/x"})
+        self.assertEqual((s, body["error"]), (403, {"code": "forbidden", "message": "http.fetch requires a net allowlist"}))
+        s, body, _ = self.b.rpc(tok, "import.fetch", {"url": "https://other.example/x.js"})
+        self.assertEqual((s, body["error"]["message"]), (403, 'import.fetch host "other.example:443" is not in the import allowlist'))
+        r = self.mint({"runId": "net-mint:i2", "capabilities": {"net": ["api.example"], "import": ["esm.example:8443"],
+                                                               "timeoutMs": 5000}})
+        self.assertEqual(r.status, 201, r)
+        s, body, _ = self.b.rpc(r.body["token"], "import.fetch", {"url": "https://api.example/x.js"})
+        self.assertEqual((s, body["error"]["message"]), (403, 'import.fetch host "api.example:443" is not in the import allowlist'))
+        r = self.mint({"runId": "net-mint:i3", "capabilities": {"import": ["exa mple"], "timeoutMs": 5000}})
+        self.assertEqual((r.status, r.body["error"]["code"]), (400, "bad_args"), r)
+        self.assertIn("import", r.body["error"]["message"])
+
     def test_refused_shapes(self):
         g = self.good
         cases = [
@@ -89,6 +108,11 @@ class NetMint(sbtest.BrokerTestCase):
             {"runId": "net-mint:x", "capabilities": {"net": ["a.example"]}},
             {"runId": "net-mint:x", "capabilities": {"timeoutMs": 5000, "tools": ["*"]}},
             g(net=()),
+            {"runId": "net-mint:x", "capabilities": {"import": [], "timeoutMs": 5000}},
+            {"runId": "net-mint:x", "capabilities": {"net": ["a.example"], "import": [], "timeoutMs": 5000}},
+            {"runId": "net-mint:x", "capabilities": {"import": "a.example", "timeoutMs": 5000}},
+            {"runId": "net-mint:x", "capabilities": {"import": ["a.example"], "timeoutMs": 5000, "memoryMb": 64}},
+            {"runId": "net-mint:x", "capabilities": {"import": ["a.example"]}},
             g(timeout=0),
             g(timeout=30001),
             g(timeout=5000.5),

@@ -39,10 +39,15 @@ static const struct {
     {"http.fetch", SB_MK_HTTP, SB_OP_FETCH, "", ""},
     {"tools.list", SB_MK_TOOLS, SB_OP_LIST, "", ""},
     {"tools.call", SB_MK_TOOLS, SB_OP_CALL, "", ""},
+    {"import.fetch", SB_MK_IMPORT, SB_OP_FETCH, "", ""},
 };
 
 static const char *const reject[] = {
     "",
+    "import",
+    "import.get",
+    "import.fetch.x",
+    "Import.fetch",
     ".",
     "files",
     "files.",
@@ -185,6 +190,10 @@ static void test_caps(void)
         is_int(sb_method_request_cap_str(caps[i].s, strlen(caps[i].s)), caps[i].req, "request cap (string) of %s", caps[i].s);
     }
     is_int(sb_method_request_cap(&(sb_method_t){.kind = SB_MK_HTTP, .op = SB_OP_FETCH}), 7121580, "http.fetch cap value");
+    is_int(sb_method_request_cap(&(sb_method_t){.kind = SB_MK_IMPORT, .op = SB_OP_FETCH}), SB_MAX_NATIVE_REQUEST,
+           "import.fetch request cap: a URL");
+    is_int(sb_method_response_cap(&(sb_method_t){.kind = SB_MK_IMPORT, .op = SB_OP_FETCH}), 7121580,
+           "import.fetch response cap: a module");
     is_int(sb_method_request_cap_str("http.fetch.x", 12), SB_MAX_NATIVE_REQUEST, "unparseable: native cap");
     is_int(sb_method_request_cap_str("", 0), SB_MAX_NATIVE_REQUEST, "empty: native cap");
     is_int(sb_method_request_cap_str("tools.lis", 9), SB_MAX_NATIVE_REQUEST, "near miss: native cap");
@@ -194,8 +203,8 @@ static void test_names(void)
 {
     static const char *const ops[SB_OP_COUNT_] = {"read", "write", "list", "find",    "findOne", "create", "update", "delete",
                                                   "get",  "set",   "call", "enqueue", "trigger", "send",   "fetch"};
-    static const char *const kinds[SB_MK_COUNT_] = {"files", "collections", "store", "globals", "services",
-                                                    "jobs",  "workflows",   "email", "http",    "tools"};
+    static const char *const kinds[SB_MK_COUNT_] = {"files",     "collections", "store", "globals", "services", "jobs",
+                                                    "workflows", "email",       "http",  "tools",   "import"};
     int i;
 
     for (i = 0; i != SB_OP_COUNT_; ++i)

@@ -271,6 +271,7 @@ static sb_status_t put_args(sb_buf_t *b, const sb_call_t *call, int full, const 
         }
         break;
     case SB_MK_HTTP:
+    case SB_MK_IMPORT: /* the same request shape: GET, no headers, no body */
         if (call->fetch != NULL) {
             const sb_call_fetch_t *f = call->fetch;
             char hp[SB_URL_MAX_HOST + 16];

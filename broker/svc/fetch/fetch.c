@@ -13,6 +13,12 @@
  * uses might have picked that one. (A kept-alive connection of the same run,
  * set_reuse below, is taken only after the hop's own answers validated and
  * still contain its address.)
+ *
+ * import.fetch (PROTOCOL.md section 6c) runs on the same machine: its first
+ * URL and every redirect hop are judged by the run's import list (never by
+ * net), the request is a GET with the broker's own two headers, the body is
+ * capped per module, and the run's module count and module bytes are
+ * counted in the token store before and after.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -120,7 +126,10 @@ typedef struct st_fetch_t {
     size_t npins;
     char *request;
     size_t request_len;
-    int request_secret; /* the request holds a secret value: wiped before it is freed */
+    int request_secret;  /* the request holds a secret value: wiped before it is freed */
+    int import;          /* import.fetch: the import list judges every hop; the module caps apply */
+    sb_result_t *module; /* import.fetch: the answer, held while the module's bytes are counted */
+    size_t module_len;   /* its body's bytes */
     /* egress-check mode */
     sb_egress_check_cb check_cb;
     sb_egress_decision_t *decision;
@@ -153,6 +162,10 @@ static void free_fetch(fetch_t *f)
     sb_mem_free(f->body);
     wipe_request(f);
     sb_mem_free(f->decision);
+    if (f->module != NULL) {
+        sb_result_dispose(f->module);
+        sb_mem_free(f->module);
+    }
     if (f->tok != NULL)
         sb_token_release(f->tok);
     /* last: the exchange's timers and query are gone from the context's queues and resolver */
@@ -181,10 +194,14 @@ static void vfail(fetch_t *f, sb_status_t st, int policy, const char *fmt, va_li
         sb_log_begin(&l, policy ? SB_LOG_WARN : SB_LOG_INFO, "egress.failed");
         sb_log_cstr(&l, "cid", f->cid);
         sb_log_cstr(&l, "runId", f->tok->run_id);
+        if (f->import)
+            sb_log_cstr(&l, "call", "import.fetch");
         sb_log_int(&l, "hop", f->hop);
         sb_log_cstr(&l, "host", f->url.host);
         sb_log_cstr(&l, "reason", res.message);
         sb_log_end(&l);
+        if (f->import)
+            sb_metrics_module(st == SB_E_RATE_LIMITED ? 1 : 2, 0);
         f->cb(f->arg, &res);
     }
     sb_result_dispose(&res);
@@ -269,6 +286,22 @@ static void take_request(fetch_t *f, const sb_call_fetch_t *c)
         memcpy(f->body, c->body, c->body_len);
     }
     f->body_len = c->body_len;
+}
+
+/*
+ * import.fetch's request headers: what Deno asks a module server for, so that
+ * a CDN that chooses its build by user agent (esm.sh) answers the build Deno
+ * runs.
+ */
+#define IMPORT_ACCEPT "application/javascript, application/typescript, text/javascript, */*;q=0.8"
+#define IMPORT_USER_AGENT "Deno/2.0 (sandbox-broker import.fetch)"
+
+static void add_header(fetch_t *f, const char *name, const char *value)
+{
+    req_header_t *h = &f->headers[f->nheaders++];
+    h->name = sb_mem_strdup(name);
+    h->value = sb_mem_strdup(value);
+    h->value_len = strlen(value);
 }
 
 /* a header value with each placeholder replaced by the secret this hop granted it (decide_secrets) */
@@ -516,6 +549,9 @@ static void free_redacted(redacted_t *r)
     sb_mem_free(r->body);
 }
 
+static void answer_module(fetch_t *f, sb_http_response_t *res, const char *body, size_t body_len);
+static const char *find_header(sb_http_response_t *res, const char *name, size_t *len);
+
 static void succeed(fetch_t *f, sb_http_response_t *res)
 {
     sb_result_t out;
@@ -541,6 +577,11 @@ static void succeed(fetch_t *f, sb_http_response_t *res)
     if (red.body != NULL) {
         body = red.body;
         body_len = red.body_len;
+    }
+    if (f->import) {
+        answer_module(f, res, body, body_len);
+        free_redacted(&red);
+        return;
     }
     sb_result_init(&out);
     msgpack_packer_init(&pk, &out.value, msgpack_sbuffer_write);
@@ -600,6 +641,84 @@ static void succeed(fetch_t *f, sb_http_response_t *res)
     free_fetch(f);
 }
 
+/* the module's bytes, counted against the run's module bytes cap: then the answer goes out, or the cap's refusal */
+static void on_module_counted(void *arg, sb_status_t st, const char *why)
+{
+    fetch_t *f = arg;
+    sb_result_t *out = f->module;
+
+    if (st != SB_OK) {
+        if (st == SB_E_RATE_LIMITED) {
+            sb_metrics_quota_hit(why);
+            fail(f, SB_E_RATE_LIMITED, "run quota exceeded: %s", why != NULL ? why : "module bytes per run");
+        } else
+            fail(f, SB_E_UNAVAILABLE, "%s", why != NULL ? why : "the token store is unavailable");
+        return;
+    }
+    f->module = NULL;
+    sb_metrics_module(0, f->module_len);
+    f->cb(f->arg, out);
+    sb_result_dispose(out);
+    sb_mem_free(out);
+    free_fetch(f);
+}
+
+/*
+ * import.fetch's value (PROTOCOL.md section 6c): {url, status, contentType,
+ * body | bodyBase64}, where url is the module's final URL (after the
+ * redirects the broker followed and judged), so the supervisor resolves the
+ * module's relative imports against it, as Deno does.
+ */
+static void answer_module(fetch_t *f, sb_http_response_t *res, const char *body, size_t body_len)
+{
+    msgpack_packer pk;
+    char hp[SB_URL_MAX_HOST + 16], *url;
+    size_t ulen, ctlen = 0;
+    const char *ct = find_header(res, "content-type", &ctlen);
+    sb_logline_t l;
+
+    sb_url_hostport(&f->url, hp, sizeof(hp));
+    ulen = strlen(hp) + f->url.target_len + 8;
+    url = sb_mem_alloc(ulen + 1);
+    ulen = (size_t)snprintf(url, ulen + 1, "%s://%s%.*s", f->url.scheme == SB_URL_HTTPS ? "https" : "http", hp,
+                            (int)f->url.target_len, f->url.target);
+    f->module = sb_mem_alloc(sizeof(*f->module));
+    f->module_len = body_len;
+    sb_result_init(f->module);
+    msgpack_packer_init(&pk, &f->module->value, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, 4);
+    msgpack_pack_str_with_body(&pk, "url", 3);
+    msgpack_pack_str_with_body(&pk, url, ulen);
+    msgpack_pack_str_with_body(&pk, "status", 6);
+    msgpack_pack_int(&pk, res->status);
+    msgpack_pack_str_with_body(&pk, "contentType", 11);
+    if (ct != NULL)
+        pack_latin1(&pk, ct, ctlen);
+    else
+        msgpack_pack_nil(&pk);
+    if (f->binary)
+        msgpack_pack_str_with_body(&pk, "body", 4);
+    else
+        msgpack_pack_str_with_body(&pk, "bodyBase64", 10);
+    msgpack_pack_bin_with_body(&pk, body, body_len);
+    sb_mem_free(url);
+    sb_log_begin(&l, SB_LOG_INFO, "import.module");
+    sb_log_cstr(&l, "cid", f->cid);
+    sb_log_cstr(&l, "runId", f->tok->run_id);
+    sb_log_cstr(&l, "host", f->url.host);
+    sb_log_int(&l, "port", f->url.port);
+    sb_log_int(&l, "hops", f->hop + 1);
+    sb_log_int(&l, "status", res->status);
+    sb_log_int(&l, "bytes", (long long)body_len);
+    sb_log_end(&l);
+    if (f->store == NULL) {
+        on_module_counted(f, SB_OK, NULL);
+        return;
+    }
+    sb_store_quota_modules(f->store, f->tok, 0, body_len, (int64_t)f->ctx->conf->import_max_modules,
+                           (int64_t)f->ctx->conf->import_max_total_bytes, on_module_counted, f);
+}
+
 static int same_origin(const sb_url_t *a, const sb_url_t *b)
 {
     return a->scheme == b->scheme && a->port == b->port && strcmp(a->host, b->host) == 0;
@@ -639,6 +758,8 @@ static void on_response(void *arg, const char *err, sb_http_response_t *res)
         sb_log_begin(&l, SB_LOG_INFO, "egress.response");
         sb_log_cstr(&l, "cid", f->cid);
         sb_log_cstr(&l, "runId", f->tok->run_id);
+        if (f->import)
+            sb_log_cstr(&l, "call", "import.fetch");
         sb_log_int(&l, "hop", f->hop);
         sb_log_cstr(&l, "host", f->url.host);
         sb_log_cstr(&l, "address", ipbuf);
@@ -741,7 +862,7 @@ static void connect_pins(fetch_t *f)
     o.request = f->request;
     o.request_len = f->request_len;
     o.head_request = strcmp(f->method, "HEAD") == 0;
-    o.max_body = f->ctx->conf->max_body;
+    o.max_body = f->import ? f->ctx->conf->import_max_module_bytes : f->ctx->conf->max_body;
     o.connect_timeout = &f->ctx->connect_timeout;
     o.wipe = f->tok != NULL && sb_secrets_count(f->tok->secrets) != 0;
     if (f->ctx->conf->keepalive_pool_size != 0 && f->tok != NULL)
@@ -792,6 +913,8 @@ static int validate(fetch_t *f, const sb_ip_t *addrs, size_t n)
         sb_log_begin(&l, all_ok ? SB_LOG_INFO : SB_LOG_WARN, "egress.decision");
         sb_log_cstr(&l, "cid", f->cid);
         sb_log_cstr(&l, "runId", f->tok->run_id);
+        if (f->import)
+            sb_log_cstr(&l, "call", "import.fetch");
         sb_log_int(&l, "hop", f->hop);
         sb_log_cstr(&l, "host", f->url.host);
         sb_log_int(&l, "port", f->url.port);
@@ -832,8 +955,24 @@ static void start_hop(fetch_t *f)
 
     if (f->decision != NULL)
         f->decision->url = f->url;
-    /* the first URL passed the capability check; every redirect target must pass it again */
-    if (f->hop != 0 && f->tok != NULL) {
+    /* a module's redirect hop must be in the run's import list, as its first URL was; net plays no part */
+    if (f->hop != 0 && f->import) {
+        if (!sb_authz_import_allows(f->tok->manifest, &f->url)) {
+            char why[512];
+            sb_authz_import_reason(&f->url, 1, why, sizeof(why));
+            sb_metrics_egress("redirect leaves the import allowlist", 0);
+            deny(f, "%s", why);
+            return;
+        }
+        if (sb_authz_import_needs_decision(f->tok->manifest)) {
+            char hp[SB_URL_MAX_HOST + 16];
+            sb_url_hostport(&f->url, hp, sizeof(hp));
+            sb_metrics_egress("redirect needs a decision", 0);
+            deny(f, "import.fetch redirect to host \"%s\" matches a decide rule (redirects are not sent to the decider)", hp);
+            return;
+        }
+    } else if (f->hop != 0 && f->tok != NULL) {
+        /* the first URL passed the capability check; every redirect target must pass it again */
         sb_net_verdict_t v = sb_authz_fetch_verdict(f->tok->manifest, &f->url, f->method);
         if (v != SB_NET_OK) {
             char why[512];
@@ -896,8 +1035,9 @@ static void on_fetch_quota(void *arg, sb_status_t st, const char *why)
     fetch_t *f = arg;
     if (st != SB_OK) {
         if (st == SB_E_RATE_LIMITED) {
-            sb_metrics_quota_hit("fetched bytes per run");
-            fail(f, SB_E_RATE_LIMITED, "run quota exceeded: %s", why != NULL ? why : "fetched bytes per run");
+            const char *q = why != NULL ? why : f->import ? "modules per run" : "fetched bytes per run";
+            sb_metrics_quota_hit(q);
+            fail(f, SB_E_RATE_LIMITED, "run quota exceeded: %s", q);
         } else
             fail(f, SB_E_UNAVAILABLE, "%s", why != NULL ? why : "the token store is unavailable");
         return;
@@ -929,7 +1069,18 @@ void sb_fetch_start(sb_fetch_ctx_t *ctx, sb_store_conn_t *store, sb_token_t *tok
     f->tok = tok;
     f->deadline.cb = on_deadline;
     take_request(f, call->fetch);
-    if (store != NULL) {
+    if (call->m.kind == SB_MK_IMPORT) {
+        /* the broker's own headers, the same on every hop: no credential, nothing of the guest's */
+        f->import = 1;
+        add_header(f, "accept", IMPORT_ACCEPT);
+        add_header(f, "user-agent", IMPORT_USER_AGENT);
+        if (store != NULL) {
+            /* counted before anything is resolved: a module over the run's count is never fetched */
+            sb_store_quota_modules(store, tok, 1, 0, (int64_t)ctx->conf->import_max_modules,
+                                   (int64_t)ctx->conf->import_max_total_bytes, on_fetch_quota, f);
+            return;
+        }
+    } else if (store != NULL) {
         sb_store_quota_fetch_check(store, tok, on_fetch_quota, f);
         return;
     }
