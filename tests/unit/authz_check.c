@@ -792,6 +792,61 @@ static void test_decide(void)
     sb_manifest_free(all_fetch);
 }
 
+/* import.fetch: the import axis alone decides (PROTOCOL.md section 6c) */
+static void test_import(void)
+{
+    sb_manifest_t *m = manifest("{\"import\": [\"esm.test\", \"cdn.test:8443\", \"*.deno.test\", \"[::1]:9\"],"
+                                " \"net\": [\"api.test\"]}");
+    sb_manifest_t *net_only = manifest("{\"net\": [\"esm.test\"]}");
+    sb_manifest_t *decided = manifest("{\"import\": [\"esm.test\"], \"decide\": {\"methods\": [\"import.*\"]}}");
+    sb_url_t u;
+    const char *why;
+
+    expect(m, "import.fetch", "{\"url\": \"https://esm.test/x.js\"}", OK_);
+    expect(m, "import.fetch", "{\"url\": \"http://ESM.test:8080/x.ts\"}", OK_);
+    expect(m, "import.fetch", "{\"url\": \"https://cdn.test:8443/x.js\"}", OK_);
+    expect(m, "import.fetch", "{\"url\": \"https://a.deno.test/x.js\"}", OK_);
+    expect(m, "import.fetch", "{\"url\": \"http://[::1]:9/x.js\"}", OK_);
+    expect(m, "import.fetch", "{\"url\": \"https://cdn.test/x.js\"}",
+           FORBIDDEN("import.fetch host \"cdn.test:443\" is not in the import allowlist"));
+    expect(m, "import.fetch", "{\"url\": \"https://deno.test/x.js\"}",
+           FORBIDDEN("import.fetch host \"deno.test:443\" is not in the import allowlist"));
+    /* a net host is no import host, and an import host no net host */
+    expect(m, "import.fetch", "{\"url\": \"https://api.test/x.js\"}",
+           FORBIDDEN("import.fetch host \"api.test:443\" is not in the import allowlist"));
+    expect(m, "http.fetch", "{\"url\": \"https://esm.test/x.js\"}",
+           FORBIDDEN("http.fetch host \"esm.test:443\" is not in the net allowlist"));
+    expect(net_only, "import.fetch", "{\"url\": \"https://esm.test/x.js\"}",
+           FORBIDDEN("import.fetch requires an import allowlist"));
+    expect(net_only, "import.fetch", NULL, FORBIDDEN("import.fetch requires an import allowlist"));
+    /* the URL is judged once the axis is there; other keys once the URL is granted */
+    expect(m, "import.fetch", NULL, BAD_ARGS("import.fetch url is invalid: missing or not a string"));
+    expect(m, "import.fetch", "{\"url\": 1}", BAD_ARGS("import.fetch url is invalid: missing or not a string"));
+    /* {"url": "https://esm.test/", "url": "https://evil.test/"}: one copy granted, the other not */
+    expect_obj(m, "duplicate url", "import.fetch", RAW("\x82\xa3url\xb1https://esm.test/\xa3url\xb2https://evil.test/"),
+               BAD_ARGS("args has a duplicate or non-string key \"url\""));
+    expect(m, "import.fetch", "{\"url\": \"https://api.test/x.js\", \"method\": \"POST\"}",
+           FORBIDDEN("import.fetch host \"api.test:443\" is not in the import allowlist"));
+    /* decide rules */
+    is_int(needs(decided, "import.fetch", "{\"url\": \"https://esm.test/x.js\"}"), 1, "import.* holds import.fetch");
+    is_int(needs(m, "import.fetch", "{\"url\": \"https://esm.test/x.js\"}"), 0, "no rule: no decision");
+    ok(sb_authz_import_needs_decision(decided) && !sb_authz_import_needs_decision(m), "a redirect hop of a decided module");
+    if (sb_url_parse("https://Esm.Test:443/y", 22, &u, &why) == SB_OK) {
+        char reason[128];
+        ok(sb_authz_import_allows(m, &u) && !sb_authz_import_allows(net_only, &u) && !sb_authz_import_allows(NULL, &u),
+           "import_allows reads import only");
+        sb_authz_import_reason(&u, 1, reason, sizeof(reason));
+        is_str(reason, "import.fetch redirect host \"esm.test:443\" is not in the import allowlist", "redirect reason");
+        sb_authz_import_reason(&u, 0, reason, 20);
+        is_str(reason, "import.fetch host \"", "reason cut to the buffer");
+    } else {
+        ok(0, "test URL parses");
+    }
+    sb_manifest_free(m);
+    sb_manifest_free(net_only);
+    sb_manifest_free(decided);
+}
+
 int main(void)
 {
     sb_manifest_t *m = manifest(full_manifest);
@@ -814,6 +869,8 @@ int main(void)
     test_omitted_axes();
     free_args();
     test_decide();
+    free_args();
+    test_import();
     free_args();
     return done_testing();
 }

@@ -17,7 +17,7 @@
 #include "util/util.h"
 
 #define CAPS                                                                                                                       \
-    "{\"data\": {\"collections\": {\"posts\": [\"read\", \"create\"], \"comments\": [\"read\"]}}, \"files\": {\"read\": "         \
+    "{\"data\": {\"collections\": {\"posts\": [\"read\", \"create\"], \"comments\": [\"read\"]}}, \"files\": {\"read\": "          \
     "[\"uploads/**\"]}, \"net\": [\"api.example.com:443\"], \"timeoutMs\": 60000}"
 
 typedef struct st_result_t {
@@ -337,11 +337,60 @@ static void test_quotas(void)
     sb_store_destroy(s);
 }
 
+static void on_quota(void *arg, sb_status_t st, const char *why)
+{
+    result_t *r = arg;
+    ++r->called;
+    r->st = st;
+    r->why = why;
+}
+
+/* import.fetch's counters (PROTOCOL.md section 6c): modules counted before a fetch, bytes after, per run */
+static sb_status_t modules(sb_store_conn_t *c, const sb_token_t *t, unsigned add, uint64_t bytes, const char **why)
+{
+    result_t r = {0};
+    sb_store_quota_modules(c, t, add, bytes, 3, 1000, on_quota, &r);
+    *why = r.why;
+    return r.called == 1 ? r.st : SB_E_EXECUTION;
+}
+
+static void test_modules(void)
+{
+    sb_store_t *s = create(100);
+    sb_store_conn_t *c = sb_store_conn_create(s, NULL);
+    sb_token_t *a = mint(300, "run-m", CAPS, 100, 4), *b = mint(301, "run-m", CAPS, 100, 4),
+               *other = mint(302, "run-n", CAPS, 100, 4);
+    const char *why = NULL;
+
+    is_int(modules(c, a, 1, 0, &why), SB_OK, "a run's first module");
+    is_int(modules(c, a, 0, 600, &why), SB_OK, "  its 600 bytes");
+    is_int(modules(c, b, 1, 0, &why), SB_OK, "the second, with another token of the run");
+    is_int(modules(c, b, 0, 401, &why), SB_E_RATE_LIMITED, "  its 401 bytes take the run over 1000");
+    is_str(why, "module bytes per run", "  named");
+    is_int(modules(c, a, 1, 0, &why), SB_E_RATE_LIMITED, "the third is refused before it is fetched: no bytes are left");
+    is_str(why, "module bytes per run", "  named");
+    is_int(modules(c, other, 1, 0, &why), SB_OK, "another run counts on its own");
+    is_int(modules(c, other, 1, 0, &why), SB_OK, "  its second");
+    is_int(modules(c, other, 1, 0, &why), SB_OK, "  its third");
+    is_int(modules(c, other, 1, 0, &why), SB_E_RATE_LIMITED, "  its fourth is over the count");
+    is_str(why, "modules per run", "  named");
+    ok(sb_store__modules_verdict(3, 1000, 0, 0, 3, 1000) != NULL && sb_store__modules_verdict(3, 999, 0, 0, 3, 1000) == NULL &&
+           sb_store__modules_verdict(3, 1000, 0, 1, 3, 1000) == NULL && sb_store__modules_verdict(4, 0, 1, 0, 3, 1000) != NULL &&
+           sb_store__modules_verdict(4, 0, 0, 5, 3, 1000) == NULL,
+       "the verdict's edges: the byte cap reached, and the count checked only when a module is added");
+    sb_token_release(a);
+    sb_token_release(b);
+    sb_token_release(other);
+    sb_store_conn_destroy(c);
+    sb_store_destroy(s);
+}
+
 int main(void)
 {
     test_shared_manifest();
     test_record();
     test_growth_and_bounds();
     test_quotas();
+    test_modules();
     return done_testing();
 }
