@@ -317,6 +317,7 @@ static void check_granted(const sb_call_t *c, const msgpack_object *args)
         SB_FUZZ_ASSERT(strcmp(c->fetch->method, "GET") == 0 && c->fetch->nheaders == 0 && c->fetch->body_len == 0,
                        "import.fetch granted with more than a GET of its URL");
         SB_FUZZ_ASSERT(sb_authz_import_allows(manifest, &c->fetch->url), "granted URL not in import");
+        SB_FUZZ_ASSERT(c->module_path, "import.fetch granted as a binding call");
         /* a net grant is no import grant: example.com is in net only */
         SB_FUZZ_ASSERT(strcmp(c->fetch->url.host, "example.com") != 0, "import.fetch granted a net host");
         return;
@@ -418,6 +419,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     msgpack_zone_destroy(&zone2);
 
     /* the check reads the call and never changes it */
+    call.module_path = (data[1] & 2) != 0; /* the route's header: import.fetch is refused without it */
     ast = sb_authz_check(manifest, &call, reason, sizeof(reason));
     dump_call(&call, &after);
     SB_FUZZ_ASSERT(same_dump(&before, &after), "sb_authz_check changed the call");

@@ -43,6 +43,7 @@
  *   forbidden  tools.call name is missing or invalid
  *   forbidden  tools.call name is not granted
  *   forbidden  http.fetch requires a net allowlist
+ *   forbidden  import.fetch is the supervisor's module path, not a binding
  *   forbidden  import.fetch requires an import allowlist
  *   bad_args   import.fetch url is invalid: <why>
  *   forbidden  import.fetch host "<host>:<port>" is not in the import allowlist
@@ -224,6 +225,8 @@ static sb_status_t check_import(const sb_manifest_t *m, const sb_call_t *call, c
 {
     sb_status_t st;
 
+    if (!call->module_path)
+        return say(SB_E_FORBIDDEN, reason, reasonsz, "import.fetch is the supervisor's module path, not a binding");
     if (sb_manifest__import_count(m) == 0)
         return say(SB_E_FORBIDDEN, reason, reasonsz, "import.fetch requires an import allowlist");
     if ((st = subject_error(call, reason, reasonsz)) != SB_OK)

@@ -166,6 +166,12 @@ typedef struct st_sb_call_t {
     size_t method_len;
     int binary;      /* msgpack request: binary values arrive as bin, and replies carry bin */
     const char *cid; /* the correlation id of the call (set by the route; NULL elsewhere) */
+    /*
+     * The request came on the supervisor's module path (PROTOCOL.md section
+     * 6c: the x-sandbox-module-fetch header, which a supervisor never relays
+     * for a guest), set by the route; import.fetch is refused without it.
+     */
+    int module_path;
     /* the first argument error, if any (see the header comment) */
     sb_call_err_stage_t err_stage;
     sb_status_t err_status;

@@ -53,6 +53,20 @@ typedef struct st_rpc_call_t {
     uint64_t decision_us;
 } rpc_call_t;
 
+/*
+ * The supervisor's module path (PROTOCOL.md section 6c): exactly one
+ * x-sandbox-module-fetch header of value "1". A supervisor relays a guest's
+ * call as {method, args} under headers of its own, so a guest cannot send it:
+ * an import grant lets the supervisor load modules, never lets the guest's
+ * own calls fetch from import hosts.
+ */
+static int module_path(h2o_req_t *req)
+{
+    ssize_t i = h2o_find_header_by_str(&req->headers, H2O_STRLIT("x-sandbox-module-fetch"), -1);
+    return i >= 0 && h2o_find_header_by_str(&req->headers, H2O_STRLIT("x-sandbox-module-fetch"), i) < 0 &&
+           h2o_memis(req->headers.entries[i].value.base, req->headers.entries[i].value.len, H2O_STRLIT("1"));
+}
+
 static void call_dispose(sb_async_t *a)
 {
     rpc_call_t *c = (rpc_call_t *)a;
@@ -335,6 +349,7 @@ static void on_quota(void *arg, sb_status_t st, const char *why)
         goto Exit;
     }
     c->call.cid = c->cid;
+    c->call.module_path = module_path(c->super.req);
     /* the manifest is checked on every call: nothing about a grant is cached */
     reason[0] = '\0';
     if ((st = sb_authz_check(c->tok->manifest, &c->call, reason, sizeof(reason))) != SB_OK) {

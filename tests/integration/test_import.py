@@ -10,17 +10,17 @@ that the server holding the refused module saw nothing.
 
 import base64
 import os
-import re
+import socket
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import msgpack  # noqa: E402
 import sbtest  # noqa: E402
 from fetchfix_dns import Dnsmasq  # noqa: E402
 from fetchfix_upstream import TestPki, Upstream  # noqa: E402
 
 EXEC_MSG = "sandbox binding operation failed"
+# the supervisor's module path: a supervisor never sends it for a guest's relayed call
+MODULE_PATH = {"x-sandbox-module-fetch": "1"}
 MAX_MODULES = 4
 MAX_MODULE_BYTES = 4096
 MAX_TOTAL_BYTES = 10000
@@ -117,7 +117,7 @@ class ImportCase(sbtest.BrokerTestCase):
         return [e.get("reason") for e in self.events("egress.failed") if e.get("cid") == cid]
 
     def module(self, tok, url, enc="json"):
-        return B.rpc(tok, "import.fetch", {"url": url}, enc=enc)
+        return B.rpc(tok, "import.fetch", {"url": url}, enc=enc, headers=MODULE_PATH)
 
     def assert_exec_error(self, r):
         self.assertEqual(r.status, 500, r)
@@ -213,17 +213,42 @@ class ImportCase(sbtest.BrokerTestCase):
 
     # --- the request is the broker's, not the guest's ---
 
+    def test_a_binding_call_never_imports(self):
+        # a guest's call, relayed by a supervisor as {method, args}, comes without the module path's header
+        tok = self.token({"import": [self.tls()]})
+        url = "https://%s/mod.js" % self.tls()
+        for headers in (None, {"x-sandbox-module-fetch": "0"}, {"x-sandbox-module-fetch": "1 "}):
+            with self.subTest(headers=headers):
+                self.assertError(B.rpc(tok, "import.fetch", {"url": url}, headers=headers), 403, "forbidden",
+                                 "import.fetch is the supervisor's module path, not a binding")
+        # two of them are no module path either
+        body = b'{"method":"import.fetch","args":{"url":"%s"}}' % url.encode()
+        req = (b"POST %s HTTP/1.1\r\nHost: x\r\nx-questpie-sandbox-token: %s\r\nContent-Type: application/json\r\n"
+               b"x-sandbox-module-fetch: 1\r\nx-sandbox-module-fetch: 1\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+               % (sbtest.RPC_PATH.encode(), tok.encode(), len(body))) + body
+        with socket.create_connection(("127.0.0.1", B.port), timeout=10) as sock:
+            sock.sendall(req)
+            raw = b""
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                raw += chunk
+        self.assertTrue(raw.startswith(b"HTTP/1.1 403 "), raw)
+        self.assertIn(b"import.fetch is the supervisor's module path, not a binding", raw)
+        self.assertEqual(UP["tls"].snapshot(), [])
+
     def test_only_a_url(self):
         tok = self.token({"import": [self.tls()]})
         url = "https://%s/mod.js" % self.tls()
         for args in ({"url": url, "method": "POST"}, {"url": url, "headers": {"authorization": "x"}},
                      {"url": url, "bodyBase64": "eA=="}):
             with self.subTest(args=args):
-                self.assertError(B.rpc(tok, "import.fetch", args), 400, "bad_args", "import.fetch takes only a url")
+                self.assertError(B.rpc(tok, "import.fetch", args, headers=MODULE_PATH), 400, "bad_args", "import.fetch takes only a url")
         for args, why in (({}, "missing or not a string"), ({"url": 7}, "missing or not a string"),
                           ({"url": "ftp://%s/x" % self.tls()}, None), ({"url": "https://u:p@%s/x" % self.tls()}, None)):
             with self.subTest(args=args):
-                s, body, _ = B.rpc(tok, "import.fetch", args)
+                s, body, _ = B.rpc(tok, "import.fetch", args, headers=MODULE_PATH)
                 self.assertEqual((s, body["error"]["code"]), (400, "bad_args"), body)
                 self.assertTrue(body["error"]["message"].startswith("import.fetch url is invalid: "), body)
                 if why is not None:
@@ -300,13 +325,13 @@ class ImportOnRedis(sbtest.BrokerTestCase):
             host = "tls.test:%d" % UP["tls"].port
             tok = b1.mint_ok("redis-import", {"import": [host]})
             UP["tls"].reset()
-            self.assertEqual(b1.rpc(tok, "import.fetch", {"url": "https://%s/3k.js" % host}).status, 200)
+            self.assertEqual(b1.rpc(tok, "import.fetch", {"url": "https://%s/3k.js" % host}, headers=MODULE_PATH).status, 200)
             # the second module takes the run's bytes over 5000 on the other instance
-            self.assertError(b2.rpc(tok, "import.fetch", {"url": "https://%s/3k.js" % host}), 429, "rate_limited",
+            self.assertError(b2.rpc(tok, "import.fetch", {"url": "https://%s/3k.js" % host}, headers=MODULE_PATH), 429, "rate_limited",
                              "run quota exceeded: module bytes per run")
             # and the third is over the count: refused before it is fetched
             n = len(UP["tls"].snapshot())
-            self.assertError(b1.rpc(tok, "import.fetch", {"url": "https://%s/mod.js" % host}), 429, "rate_limited",
+            self.assertError(b1.rpc(tok, "import.fetch", {"url": "https://%s/mod.js" % host}, headers=MODULE_PATH), 429, "rate_limited",
                              "run quota exceeded: modules per run")
             self.assertEqual(len(UP["tls"].snapshot()), n)
             self.assertGreater(int(sbtest.redis_command(redis.port, "PTTL", "sb:q:modules:redis-import")), 0)

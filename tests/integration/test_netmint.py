@@ -83,12 +83,14 @@ class NetMint(sbtest.BrokerTestCase):
         # an import grant is no net grant, and a host outside import is refused before any I/O
         s, body, _ = self.b.rpc(tok, "http.fetch", {"url": "https://esm.example/x"})
         self.assertEqual((s, body["error"]), (403, {"code": "forbidden", "message": "http.fetch requires a net allowlist"}))
-        s, body, _ = self.b.rpc(tok, "import.fetch", {"url": "https://other.example/x.js"})
+        s, body, _ = self.b.rpc(tok, "import.fetch", {"url": "https://other.example/x.js"},
+                                 headers={"x-sandbox-module-fetch": "1"})
         self.assertEqual((s, body["error"]["message"]), (403, 'import.fetch host "other.example:443" is not in the import allowlist'))
         r = self.mint({"runId": "net-mint:i2", "capabilities": {"net": ["api.example"], "import": ["esm.example:8443"],
                                                                "timeoutMs": 5000}})
         self.assertEqual(r.status, 201, r)
-        s, body, _ = self.b.rpc(r.body["token"], "import.fetch", {"url": "https://api.example/x.js"})
+        s, body, _ = self.b.rpc(r.body["token"], "import.fetch", {"url": "https://api.example/x.js"},
+                                 headers={"x-sandbox-module-fetch": "1"})
         self.assertEqual((s, body["error"]["message"]), (403, 'import.fetch host "api.example:443" is not in the import allowlist'))
         r = self.mint({"runId": "net-mint:i3", "capabilities": {"import": ["exa mple"], "timeoutMs": 5000}})
         self.assertEqual((r.status, r.body["error"]["code"]), (400, "bad_args"), r)

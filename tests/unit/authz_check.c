@@ -162,6 +162,8 @@ static void expect_obj(const sb_manifest_t *m, const char *label, const char *me
     /* as the route runs it: decode once, check the typed call */
     msgpack_zone_init(&zone, 1024);
     (void)sb_call_decode(&call, &meth, method, strlen(method), a, 0, &zone);
+    /* the supervisor's module path (the route sets it from a header): import_binding() checks a call without it */
+    call.module_path = 1;
     st = sb_authz_check(m, &call, got, sizeof(got));
     is_int(st, want, "%s %s", method, label);
     is_str(got, reason, "  reason");
@@ -827,6 +829,19 @@ static void test_import(void)
                BAD_ARGS("args has a duplicate or non-string key \"url\""));
     expect(m, "import.fetch", "{\"url\": \"https://api.test/x.js\", \"method\": \"POST\"}",
            FORBIDDEN("import.fetch host \"api.test:443\" is not in the import allowlist"));
+    /* a binding call (a guest's, relayed without the module path's header) never reaches an import host */
+    {
+        sb_method_t meth;
+        sb_call_t call;
+        msgpack_zone zone;
+        char got[256];
+        msgpack_zone_init(&zone, 1024);
+        if (sb_method_parse("import.fetch", 12, &meth) == SB_OK)
+            (void)sb_call_decode(&call, &meth, "import.fetch", 12, args("{\"url\": \"https://esm.test/x.js\"}"), 0, &zone);
+        is_int(sb_authz_check(m, &call, got, sizeof(got)), SB_E_FORBIDDEN, "import.fetch as a binding call");
+        is_str(got, "import.fetch is the supervisor's module path, not a binding", "  reason");
+        msgpack_zone_destroy(&zone);
+    }
     /* decide rules */
     is_int(needs(decided, "import.fetch", "{\"url\": \"https://esm.test/x.js\"}"), 1, "import.* holds import.fetch");
     is_int(needs(m, "import.fetch", "{\"url\": \"https://esm.test/x.js\"}"), 0, "no rule: no decision");
