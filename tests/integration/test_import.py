@@ -298,7 +298,9 @@ class ImportCase(sbtest.BrokerTestCase):
         self.assertError(self.module(tok2, "https://%s/mod.js" % self.tls()), 429, "rate_limited",
                          "run quota exceeded: modules per run")
         self.assertEqual(UP["tls"].snapshot(), [])
-        self.assertRegex(B.admin("GET", "/metrics").raw.decode(), r'(?m)^sb_quota_hits_total\{quota="modules per run"\} [1-9]')
+        metrics = B.admin("GET", "/metrics").raw.decode()
+        self.assertRegex(metrics, r'(?m)^sb_quota_hits_total\{quota="modules per run"\} [1-9]')
+        self.assertRegex(metrics, r'(?m)^sb_module_fetches_total\{outcome="quota"\} [1-9]')
 
     def test_module_bytes_per_run(self):
         tok = self.token({"import": [self.tls()]})
