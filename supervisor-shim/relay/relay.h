@@ -70,7 +70,9 @@ typedef struct st_sb_shim_config_t {
 /**
  * Runs the relay until the guest is gone.
  * @param init the whole init frame (header included) written to the guest first
- * @param out receives the outcome object {ok, output?, error?, logs, timedOut?, ms, calls, denied?} (new reference);
+ * @param out receives the outcome object {ok, output?, error?, logs, timedOut?, ms, calls, denied?, detail?} (new
+ *        reference); a run a failed binding call ended has upstream's fixed text for its code as `error` and the
+ *        method, code, broker reason and correlation id in `detail` (for the operator, never the guest);
  *        a cancelled run (cancel_fd, stop_fd) has error "sandbox request cancelled"
  * @return SB_OK, or SB_E_NOMEM when the outcome could not be built
  */

@@ -436,6 +436,9 @@ static void run_answer(run_t *r, const char *why)
         if (json_object_get(r->meta, "revokeError") != NULL)
             json_object_set(fields, "revokeError", json_object_get(r->meta, "revokeError"));
         json_object_set(fields, "pooled", json_object_get(r->meta, "pooled"));
+        /* a failed binding call: its method, code, the broker's reason and correlation id */
+        if (json_is_string(json_object_get(r->meta, "detail")))
+            json_object_set(fields, "detail", json_object_get(r->meta, "detail"));
         if (json_is_integer(json_object_get(r->meta, "handoverMs"))) {
             json_int_t h = json_integer_value(json_object_get(r->meta, "handoverMs"));
             json_object_set_new(fields, "handoverMs", json_integer(h));
@@ -870,7 +873,7 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
     else if (h2o_memis(req->method.base, req->method.len, H2O_STRLIT("GET")) && h2o_memis(p.base, p.len, H2O_STRLIT("/metrics")))
         handle_metrics(req);
     else
-        SEND_LIT(req, 404, "Not Found", "{\"ok\":false,\"error\":\"not found\",\"logs\":[]}");
+        SEND_LIT(req, 404, "Not Found", "{\"ok\":false,\"error\":\"not found\"}"); /* upstream's body, byte for byte */
     return 0;
 }
 
