@@ -412,6 +412,8 @@ function base64Bytes(b) {
 
 function asJsonValue(v) {
   if (v instanceof Uint8Array) return base64Bytes(v);
+  // an integer beyond 2^53 is a number after JSON.parse, not a BigInt
+  if (typeof v === "bigint") return Number(v);
   if (Array.isArray(v)) return v.map(asJsonValue);
   if (v !== null && typeof v === "object") {
     const o = {};

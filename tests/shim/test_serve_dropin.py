@@ -75,7 +75,8 @@ class Broker:
                     status, value = 200, {"ok": True, "value": {"path": args["path"], "size": 5, "mimeType": "text/plain",
                                                                   "content": b"hello"}}
                 elif method.startswith("collections.") and method.endswith(".findOne"):
-                    status, value = 200, {"ok": True, "value": {"id": 1, "blob": b"\x00\xff", "nested": [b"ab"]}}
+                    status, value = 200, {"ok": True, "value": {"id": 1, "blob": b"\x00\xff", "nested": [b"ab"],
+                                                                  "big": 2 ** 60}}
                 else:
                     status, value = 200, {"ok": True, "value": {"echo": args}}
                 out = msgpack.packb(value, use_bin_type=True)
@@ -241,8 +242,12 @@ def t_value_shapes():
     check(o["output"]["read"] == {"path": "a.txt", "size": 5, "mimeType": "text/plain",
                                   "contentBase64": base64.b64encode(b"hello").decode()},
           "files.read is the JSON route's shape", o["output"])
-    check(o["output"]["one"] == {"id": 1, "blob": base64.b64encode(b"\x00\xff").decode(), "nested": ["YWI="]},
-          "bytes anywhere are base64 text, as the JSON route writes them", o["output"])
+    check(o["output"]["one"] == {"id": 1, "blob": base64.b64encode(b"\x00\xff").decode(), "nested": ["YWI="],
+                                 "big": 2 ** 60},
+          "bytes anywhere are base64 text, as the JSON route writes them; big integers numbers", o["output"])
+    st, o = S.run({"source": "export default async () => typeof (await questpie.collections.posts.findOne({})).big",
+                   "bindings": bindings()})
+    check(o.get("output") == "number", "an integer beyond 2^53 is a number, as after JSON.parse", o)
     st, o = S.run({"source": "export default async () => { const r = await questpie.files.read({ path: 'a.txt' }); "
                              "return [typeof r.content, atob(r.contentBase64)]; }", "bindings": bindings()})
     check(o.get("output") == ["undefined", "hello"], "a guest written for upstream decodes contentBase64", o)
