@@ -826,7 +826,14 @@ static void on_call(relay_t *r, const sb_shim_msg_t *m)
         return;
     }
     if (r->ncalls >= r->cfg->max_calls) {
-        run_fail(r, 0, "binding call limit exceeded (--max-calls %u)", r->cfg->max_calls);
+        if (r->cfg->upstream_call_limit) {
+            /* upstream's supervisor counts the calls as output: its text, ours in the detail */
+            if (!r->failed)
+                snprintf(r->detail, sizeof(r->detail), "binding call limit exceeded (%u calls)", r->cfg->max_calls);
+            run_fail(r, 0, "sandbox output limit exceeded");
+        } else {
+            run_fail(r, 0, "binding call limit exceeded (--max-calls %u)", r->cfg->max_calls);
+        }
         return;
     }
     for (unsigned i = 0; i < r->cfg->max_inflight && c == NULL; ++i)

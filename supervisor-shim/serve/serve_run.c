@@ -168,6 +168,7 @@ __attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, sb_s
     cfg.cancel_fd = cancel ? CANCEL_FD : -1;
     cfg.stop_fd = stop[0];
     cfg.stderr_cap_fails = 1;
+    cfg.upstream_call_limit = 1;
     cfg.mark_denial = 1;
     switch (job->kind) {
     case SB_SERVE_COMPUTE:

@@ -575,7 +575,9 @@ def t_burst():
     o = ok_run({"source": "export default async () => { await Promise.all(Array.from({ length: 300 },"
                           " () => globalThis.questpie.collections.posts.find({}))); return 'unexpected'; }",
                 "capabilities": dict(CAPS, timeoutMs=8000), "bindings": bindings()})
-    check(o["ok"] is False and "call limit exceeded" in o["error"], "a burst above the per-run count is killed", o)
+    check(o["ok"] is False and o["error"] == "sandbox output limit exceeded", "a burst above the per-run count is killed", o)
+    check(S.events()[-1].get("detail") == "binding call limit exceeded (256 calls)", "the log line says why",
+          S.events()[-1])
     check(broker.count() <= 256, "broker effects bounded", broker.count())
     broker.reset()
     o = ok_run({"source": "export default async () => (await Promise.all(Array.from({ length: 250 },"
