@@ -49,9 +49,11 @@
 #define DEFAULT_PORT 8787u
 #define DEFAULT_MAX_CONNECTIONS 256u
 /*
- * h2o buffers a whole body before the handler runs and answers its own plain
- * 413 past max_request_entity_size; a little above our 2 MiB cap, so that
- * every body just over the cap gets the exact JSON answer from the handler.
+ * h2o buffers a whole body before the handler runs and answers its own 413
+ * past max_request_entity_size (json413_setup makes it our JSON answer). h2o
+ * counts a chunked body with its chunk framing, so the cap is 1 MiB above our
+ * 2 MiB: a chunked body of at most 2 MiB whose framing takes less than 1 MiB
+ * reaches the handler, which decides on the decoded size.
  */
 #define H2O_ENTITY_CAP (SB_SERVE_MAX_BODY + 1024u * 1024u)
 /* past its timeout, a run's process gets this long (deno start-up, mint, revoke) before it is killed */

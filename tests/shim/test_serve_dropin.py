@@ -330,6 +330,17 @@ def t_body_cap_json():
             "%s: %s\r\n" % (ADMISSION, SECRET) if adm else "", 2 * 1024 * 1024 + 1)).encode())
         st, head, body = parse(read_all(s))
         check(st == 413 and json.loads(body) == TOO_LARGE and "application/json" in head, "413 JSON, Content-Length", st, body)
+    # chunked, exactly the cap: read, and answered as upstream answers a body that is no host request
+    s = S.connect()
+    body = b'"' + b"x" * (2 * 1024 * 1024 - 2) + b'"'
+    s.sendall(("POST /run HTTP/1.1\r\nHost: x\r\n%s: %s\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+               % (ADMISSION, SECRET)).encode())
+    for i in range(0, len(body), 65536):
+        c = body[i:i + 65536]
+        s.sendall(b"%x\r\n" % len(c) + c + b"\r\n")
+    s.sendall(b"0\r\n\r\n")
+    st, head, raw = parse(read_all(s))
+    check(st == 403 and json.loads(raw) == DENIED, "a chunked body of exactly 2 MiB is read", st, raw)
     # chunked: just over the cap (the handler) and far over it (h2o's own limit): the same JSON answer
     for size in (2 * 1024 * 1024 + 65536, 4 * 1024 * 1024):
         s = S.connect()
