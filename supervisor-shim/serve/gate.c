@@ -81,6 +81,10 @@ sb_serve_gate_t sb_serve_gate_head(const char *buf, size_t len, const uint8_t ad
         *why = r == -2 ? "the request head is too long" : "the request head does not parse";
         return SB_GATE_BAD_HEAD;
     }
+    out->method = method;
+    out->method_len = mlen;
+    out->target = path;
+    out->target_len = plen;
     for (size_t i = 0; i != nheaders; ++i) {
         const struct phr_header *h = headers + i;
         if (h->name == NULL) {

@@ -25,6 +25,9 @@ typedef struct st_sb_serve_gate_head_t {
     int admitted; /* exactly one admission header, equal to the secret */
     int is_run;   /* POST /run (the target's path, before any query) */
     int has_body; /* a Content-Length above 0, or chunked */
+    /* the request line's method and target, pointing into the bytes decided (set once the head parses) */
+    const char *method, *target;
+    size_t method_len, target_len;
 } sb_serve_gate_head_t;
 
 /** The longest head looked at: h2o's own limit (H2O_MAX_REQLEN); longer is SB_GATE_BAD_HEAD. */

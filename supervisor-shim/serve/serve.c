@@ -50,7 +50,7 @@
 #define DEFAULT_MAX_CONNECTIONS 256u
 /*
  * h2o buffers a whole body before the handler runs and answers its own 413
- * past max_request_entity_size (json413_setup makes it our JSON answer). h2o
+ * past max_request_entity_size (json_error_setup makes it our JSON answer). h2o
  * counts a chunked body with its chunk framing, so the cap is 1 MiB above our
  * 2 MiB: a chunked body of at most 2 MiB whose framing takes less than 1 MiB
  * reaches the handler, which decides on the decoded size.
@@ -109,9 +109,10 @@ typedef struct st_conn_t {
     h2o_socket_t *sock;
     struct sockaddr_storage peer;
     socklen_t peer_len;
-    int gated;     /* still in the gate: serve reads its head, h2o does not have it yet */
-    int lingering; /* a refusal was written: its input is dropped until LINGER_MS or LINGER_BYTES */
-    int admitted;  /* its first head carried the admission header: h2o keeps it alive */
+    int gated;         /* still in the gate: serve reads its head, h2o does not have it yet */
+    int lingering;     /* a refusal was written: its input is dropped until LINGER_MS or LINGER_BYTES */
+    int admitted;      /* its first head carried the admission header: h2o keeps it alive */
+    unsigned requests; /* requests h2o handed to on_req on it */
     size_t dropped;
     int64_t since_ms; /* accepted (gated), or refusal written (lingering) */
     char answer[320]; /* a refusal's whole HTTP answer, while it is written */
@@ -961,42 +962,83 @@ static void handle_metrics(h2o_req_t *req)
     h2o_send(req, &buf, 1, H2O_SEND_STATE_FINAL);
 }
 
-/*
- * h2o answers a chunked body past max_request_entity_size itself, with a plain-text 413, before any
- * handler runs (a Content-Length past the cap never gets that far: the gate answers it). This
- * filter, on every path h2o may bind such an answer to, replaces that answer's body and type with
- * ours, so the client sees the same JSON 413 however the body came.
- */
+/* the JSON bodies of h2o's own refusals (json_error_setup) */
 static const char BODY_413[] = "{\"ok\":false,\"error\":\"request body too large\",\"logs\":[]}";
+static const char BODY_400[] = "{\"ok\":false,\"error\":\"invalid request\",\"logs\":[]}";
 
-static void json413_send(h2o_ostream_t *self, h2o_req_t *req, h2o_iovec_t *bufs, size_t bufcnt, h2o_send_state_t state)
+typedef struct st_json_error_ostream_t {
+    h2o_ostream_t super;
+    h2o_iovec_t body;
+} json_error_ostream_t;
+
+static void json_error_send(h2o_ostream_t *self, h2o_req_t *req, h2o_iovec_t *bufs, size_t bufcnt, h2o_send_state_t state)
 {
-    h2o_iovec_t b = h2o_iovec_init(BODY_413, sizeof(BODY_413) - 1);
+    json_error_ostream_t *o = (json_error_ostream_t *)self;
     (void)bufs;
     (void)bufcnt;
     if (h2o_send_state_is_in_progress(state))
         h2o_ostream_send_next(self, req, NULL, 0, state);
     else
-        h2o_ostream_send_next(self, req, &b, 1, state);
+        h2o_ostream_send_next(self, req, &o->body, 1, state);
 }
 
-static void json413_setup(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t **slot)
+/*
+ * h2o's own refusals (a 4xx it answers before any handler: a chunked body past its limit, broken
+ * chunked encoding, ...) are plain text; this filter, on every path h2o may bind such an answer to,
+ * gives them our JSON shape, 413 "request body too large" and every other one "invalid request",
+ * so the client sees the same JSON 413 however the body came (a Content-Length past the cap never
+ * gets that far: the gate answers it).
+ */
+static void json_error_setup(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t **slot)
 {
     ssize_t i = h2o_find_header(&req->res.headers, H2O_TOKEN_CONTENT_TYPE, -1);
     (void)self;
-    if (req->res.status == 413 && (i < 0 || !h2o_memis(req->res.headers.entries[i].value.base,
-                                                       req->res.headers.entries[i].value.len, H2O_STRLIT("application/json")))) {
-        h2o_ostream_t *o;
-        req->res.content_length = sizeof(BODY_413) - 1;
+    if (req->res.status >= 400 && req->res.status <= 499 &&
+        (i < 0 || !h2o_memis(req->res.headers.entries[i].value.base, req->res.headers.entries[i].value.len,
+                             H2O_STRLIT("application/json")))) {
+        json_error_ostream_t *o;
+        h2o_iovec_t body = req->res.status == 413 ? h2o_iovec_init(BODY_413, sizeof(BODY_413) - 1)
+                                                  : h2o_iovec_init(BODY_400, sizeof(BODY_400) - 1);
+        req->res.content_length = body.len;
         h2o_set_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, H2O_STRLIT("application/json"), 1);
-        o = h2o_add_ostream(req, sizeof(*o), slot);
-        o->do_send = json413_send;
-        slot = &o->next;
+        o = (json_error_ostream_t *)h2o_add_ostream(req, sizeof(*o), slot);
+        o->super.do_send = json_error_send;
+        o->body = body;
+        slot = &o->super.next;
         if (h2o_memis(req->input.method.base, req->input.method.len, H2O_STRLIT("POST")) &&
             h2o_memis(req->input.path.base, req->input.path.len, H2O_STRLIT("/run")))
-            account_refused(SB_SERVE_OUT_INVALID, 413, 0, NULL);
+            account_refused(SB_SERVE_OUT_INVALID, req->res.status, 0, NULL);
     }
     h2o_setup_next_ostream(req, slot);
+}
+
+static void refused_event(refusal_t why, const char *reason);
+
+/*
+ * A later request on a kept-alive connection: h2o has parsed it, and its head is still at the start
+ * of the connection's input (h2o consumes a request's bytes only after its answer, and decodes a
+ * chunked body in place after the head; the broker's listener relies on the same, framing.c). The
+ * gate's rules are applied to it; a head that is not this request's is refused too (fail closed).
+ */
+static int later_framing_refused(conn_t *c, h2o_req_t *req)
+{
+    sb_serve_gate_head_t head;
+    const char *why = NULL;
+    sb_serve_gate_t v = c->sock->input != NULL ? sb_serve_gate_head(c->sock->input->bytes, c->sock->input->size, S.admission_hash,
+                                                                    SIZE_MAX, &head, &why)
+                                               : SB_GATE_BAD_HEAD;
+
+    if (v == SB_GATE_MORE || v == SB_GATE_BAD_HEAD)
+        why = "the buffered head is not this request's";
+    else if (!h2o_memis(head.method, head.method_len, req->input.method.base, req->input.method.len) ||
+             !h2o_memis(head.target, head.target_len, req->input.path.base, req->input.path.len))
+        why = "the buffered head is not this request's";
+    else if (v != SB_GATE_FRAMING)
+        return 0;
+    refused_event(REFUSE_FRAMING, why);
+    req->http1_is_persistent = 0;
+    SEND_LIT(req, 400, "Bad Request", "{\"ok\":false,\"error\":\"invalid request\",\"logs\":[]}");
+    return 1;
 }
 
 static conn_t *conn_of(h2o_req_t *req);
@@ -1011,6 +1053,9 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
      * next head goes through the gate again, on a new connection (gate.h) */
     if (c == NULL || !c->admitted)
         req->http1_is_persistent = 0;
+    /* the gate decided the first head; a later one on a kept-alive connection is held to the same framing rules here */
+    if (c != NULL && c->requests++ > 0 && later_framing_refused(c, req))
+        return 0;
     if (h2o_memis(req->method.base, req->method.len, H2O_STRLIT("GET")) && h2o_memis(p.base, p.len, H2O_STRLIT("/health")))
         handle_health(req);
     else if (h2o_memis(req->method.base, req->method.len, H2O_STRLIT("POST")) && h2o_memis(p.base, p.len, H2O_STRLIT("/run")))
@@ -1956,8 +2001,8 @@ int sb_shim_serve_main(int argc, char **argv)
     path = h2o_config_register_path(host, "/", 0);
     handler = h2o_create_handler(path, sizeof(*handler));
     handler->on_req = on_req;
-    h2o_create_filter(path, sizeof(h2o_filter_t))->on_setup_ostream = json413_setup;
-    h2o_create_filter(&host->fallback_path, sizeof(h2o_filter_t))->on_setup_ostream = json413_setup;
+    h2o_create_filter(path, sizeof(h2o_filter_t))->on_setup_ostream = json_error_setup;
+    h2o_create_filter(&host->fallback_path, sizeof(h2o_filter_t))->on_setup_ostream = json_error_setup;
     S.loop = h2o_evloop_create();
     h2o_context_init(&S.ctx, S.loop, &S.gc);
     S.actx.ctx = &S.ctx;

@@ -379,8 +379,35 @@ def t_ambiguous_framing():
         check(st == 400 and json.loads(body) == {"ok": False, "error": "invalid request", "logs": []}
               and "connection: close" in head, "400 for %r" % h, raw)
         check(raw.count(b"HTTP/1.1") == 1, "the connection closed after the refusal: nothing else answered", raw)
+    # a later request on an admitted, kept-alive connection is held to the same rules
+    for h in heads[:3]:
+        s = S.connect()
+        s.sendall(("GET /health HTTP/1.1\r\nHost: x\r\n%s: %s\r\n\r\n" % (ADMISSION, SECRET)).encode())
+        first = b""
+        while not first.rstrip().endswith(b"}"):
+            first += s.recv(65536)
+        check(first.startswith(b"HTTP/1.1 200") and b"connection: close" not in first.lower(), "admitted: kept alive", first)
+        # a body h2o can read as it frames it, so that the handler sees the request
+        body = "2\r\n{}\r\n0\r\n\r\n" if "chunked" in h else "{}"
+        s.sendall(("POST /run HTTP/1.1\r\nHost: x\r\n%s: %s\r\n%s\r\n%s" % (ADMISSION, SECRET, h, body)).encode() +
+                  b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        raw = read_all(s)
+        st, head, body = parse(raw)
+        check(st == 400 and json.loads(body) == {"ok": False, "error": "invalid request", "logs": []}
+              and "connection: close" in head and raw.count(b"HTTP/1.1") == 1, "later request: 400 for %r, closed" % h, raw)
+    # h2o's own refusal of a later request (broken chunked encoding) has the same JSON shape
+    s = S.connect()
+    s.sendall(("GET /health HTTP/1.1\r\nHost: x\r\n%s: %s\r\n\r\n" % (ADMISSION, SECRET)).encode())
+    first = b""
+    while not first.rstrip().endswith(b"}"):
+        first += s.recv(65536)
+    s.sendall(("POST /run HTTP/1.1\r\nHost: x\r\n%s: %s\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n" % (ADMISSION, SECRET))
+              .encode())
+    st, head, body = parse(read_all(s))
+    check(st == 400 and json.loads(body) == {"ok": False, "error": "invalid request", "logs": []}
+          and "application/json" in head, "h2o's plain-text 400 in our JSON shape", st, head, body)
     m1 = S.metrics()
-    check(m1['sb_serve_refused_total{refusal="framing"}'] - m0['sb_serve_refused_total{refusal="framing"}'] == len(heads),
+    check(m1['sb_serve_refused_total{refusal="framing"}'] - m0['sb_serve_refused_total{refusal="framing"}'] == len(heads) + 3,
           "counted", m1)
 
 
