@@ -28,12 +28,12 @@
 #include "sb/limits.h"
 #include "sb/value.h"
 #include "sb/buf.h"
-#include "child.h"
-#include "jail.h"
-#include "relay.h"
-#include "runner.h"
-#include "serve.h"
-#include "url.h"
+#include "jail/child.h"
+#include "jail/jail.h"
+#include "relay/relay.h"
+#include "guest/runner.h"
+#include "serve/serve.h"
+#include "relay/url.h"
 
 #define EXIT_USAGE 2
 /* guest source and input travel in the init frame; both fit in SB_MAX_FRAME with room to spare */

@@ -21,7 +21,7 @@
  * bodies), fetch/client.h (SB_MAX_RESPONSE_HEAD), fetch/ipclass.h (CIDR
  * entries), authz/manifest.c (timeout, memory), obs/log.h (SB_LOGLINE_MAX),
  * obs/audit.h (SB_AUDIT_BUFFER), obs/metrics.h and .c, and the shim's own
- * SB_SHIM_MAX_* in the headers of supervisor-shim/. scripts/checksrc refuses
+ * SB_SHIM_MAX_* in the headers of supervisor-shim/ (shared by its rooms). scripts/checksrc refuses
  * a cap a header defines and a file outside its folder uses, unless it is
  * defined here or from a cap here.
  *

@@ -46,8 +46,8 @@
 #include <linux/seccomp.h>
 #include <seccomp.h>
 #include "sb/mem.h"
-#include "child.h"
-#include "jail.h"
+#include "jail/child.h"
+#include "jail/jail.h"
 
 #ifndef CGROUP2_SUPER_MAGIC
 #define CGROUP2_SUPER_MAGIC 0x63677270

@@ -5,7 +5,7 @@
 #include <netdb.h>
 #include <stdio.h>
 #include <string.h>
-#include "url.h"
+#include "relay/url.h"
 
 static int lower(int c)
 {

@@ -16,9 +16,9 @@
 #include <sys/socket.h>
 #include <jansson.h>
 #include "sb/status.h"
-#include "child.h"
-#include "tls.h"
-#include "url.h"
+#include "jail/child.h"
+#include "relay/tls.h"
+#include "relay/url.h"
 
 /* defaults (README.md, "Flags") */
 #define SB_SHIM_DEFAULT_TIMEOUT_MS 30000

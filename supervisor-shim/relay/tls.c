@@ -6,7 +6,7 @@
 #include <string.h>
 #include <openssl/err.h>
 #include <openssl/x509v3.h>
-#include "tls.h"
+#include "relay/tls.h"
 
 /* ALPN: the relay speaks HTTP/1.1 only (RFC 7301 section 3.1 wire format) */
 static const unsigned char alpn_http11[] = {8, 'h', 't', 't', 'p', '/', '1', '.', '1'};

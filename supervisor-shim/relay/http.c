@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "sb/buf.h"
-#include "http.h"
+#include "relay/http.h"
 
 sb_status_t sb_shim_http_build_request(sb_buf_t *out, const sb_shim_url_t *u, const char *token, const uint8_t *body,
                                        size_t body_len)

@@ -12,7 +12,7 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include "child.h"
+#include "jail/child.h"
 
 static int set_nonblock(int fd)
 {

@@ -14,8 +14,8 @@
 #include <stdint.h>
 #include <jansson.h>
 #include "sb/status.h"
-#include "child.h"
-#include "relay.h"
+#include "jail/child.h"
+#include "relay/relay.h"
 
 /* descriptors the guest may hold (Deno needs a few dozen for its runtime threads) */
 #define SB_SHIM_GUEST_NOFILE 64u

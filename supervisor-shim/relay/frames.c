@@ -10,7 +10,7 @@
 #include "sb/limits.h"
 #include "sb/method.h"
 #include "sb/value.h"
-#include "frames.h"
+#include "relay/frames.h"
 
 static void msg_reset(sb_shim_msg_t *msg)
 {

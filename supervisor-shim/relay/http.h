@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include "sb/status.h"
 #include "sb/buf.h"
-#include "url.h"
+#include "relay/url.h"
 
 /* the largest response head (status line and headers) we accept */
 #define SB_SHIM_MAX_RESPONSE_HEAD 16384u

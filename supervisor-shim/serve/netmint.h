@@ -17,7 +17,7 @@
 #include <sys/socket.h>
 #include <jansson.h>
 #include "sb/status.h"
-#include "url.h"
+#include "relay/url.h"
 
 /* the run id prefix the broker reserves for the net-mint credential */
 #define SB_SHIM_NETMINT_RUN_PREFIX "net-mint:"

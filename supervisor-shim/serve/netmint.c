@@ -13,8 +13,8 @@
 #include <unistd.h>
 #include "sb/mem.h"
 #include "sb/buf.h"
-#include "http.h"
-#include "netmint.h"
+#include "relay/http.h"
+#include "serve/netmint.h"
 
 /* an admin answer is small: a token and its expiry, or an error */
 #define MAX_ANSWER 65536u

@@ -8,7 +8,7 @@
 #include "sb/frame.h"
 #include "sb/limits.h"
 #include "sb/value.h"
-#include "serve_req.h"
+#include "serve/serve_req.h"
 
 /* a valid request nests at most about 36 containers and holds about 10,300 values; the scan's bounds sit well above */
 #define PRESCAN_MAX_DEPTH 48u

@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <sys/types.h>
 #include "sb/status.h"
-#include "jail.h"
+#include "jail/jail.h"
 
 typedef struct st_sb_shim_spawn_t {
     const char *path;     /* executable (absolute or relative to the shim's cwd) */

@@ -20,8 +20,8 @@
 #include <time.h>
 #include <unistd.h>
 #include "sb/mem.h"
-#include "hooks.h"
-#include "serve_int.h"
+#include "jail/hooks.h"
+#include "serve/serve_int.h"
 
 #define REPORT_FD 3
 #define CANCEL_FD 4

@@ -32,10 +32,10 @@
 #include "sb/method.h"
 #include "sb/value.h"
 #include "sb/buf.h"
-#include "frames.h"
-#include "http.h"
-#include "relay.h"
-#include "tls.h"
+#include "relay/frames.h"
+#include "relay/http.h"
+#include "relay/relay.h"
+#include "relay/tls.h"
 
 #define GUEST_READ_CHUNK 65536u
 #define STDERR_TAIL 800u

@@ -18,11 +18,11 @@
 #include <sys/socket.h>
 #include <jansson.h>
 #include <msgpack.h>
-#include "netmint.h"
-#include "relay.h"
-#include "runner.h"
-#include "serve_req.h"
-#include "url.h"
+#include "serve/netmint.h"
+#include "relay/relay.h"
+#include "guest/runner.h"
+#include "serve/serve_req.h"
+#include "relay/url.h"
 
 #define SB_SERVE_REC_GUEST 'G'
 #define SB_SERVE_REC_GONE 'X'

@@ -34,9 +34,9 @@
 #include <openssl/evp.h>
 #include "sb/buf.h"
 #include "sb/mem.h"
-#include "serve.h"
-#include "serve_int.h"
-#include "tls.h"
+#include "serve/serve.h"
+#include "serve/serve_int.h"
+#include "relay/tls.h"
 
 #define EXIT_USAGE 2
 #define ADMISSION_HEADER "x-questpie-sandbox-host-admission"

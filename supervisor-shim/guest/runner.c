@@ -11,8 +11,8 @@
 #include <unistd.h>
 #include "sb/mem.h"
 #include "sb/value.h"
-#include "hooks.h"
-#include "runner.h"
+#include "jail/hooks.h"
+#include "guest/runner.h"
 #include "runtime_js.h"
 
 #define RUNTIME_URL_PREFIX "data:application/javascript;base64,"

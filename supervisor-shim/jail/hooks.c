@@ -1,7 +1,7 @@
 /*
  * Counters the spawn path reports into (see hooks.h).
  */
-#include "hooks.h"
+#include "jail/hooks.h"
 
 static unsigned long jail_failures;
 
