@@ -191,36 +191,82 @@ static void escaped(sb_logline_t *l, const char *s, size_t n)
     }
 }
 
-/* "YYYY-MM-DDTHH:MM:SS" of the current second, formatted once per second per thread */
-static const char *second_stamp(time_t sec)
+/* the decimal digits of v (at most 20), written backwards from end; returns where they start */
+static char *put_u64(char *end, uint64_t v)
+{
+    do {
+        *--end = (char)('0' + v % 10);
+        v /= 10;
+    } while (v != 0);
+    return end;
+}
+
+static void put2(char *p, int v)
+{
+    p[0] = (char)('0' + v / 10 % 10);
+    p[1] = (char)('0' + v % 10);
+}
+
+/*
+ * `{"ts":"YYYY-MM-DDTHH:MM:SS.mmmZ"` of now: the part up to the second is formatted once per second
+ * per thread, the milliseconds by hand (no stdio on the call path)
+ */
+#define STAMP_LEN 32 /* {"ts":" (7), the second (19), .mmmZ" (6) */
+static void put_stamp(char out[STAMP_LEN])
 {
     static __thread time_t cached_sec = -1;
-    static __thread char cached[64];
-    if (sec != cached_sec) {
+    static __thread char cached[STAMP_LEN];
+    struct timespec ts;
+    int ms;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    if (ts.tv_sec != cached_sec) {
         struct tm tm;
-        gmtime_r(&sec, &tm);
-        snprintf(cached, sizeof(cached), "%04d-%02d-%02dT%02d:%02d:%02d", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
-                 tm.tm_min, tm.tm_sec);
-        cached_sec = sec;
+        int y;
+        gmtime_r(&ts.tv_sec, &tm);
+        y = tm.tm_year + 1900;
+        if (y < 0 || y > 9999)
+            y = 0; /* a clock this far off still gives a well-formed line */
+        memcpy(cached, "{\"ts\":\"", 7);
+        put2(cached + 7, y / 100);
+        put2(cached + 9, y % 100);
+        cached[11] = '-';
+        put2(cached + 12, tm.tm_mon + 1);
+        cached[14] = '-';
+        put2(cached + 15, tm.tm_mday);
+        cached[17] = 'T';
+        put2(cached + 18, tm.tm_hour);
+        cached[20] = ':';
+        put2(cached + 21, tm.tm_min);
+        cached[23] = ':';
+        put2(cached + 24, tm.tm_sec);
+        memcpy(cached + 26, ".000Z\"", 6);
+        cached_sec = ts.tv_sec;
     }
-    return cached;
+    memcpy(out, cached, STAMP_LEN);
+    ms = (int)(ts.tv_nsec / 1000000);
+    out[27] = (char)('0' + ms / 100);
+    put2(out + 28, ms % 100);
 }
 
 void sb_log_begin(sb_logline_t *l, sb_log_level_t level, const char *event)
 {
-    struct timespec ts;
-    char head[96];
-    int n;
+    static const char lv[] = ",\"level\":\"", ev[] = "\",\"event\":\"";
 
     l->len = 0;
     l->truncated = 0;
     l->enabled = (int)level >= atomic_load(&min_level);
     if (!l->enabled)
         return;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    n = snprintf(head, sizeof(head), "{\"ts\":\"%s.%03ldZ\",\"level\":\"%s\",\"event\":\"", second_stamp(ts.tv_sec),
-                 ts.tv_nsec / 1000000, names[level]);
-    raw(l, head, (size_t)n);
+    /* the head always fits an empty line: no bound checks until the event */
+    put_stamp(l->buf);
+    l->len = STAMP_LEN;
+    memcpy(l->buf + l->len, lv, sizeof(lv) - 1);
+    l->len += sizeof(lv) - 1;
+    memcpy(l->buf + l->len, names[level], strlen(names[level]));
+    l->len += strlen(names[level]);
+    memcpy(l->buf + l->len, ev, sizeof(ev) - 1);
+    l->len += sizeof(ev) - 1;
     escaped(l, event, strlen(event));
     close_quote(l);
 }
@@ -256,13 +302,15 @@ void sb_log_cstr(sb_logline_t *l, const char *key, const char *val)
 
 void sb_log_int(sb_logline_t *l, const char *key, long long v)
 {
-    char num[32];
-    int n;
+    char num[24], *end = num + sizeof(num), *p;
     size_t start = l->len;
     if (!field_key(l, key, "\":", 2))
         return;
-    n = snprintf(num, sizeof(num), "%lld", v);
-    raw(l, num, (size_t)n);
+    /* the magnitude as unsigned: LLONG_MIN has none as a long long */
+    p = put_u64(end, v < 0 ? 0u - (uint64_t)v : (uint64_t)v);
+    if (v < 0)
+        *--p = '-';
+    raw(l, p, (size_t)(end - p));
     if (l->truncated)
         l->len = start; /* a number is never cut: the field goes */
 }
@@ -293,23 +341,16 @@ void sb_log_end(sb_logline_t *l)
 
 void sb_log_begin_always(sb_logline_t *l, const char *event)
 {
-    /* the level check is the only difference: build the line as a log line would be */
-    l->len = 0;
+    /* the level check and field are the only differences: build the line as a log line would be */
+    static const char ev[] = ",\"event\":\"";
     l->truncated = 0;
     l->enabled = 1;
-    {
-        struct timespec ts;
-        struct tm tm;
-        char head[96];
-        int n;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        gmtime_r(&ts.tv_sec, &tm);
-        n = snprintf(head, sizeof(head), "{\"ts\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"event\":\"", tm.tm_year + 1900,
-                     tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
-        raw(l, head, (size_t)n);
-        escaped(l, event, strlen(event));
-        close_quote(l);
-    }
+    put_stamp(l->buf);
+    l->len = STAMP_LEN;
+    memcpy(l->buf + l->len, ev, sizeof(ev) - 1);
+    l->len += sizeof(ev) - 1;
+    escaped(l, event, strlen(event));
+    close_quote(l);
 }
 
 void sb_log_end_audit(sb_logline_t *l)
