@@ -149,6 +149,47 @@ static size_t utf8_unit(const unsigned char *s, size_t n, int *valid)
     return need;
 }
 
+/* 1 for the bytes copied as they are: printable ASCII other than '"' and '\\' */
+/* clang-format off */
+static const unsigned char plain_byte[256] = {
+    /* 0x00..0x7f, sixteen a row; 0x80..0xff are 0: UTF-8 is checked unit by unit */
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0,
+};
+/* clang-format on */
+#define PLAIN(c) (plain_byte[(unsigned char)(c)] != 0)
+
+/*
+ * The end of the run of plain bytes from i: eight bytes at a time while none of them needs a look
+ * (no byte below 0x20, none at or above 0x7f, no '"' or '\\'), then byte by byte. Every field of
+ * every log line passes here.
+ */
+static size_t plain_run(const unsigned char *u, size_t i, size_t n)
+{
+    const uint64_t ones = 0x0101010101010101u, highs = 0x8080808080808080u;
+    while (n - i >= 8) {
+        uint64_t x, q, b, del;
+        memcpy(&x, u + i, 8);
+        q = x ^ (ones * '"');
+        b = x ^ (ones * '\\');
+        del = x ^ (ones * 0x7f);
+        /* each term is nonzero iff some byte is: >= 0x80, < 0x20, '"', '\\', 0x7f (a zero byte in q, b or del) */
+        if (((x & highs) | ((x - ones * 0x20) & ~x & highs) | ((q - ones) & ~q & highs) | ((b - ones) & ~b & highs) |
+             ((del - ones) & ~del & highs)) != 0)
+            break;
+        i += 8;
+    }
+    while (i < n && PLAIN(u[i]))
+        ++i;
+    return i;
+}
+
 static void escaped(sb_logline_t *l, const char *s, size_t n)
 {
     static const char hex[] = "0123456789abcdef";
@@ -157,8 +198,7 @@ static void escaped(sb_logline_t *l, const char *s, size_t n)
     while (i < n && !l->truncated) {
         /* copy the run of ASCII that needs no escape at once (each byte is a whole unit) */
         size_t start = i, limit = sizeof(l->buf) - LINE_RESERVE, room = l->len < limit ? limit - l->len : 0;
-        while (i < n && u[i] >= 0x20 && u[i] < 0x7f && u[i] != '"' && u[i] != '\\')
-            ++i;
+        i = plain_run(u, i, n);
         if (i - start > room) {
             i = start + room;
             l->truncated = 1;

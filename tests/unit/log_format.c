@@ -118,8 +118,8 @@ static void test_head_bytes(void)
 
 static void test_integers(void)
 {
-    static const long long values[] = {0, 1, -1, 9, 10, -10, 99, 100, 123456789, -987654321, 4294967296LL, LLONG_MAX, LLONG_MIN,
-                                       LLONG_MIN + 1};
+    static const long long values[] = {0,         1,          -1,           9,         10,        -10,          99, 100,
+                                       123456789, -987654321, 4294967296LL, LLONG_MAX, LLONG_MIN, LLONG_MIN + 1};
     for (size_t i = 0; i < sizeof(values) / sizeof(values[0]); ++i) {
         char want[96];
         sb_logline_t l;
@@ -134,8 +134,55 @@ static void test_integers(void)
     }
 }
 
+/*
+ * Plain runs are scanned eight bytes at a time: every byte that needs a look ('"', '\\', a control,
+ * DEL, a UTF-8 lead or continuation byte) at every offset of a word, in strings of every length up to
+ * three words, must come back from the JSON line as it went in (well-formed UTF-8 is kept as it is).
+ */
+static void test_specials_at_every_offset(void)
+{
+    static const struct {
+        const char *b;
+        size_t len;
+    } specials[] = {{"\"", 1}, {"\\", 1},       {"\x01", 1},         {"\x1f", 1}, {"\x7f", 1},
+                    {"\t", 1}, {"\xc3\xa9", 2}, {"\xe2\x82\xac", 3}, {"~", 1},    {" ", 1}};
+    int bad = 0, checked = 0;
+    for (size_t len = 0; len <= 24; ++len) {
+        for (size_t at = 0; at <= len; ++at) {
+            for (size_t k = 0; k < sizeof(specials) / sizeof(specials[0]); ++k) {
+                char in[64];
+                size_t n = 0;
+                sb_logline_t l;
+                json_error_t jerr;
+                json_t *o, *v;
+                for (size_t j = 0; j < at; ++j)
+                    in[n++] = (char)('a' + j % 26);
+                memcpy(in + n, specials[k].b, specials[k].len);
+                n += specials[k].len;
+                for (size_t j = at; j < len; ++j)
+                    in[n++] = (char)('A' + j % 26);
+                capture_begin();
+                sb_log_begin(&l, SB_LOG_ERROR, "x");
+                sb_log_str(&l, "v", in, n);
+                sb_log_end(&l);
+                capture_end();
+                o = json_loadb(captured, captured_len, JSON_ALLOW_NUL, &jerr);
+                v = json_object_get(o, "v");
+                ++checked;
+                if (!json_is_string(v) || json_string_length(v) != n || memcmp(json_string_value(v), in, n) != 0) {
+                    if (bad++ < 3)
+                        printf("#   mismatch: %s\n", captured);
+                }
+                json_decref(o);
+            }
+        }
+    }
+    is_int(bad, 0, "%d strings with a special byte at every offset come back as they went in", checked);
+}
+
 int main(void)
 {
+    test_specials_at_every_offset();
     test_head_bytes();
     test_integers();
     test_stamps();
