@@ -7,6 +7,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <unistd.h>
+#include <sys/stat.h>
 #include "obs/audit.h"
 #include "obs/log.h"
 #include "util/util.h"
@@ -28,9 +29,31 @@ static void write_all(const char *p, size_t n)
     }
 }
 
+/*
+ * 1 while descriptor 2 is a regular file: Linux writes to one whole under the file's lock, so a
+ * thread's batch goes in one write() and lines of other threads still never land inside it. A pipe
+ * (or anything else) keeps the PIPE_BUF pieces. -1: not looked at yet.
+ */
+static _Atomic int whole_writes = -1;
+
+static void look_at_stderr(void)
+{
+    struct stat st;
+    atomic_store(&whole_writes, fstat(2, &st) == 0 && S_ISREG(st.st_mode) ? 1 : 0);
+}
+
 void sb_log_flush(void)
 {
     size_t off = 0;
+    if (tl_len == 0)
+        return;
+    if (atomic_load(&whole_writes) < 0)
+        look_at_stderr();
+    if (atomic_load(&whole_writes) == 1) {
+        write_all(tl_buf, tl_len);
+        tl_len = 0;
+        return;
+    }
     while (off < tl_len) {
         size_t end = off;
         /* whole lines while they fit in PIPE_BUF bytes: such a write is atomic on a pipe */
@@ -435,6 +458,7 @@ sb_status_t sb_log_open_file(const char *path, char *err, size_t errsz)
         return SB_E_BAD_ARGS;
     dup2(fd, 2);
     close(fd);
+    look_at_stderr();
     sb_mem_free(log_path);
     log_path = sb_mem_strdup(path);
     return SB_OK;
@@ -461,6 +485,7 @@ sb_status_t sb_log_reopen(char *err, size_t errsz)
     /* dup2 swaps the file under descriptor 2 at once: a write in progress finishes in the old file */
     dup2(fd, 2);
     close(fd);
+    look_at_stderr();
     return SB_OK;
 }
 

@@ -44,8 +44,10 @@ void sb_log_begin_always(sb_logline_t *l, const char *event);
 /**
  * Worker threads collect their lines and write them once per loop pass: one
  * write() per call was the largest single cost of a call. Lines are written
- * whole, in pieces of at most PIPE_BUF bytes, so lines of different threads
- * never interleave. Call sb_log_flush after every h2o_evloop_run.
+ * whole, so lines of different threads never interleave: to a regular file
+ * the batch goes in one write() (Linux writes it under the file's lock),
+ * to anything else in pieces of at most PIPE_BUF bytes (atomic on a pipe).
+ * Call sb_log_flush after every h2o_evloop_run.
  */
 void sb_log_thread_buffered(int on);
 void sb_log_flush(void);
