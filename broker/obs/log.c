@@ -337,11 +337,20 @@ void sb_log_begin(sb_logline_t *l, sb_log_level_t level, const char *event)
 /* ,"key": for a new field; on a line that cannot take it whole, nothing (and 0) */
 static int field_key(sb_logline_t *l, const char *key, const char *after, size_t after_len)
 {
-    size_t start = l->len;
+    size_t start = l->len, klen = strlen(key), limit = sizeof(l->buf) - LINE_RESERVE;
     if (!l->enabled || l->truncated)
         return 0;
+    /* the keys are the broker's own names: one copy when the key needs no escape and the field head fits */
+    if (l->len <= limit && klen + after_len + 2 <= limit - l->len && plain_run((const unsigned char *)key, 0, klen) == klen) {
+        char *p = l->buf + l->len;
+        p[0] = ',', p[1] = '"';
+        memcpy(p + 2, key, klen);
+        memcpy(p + 2 + klen, after, after_len);
+        l->len += klen + after_len + 2;
+        return 1;
+    }
     raw(l, ",\"", 2);
-    escaped(l, key, strlen(key));
+    escaped(l, key, klen);
     raw(l, after, after_len);
     if (l->truncated) {
         l->len = start;
