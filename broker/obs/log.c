@@ -361,9 +361,16 @@ static int field_key(sb_logline_t *l, const char *key, const char *after, size_t
 
 void sb_log_str(sb_logline_t *l, const char *key, const char *val, size_t len)
 {
+    size_t limit = sizeof(l->buf) - LINE_RESERVE;
     if (!field_key(l, key, "\":\"", 3))
         return;
-    escaped(l, val, len);
+    /* most values (ids, names, codes) need no escape: one copy when the whole value fits */
+    if (l->len <= limit && len <= limit - l->len && plain_run((const unsigned char *)val, 0, len) == len) {
+        memcpy(l->buf + l->len, val, len);
+        l->len += len;
+    } else {
+        escaped(l, val, len);
+    }
     close_quote(l);
 }
 
