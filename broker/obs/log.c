@@ -365,7 +365,9 @@ void sb_log_str(sb_logline_t *l, const char *key, const char *val, size_t len)
     if (!field_key(l, key, "\":\"", 3))
         return;
     /* most values (ids, names, codes) need no escape: one copy when the whole value fits */
-    if (l->len <= limit && len <= limit - l->len && plain_run((const unsigned char *)val, 0, len) == len) {
+    if (len == 0) {
+        /* nothing to copy (val may be NULL) */
+    } else if (l->len <= limit && len <= limit - l->len && plain_run((const unsigned char *)val, 0, len) == len) {
         memcpy(l->buf + l->len, val, len);
         l->len += len;
     } else {

@@ -180,8 +180,21 @@ static void test_specials_at_every_offset(void)
     is_int(bad, 0, "%d strings with a special byte at every offset come back as they went in", checked);
 }
 
+/* an empty value, even without storage, is an empty string */
+static void test_empty_value(void)
+{
+    sb_logline_t l;
+    capture_begin();
+    sb_log_begin(&l, SB_LOG_ERROR, "e");
+    sb_log_str(&l, "v", NULL, 0);
+    sb_log_end(&l);
+    capture_end();
+    ok(captured_len > 9 && strcmp(captured + captured_len - 9, ",\"v\":\"\"}\n") == 0, "NULL, 0 gives \"v\":\"\" (%s)", captured);
+}
+
 int main(void)
 {
+    test_empty_value();
     test_specials_at_every_offset();
     test_head_bytes();
     test_integers();
