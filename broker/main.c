@@ -22,6 +22,7 @@
 #include "authz/secrets.h"
 #include "http/server.h"
 #include "obs/audit.h"
+#include "obs/audit_chain.h"
 #include "obs/log.h"
 #include "obs/metrics.h"
 #include "store/store.h"
@@ -64,6 +65,8 @@ static void usage(FILE *fp)
     fprintf(fp, "usage: sandbox-broker [--config FILE]\n"
                 "       sandbox-broker --check-config [--offline] [--config FILE]\n"
                 "       sandbox-broker egress-check [--config FILE] [--allow HOST[:PORT]]... URL\n"
+                "       sandbox-broker audit-verify [--key PUBKEY] [--allow-open] FILE...\n"
+                "       sandbox-broker audit-pubkey KEYFILE\n"
                 "       sandbox-broker --print-config-keys | --version | --help\n"
                 "\n"
                 "  --config FILE        JSON configuration (docs/config.md); SANDBOX_BROKER_<KEY> variables win over it\n"
@@ -103,13 +106,13 @@ static void log_sources(const sb_config_t *conf)
 }
 
 /* SIGUSR1 and SIGHUP: the log and audit files again at their paths, for rotation */
-static void reopen_files(void)
+static void reopen_files(const char *why)
 {
     char err[512];
     sb_logline_t l;
     int failed = 0;
     for (int i = 0; i < 2; ++i) {
-        if ((i == 0 ? sb_log_reopen(err, sizeof(err)) : sb_audit_reopen(err, sizeof(err))) == SB_OK)
+        if ((i == 0 ? sb_log_reopen(err, sizeof(err)) : sb_audit_reopen(why, err, sizeof(err))) == SB_OK)
             continue;
         sb_log_begin(&l, SB_LOG_ERROR, "reopen.failed");
         sb_log_cstr(&l, "reason", err);
@@ -164,10 +167,12 @@ static void reload(void)
         !same_str(conf->audit, cur->audit) || !same_str(conf->log_file, cur->log_file) || conf->max_tokens != cur->max_tokens ||
         !same_str(conf->redis_password, cur->redis_password) || !same_str(conf->redis_password_file, cur->redis_password_file) ||
         !same_str(conf->redis_sentinel_password, cur->redis_sentinel_password) ||
-        !same_str(conf->redis_sentinel_password_file, cur->redis_sentinel_password_file))
-        sb_log_msg(SB_LOG_WARN, "reload.restart_needed",
-                   "listen, admin_listen, threads, token_store, redis_prefix, the redis passwords, rpc_path, audit, log_file and "
-                   "max_tokens change only on restart");
+        !same_str(conf->redis_sentinel_password_file, cur->redis_sentinel_password_file) ||
+        !same_str(conf->audit_key_file, cur->audit_key_file) || conf->audit_checkpoint_records != cur->audit_checkpoint_records)
+        sb_log_msg(
+            SB_LOG_WARN, "reload.restart_needed",
+            "listen, admin_listen, threads, token_store, redis_prefix, the redis passwords, rpc_path, audit, audit_key_file, "
+            "audit_checkpoint_records, log_file and max_tokens change only on restart");
     /* keep what cannot change now, so the published configuration describes what runs */
     sb_mem_free(conf->listen);
     conf->listen = sb_mem_strdup(cur->listen);
@@ -182,6 +187,9 @@ static void reload(void)
     conf->rpc_path = sb_mem_strdup(cur->rpc_path);
     sb_mem_free(conf->audit);
     conf->audit = sb_mem_strdup(cur->audit != NULL ? cur->audit : "off");
+    sb_mem_free(conf->audit_key_file);
+    conf->audit_key_file = cur->audit_key_file != NULL ? sb_mem_strdup(cur->audit_key_file) : NULL;
+    conf->audit_checkpoint_records = cur->audit_checkpoint_records;
     sb_mem_free(conf->log_file);
     conf->log_file = sb_mem_strdup(cur->log_file);
     conf->max_tokens = cur->max_tokens;
@@ -225,10 +233,10 @@ static void *signal_thread(void *arg)
         if (sig == SIGTERM || sig == SIGINT)
             break;
         if (sig == SIGHUP) {
-            reopen_files();
+            reopen_files("reload");
             reload();
         } else if (sig == SIGUSR1) {
-            reopen_files();
+            reopen_files("rotate");
         } else {
             sb_logline_t l;
             sb_log_begin(&l, SB_LOG_INFO, "signal.ignored");
@@ -284,6 +292,10 @@ int main(int argc, char **argv)
     json_set_alloc_funcs(json_alloc, json_free_wiped);
     if (argc >= 2 && strcmp(argv[1], "egress-check") == 0)
         return sb_egress_check_main(argc - 2, argv + 2);
+    if (argc >= 2 && strcmp(argv[1], "audit-verify") == 0)
+        return sb_audit_verify_main(argc - 2, argv + 2);
+    if (argc >= 2 && strcmp(argv[1], "audit-pubkey") == 0)
+        return sb_audit_pubkey_main(argc - 2, argv + 2);
     for (int i = 1; i < argc; ++i) {
         if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) {
             config_path = argv[++i];
@@ -381,7 +393,7 @@ int main(int argc, char **argv)
     }
     if (check_only) {
         /* the files start-up opens, opened the same way (as the same user, under the same sandbox) */
-        if (sb_audit_check(conf->audit, errbuf, sizeof(errbuf)) != SB_OK ||
+        if (sb_audit_check(conf->audit, conf->audit_key_file, errbuf, sizeof(errbuf)) != SB_OK ||
             sb_log_check_file(conf->log_file, errbuf, sizeof(errbuf)) != SB_OK) {
             invalid(errbuf);
             goto Exit;
@@ -422,7 +434,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     signal(SIGXFSZ, SIG_IGN);
 
-    if (sb_audit_open(conf->audit, errbuf, sizeof(errbuf)) != SB_OK) {
+    if (sb_audit_open(conf->audit, conf->audit_key_file, conf->audit_checkpoint_records, errbuf, sizeof(errbuf)) != SB_OK) {
         invalid(errbuf);
         goto Exit;
     }
