@@ -76,6 +76,8 @@ static void usage(FILE *fp)
                 "  --version            print the version and the commit it was built from\n"
                 "  --help, -h           print this help\n"
                 "  egress-check URL     the http.fetch decision for URL, without connecting (exit 0 allow, 1 deny)\n"
+                "  audit-verify FILE... the audit chain, checkpoints and signatures (exit 0 verified, 1 tampered, 2 usage)\n"
+                "  audit-pubkey KEYFILE print the public key of an audit_key_file (PEM), for audit-verify --key\n"
                 "\n"
                 "The admin secret comes from SANDBOX_BROKER_ADMIN_SECRET or admin_secret_file.\n"
                 "Signals: SIGHUP reloads the configuration and reopens the log and audit files; SIGUSR1 reopens\n"

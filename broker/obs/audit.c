@@ -62,7 +62,10 @@ static struct {
     EVP_PKEY *key;
     uint8_t pub[32];
     uint64_t every, since_cp, lost, lost_total;
-    int torn, need_genesis;
+    int torn;      /* the next gap record says a record was torn */
+    int torn_open; /* the file ends with a torn record: the next chunk starts with a newline */
+    int need_genesis;
+    int chunk_nl; /* the chunk starts with that newline */
     /* the chunk being built */
     char *out;
     size_t olen;
@@ -131,7 +134,9 @@ static void flush_chunk(void)
         }
     }
     if (w > whole)
-        A.torn = 1;
+        A.torn = A.torn_open = 1;
+    else if (w == 0 && A.chunk_nl)
+        A.torn_open = 1;
     A.olen = 0;
     A.nends = 0;
 }
@@ -164,8 +169,10 @@ static void append(const char *rest, size_t rlen, sb_audit_rec_kind_t kind, uint
     if (A.olen == 0) {
         A.chunk_seq = A.seq;
         memcpy(A.chunk_prev, A.prev, 32);
-        if (A.torn)
+        A.chunk_nl = A.torn_open;
+        if (A.torn_open)
             A.out[A.olen++] = '\n'; /* closes what a failed write left of a record */
+        A.torn_open = 0;
     }
     start = A.olen;
     rec = A.out + start;

@@ -60,7 +60,7 @@ struct st_sb_audit_verifier_t {
     stream_t *streams;
     size_t nstreams;
     /* lines that are not records, waiting for a gap record that says "torn" */
-    int bad_pending;
+    int bad_pending, bad_partial;
     where_t bad_at;
     const char *bad_why;
     FILE *out;
@@ -130,10 +130,10 @@ static int check_sig(sb_audit_verifier_t *v, stream_t *s, where_t at, const sb_a
             return fail(v, at, "genesis of instance %s: the signature does not match (edited or forged)", r->inst);
         if (s->have_cp)
             return fail(v, at,
-                        "checkpoint seq %llu of instance %s: the signature does not match: the records since the checkpoint at "
+                        "checkpoint seq %llu of instance %s: the signature does not match: the records since the %s at "
                         "%s:%llu (seq %llu) were rewritten, or this checkpoint was edited",
-                        (unsigned long long)r->seq, r->inst, s->cp_at.file, (unsigned long long)s->cp_at.line,
-                        (unsigned long long)s->cp_seq);
+                        (unsigned long long)r->seq, r->inst, s->cp_seq == 0 && s->from_genesis ? "genesis" : "checkpoint",
+                        s->cp_at.file, (unsigned long long)s->cp_at.line, (unsigned long long)s->cp_seq);
         return fail(v, at,
                     "checkpoint seq %llu of instance %s: the signature does not match: the records before it were rewritten, "
                     "or this checkpoint was edited",
@@ -227,7 +227,12 @@ static int record(sb_audit_verifier_t *v, where_t at, const char *line, size_t l
     s->next = r->seq + 1;
     ++s->records;
     ++v->records;
-    if (r->kind == SB_AUDIT_REC_CHECKPOINT) {
+    if (r->kind == SB_AUDIT_REC_GENESIS) {
+        /* the genesis anchors the stream as a checkpoint does */
+        s->have_cp = 1;
+        s->cp_at = at;
+        s->cp_seq = 0;
+    } else if (r->kind == SB_AUDIT_REC_CHECKPOINT) {
         s->have_cp = 1;
         s->cp_at = at;
         s->cp_seq = r->seq;
@@ -250,6 +255,13 @@ static int record(sb_audit_verifier_t *v, where_t at, const char *line, size_t l
     return 0;
 }
 
+static int bad_line(sb_audit_verifier_t *v)
+{
+    if (v->bad_partial)
+        return fail(v, v->bad_at, "the file ends inside a record (truncated)");
+    return fail(v, v->bad_at, "not an audit chain record (inserted, or edited): %s", v->bad_why);
+}
+
 int sb_audit_verifier_line(sb_audit_verifier_t *v, const char *file, uint64_t lineno, const char *line, size_t len)
 {
     sb_audit_record_t r;
@@ -262,6 +274,7 @@ int sb_audit_verifier_line(sb_audit_verifier_t *v, const char *file, uint64_t li
         /* held back: a write that failed part-way leaves a torn record, and the gap record after it says so */
         if (!v->bad_pending) {
             v->bad_pending = 1;
+            v->bad_partial = 0;
             v->bad_at = at;
             v->bad_why = why;
         }
@@ -269,7 +282,7 @@ int sb_audit_verifier_line(sb_audit_verifier_t *v, const char *file, uint64_t li
     }
     if (v->bad_pending) {
         if (r.kind != SB_AUDIT_REC_GAP || !r.torn)
-            return fail(v, v->bad_at, "not an audit chain record (inserted, or edited): %s", v->bad_why);
+            return bad_line(v);
         v->bad_pending = 0;
     }
     return record(v, at, line, len, &r);
@@ -280,8 +293,13 @@ int sb_audit_verifier_end_file(sb_audit_verifier_t *v, const char *file, uint64_
     where_t at = {file, lineno};
     if (v->failed)
         return -1;
-    if (partial && !v->allow_open)
-        return fail(v, at, "the file ends inside a record (truncated)");
+    /* a torn record (a write that failed part-way) is closed by the gap record in the next file */
+    if (partial && !v->bad_pending) {
+        v->bad_pending = 1;
+        v->bad_partial = 1;
+        v->bad_at = at;
+        v->bad_why = "the file ends inside a record";
+    }
     return 0;
 }
 
@@ -289,8 +307,8 @@ int sb_audit_verifier_finish(sb_audit_verifier_t *v)
 {
     if (v->failed)
         return -1;
-    if (v->bad_pending)
-        return fail(v, v->bad_at, "not an audit chain record (inserted, or edited): %s", v->bad_why);
+    if (v->bad_pending && !(v->bad_partial && v->allow_open))
+        return bad_line(v);
     for (size_t i = 0; i < v->nstreams; ++i) {
         stream_t *s = &v->streams[i];
         if (s->jumped)
