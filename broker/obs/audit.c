@@ -294,6 +294,10 @@ static void *writer(void *arg)
             if (fd >= 0) {
                 dup3(fd, A.fd, O_CLOEXEC);
                 close(fd);
+                /* and one opens the new file, so each file can be verified from its own start (retention drops old ones) */
+                checkpoint("reopen");
+                pending();
+                flush_chunk();
             }
             pthread_mutex_lock(&A.mu);
             A.done_gen = gen;

@@ -47,7 +47,8 @@ typedef struct st_stream_t {
     where_t cp_at; /* the last checkpoint */
     uint64_t cp_seq;
     int have_cp, closed;
-    uint64_t records, checkpoints, gaps, lost, since_cp;
+    uint64_t records, checkpoints, gaps, lost, since_cp, first_seq;
+    where_t first_at;
     /* a seq that jumped ahead: a removal, or the first of a reordered pair (the next record tells) */
     int jumped;
     where_t jump_at;
@@ -178,6 +179,8 @@ static int record(sb_audit_verifier_t *v, where_t at, const char *line, size_t l
         memset(s, 0, sizeof(*s));
         memcpy(s->inst, r->inst, sizeof(s->inst));
         s->next = r->seq;
+        s->first_seq = r->seq;
+        s->first_at = at;
         memcpy(s->last, r->prev, 32);
         s->from_genesis = r->kind == SB_AUDIT_REC_GENESIS;
         if (r->kind == SB_AUDIT_REC_GENESIS && r->has_key) {
@@ -280,11 +283,14 @@ int sb_audit_verifier_line(sb_audit_verifier_t *v, const char *file, uint64_t li
         }
         return 0;
     }
-    if (v->bad_pending) {
-        if (r.kind != SB_AUDIT_REC_GAP || !r.torn)
-            return bad_line(v);
+    /*
+     * Lines that are not records wait for a gap record that says "torn": the
+     * writer's own account of a write that failed part-way. It comes in the
+     * same stream after the torn line, possibly after a reopen checkpoint in
+     * the next file; without one they fail at the end.
+     */
+    if (v->bad_pending && r.kind == SB_AUDIT_REC_GAP && r.torn)
         v->bad_pending = 0;
-    }
     return record(v, at, line, len, &r);
 }
 
@@ -326,9 +332,8 @@ int sb_audit_verifier_finish(sb_audit_verifier_t *v)
             if (s->has_key || v->have_key)
                 hexs(v->have_key ? v->key : s->key, 32, key);
             fprintf(v->out, "stream %s: seq %llu..%llu, %llu records, %llu checkpoints, %llu gaps (%llu records lost), %s%s%s, %s",
-                    s->inst, (unsigned long long)(s->next - s->records), (unsigned long long)s->last_seq,
-                    (unsigned long long)s->records, (unsigned long long)s->checkpoints, (unsigned long long)s->gaps,
-                    (unsigned long long)s->lost,
+                    s->inst, (unsigned long long)s->first_seq, (unsigned long long)s->last_seq, (unsigned long long)s->records,
+                    (unsigned long long)s->checkpoints, (unsigned long long)s->gaps, (unsigned long long)s->lost,
                     s->key_checked ? "signed by "
                     : s->has_key   ? "signature not checked "
                                    : "unsigned",
@@ -337,6 +342,9 @@ int sb_audit_verifier_finish(sb_audit_verifier_t *v)
             if (!s->closed)
                 fprintf(v->out, " (%llu records after the last checkpoint are not covered by a signature)",
                         (unsigned long long)s->since_cp);
+            if (!s->from_genesis)
+                fprintf(v->out, "; starts at checkpoint seq %llu at %s:%llu: the records before it are not in the files given",
+                        (unsigned long long)s->first_seq, s->first_at.file, (unsigned long long)s->first_at.line);
             fputc('\n', v->out);
         }
         fprintf(v->out, "audit-verify: OK: %llu records in %zu streams\n", (unsigned long long)v->records, v->nstreams);

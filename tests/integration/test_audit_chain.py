@@ -130,6 +130,7 @@ class Chain(sbtest.BrokerTestCase):
             reasons = [r["reason"] for r in mine if r["event"] == "audit.checkpoint"]
             self.assertEqual(reasons[-1], "shutdown")
             self.assertEqual(reasons.count("rotate"), 1)
+            self.assertGreaterEqual(reasons.count("reopen"), 1)
             self.assertIn("every", reasons)
             calls = [r for r in mine if r["event"] == "audit"]
             self.assertEqual(len(calls), 2 * (25 + 25 + 10))
@@ -265,10 +266,22 @@ class Chain(sbtest.BrokerTestCase):
         self.assertEqual(rc, 0, out)
         self.assertIn("not covered by a signature", out)
 
-    def test_removed_file_is_named(self):
-        """The old file left out: both streams start in the new file without a genesis or a checkpoint first."""
+    def test_each_file_verifies_from_its_reopen_checkpoint(self):
+        """Retention drops old files: a rotation starts the new file with a signed "reopen" checkpoint, so the newer
+        file verifies on its own (and says where its streams start); without those checkpoints it does not."""
         rc, out = verify("--key", self.pub, self.files[1])
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(out.count("starts at checkpoint seq"), 2, out)
+        f1, f2 = self.copies()
+        lines = read_lines(f2)
+        firsts = {}
+        for i, l in enumerate(lines):
+            firsts.setdefault(rec(l)["inst"], i)
+        self.assertEqual(sorted(rec(lines[i])["reason"] for i in firsts.values()), ["reopen", "reopen"])
+        write_lines(f2, [l for i, l in enumerate(lines) if i not in firsts.values()])
+        rc, out = verify("--key", self.pub, f2)
         self.assertEqual(rc, 1, out)
+        self.assertIn("FAILED: %s:1: record seq" % f2, out)
         self.assertIn("comes before any genesis or checkpoint of its stream", out)
 
     def test_another_key_is_refused(self):
@@ -311,7 +324,8 @@ class Gap(sbtest.BrokerTestCase):
         with open(path, "rb") as f:
             first = f.read().split(b"\n")
         self.assertEqual(first[0], b"")  # the newline that closes the torn record
-        gap = json.loads(first[1])
+        self.assertEqual(json.loads(first[1])["reason"], "reopen")
+        gap = json.loads(first[2])
         self.assertEqual((gap["event"], gap["lost"], gap["torn"]), ("audit.gap", dropped, True))
         rc, out = verify(path + ".1", path)
         self.assertEqual(rc, 0, out)
