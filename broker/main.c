@@ -382,7 +382,9 @@ int main(int argc, char **argv)
                                 conf->redis_password,
                                 conf->redis_password_file,
                                 conf->redis_sentinel_password,
-                                conf->redis_sentinel_password_file};
+                                conf->redis_sentinel_password_file,
+                                (size_t)conf->timeline_max_events,
+                                conf->timeline_retention_ms};
         if (sb_store_create(&sc, &the_store, &err) != SB_OK) {
             invalid(err);
             goto Exit;

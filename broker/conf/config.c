@@ -47,6 +47,8 @@ static const struct key {
     {"audit", K_STR, offsetof(sb_config_t, audit), 0, 0},
     {"audit_key_file", K_STR, offsetof(sb_config_t, audit_key_file), 0, 0},
     {"audit_checkpoint_records", K_UINT, offsetof(sb_config_t, audit_checkpoint_records), 1, 1000000},
+    {"timeline_max_events", K_UINT, offsetof(sb_config_t, timeline_max_events), 0, 100000},
+    {"timeline_retention_ms", K_UINT, offsetof(sb_config_t, timeline_retention_ms), 0, 90 * 86400000LL},
     {"targets", K_OBJ, offsetof(sb_config_t, targets), 0, 0},
     {"database_url", K_STR, offsetof(sb_config_t, database_url), 0, 0},
     {"database_pool_size", K_UINT, offsetof(sb_config_t, database_pool_size), 1, 64},
@@ -369,6 +371,8 @@ sb_status_t sb_config_load(const char *path, int require_secret, sb_config_t **o
     c->log_calls = 1;
     c->audit = sb_mem_strdup("off");
     c->audit_checkpoint_records = 1000;
+    c->timeline_max_events = 1000;
+    c->timeline_retention_ms = 86400000;
     c->log_file = sb_mem_strdup("stderr");
     c->targets = json_object();
     c->egress = json_object();

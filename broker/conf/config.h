@@ -47,6 +47,8 @@ typedef struct st_sb_config_t {
     char *audit;                       /* "off", "stderr" or a file path */
     char *audit_key_file;              /* Ed25519 private key (PEM) signing the audit chain's checkpoints, or NULL */
     uint64_t audit_checkpoint_records; /* audit records between two checkpoints */
+    uint64_t timeline_max_events;      /* run timeline: events kept per run (0: no timeline) */
+    uint64_t timeline_retention_ms;    /* run timeline: kept this long after the run's last token expires */
     json_t *targets;                   /* targets.<name> (owned) */
     char *database_url;                /* PostgreSQL, for targets that use it */
     unsigned database_pool_size;       /* connections per worker */

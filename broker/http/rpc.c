@@ -120,6 +120,14 @@ static void log_call(rpc_call_t *c, sb_status_t st, const char *message, size_t 
         audit_secrets(&l, &c->call);
         sb_log_end_audit(&l);
     }
+    if (c->run_id[0] != '\0' && sb_store_timeline_enabled(sb_current_worker->store)) {
+        /* the run's timeline (store.h): the same decision, kept with the token store, sent after the reply */
+        sb_store_timeline_begin(&l, "call");
+        describe_call(&l, c, st, message, bytes_out);
+        sb_log_cstr(&l, "decision", c->granted ? "allow" : "deny");
+        audit_secrets(&l, &c->call);
+        sb_store_timeline_end(&l, sb_current_worker->store, c->run_id, c->tok != NULL ? c->tok->expires_at_ms : 0);
+    }
 }
 
 /* logs the call and sends `body`, whose storage goes to the request */

@@ -31,6 +31,8 @@
 /* one chunk the writer writes at once; a record never exceeds SB_AUDIT_RECORD_MAX */
 #define OUT_CAP (1024u * 1024u)
 #define MAX_ENDS (OUT_CAP / 64u)
+/* how long the writer lets lines gather once one has woken it */
+#define COALESCE_NS 2000000
 
 typedef struct st_rec_end_t {
     uint32_t end;     /* offset just past the record's newline */
@@ -49,6 +51,7 @@ static struct {
     char *buf;  /* lines, newline-terminated, [0, len) */
     size_t len;
     int stopping;
+    int idle;                 /* under mu: the writer waits for lines (only then does a worker wake it) */
     _Atomic uint64_t dropped; /* every line lost: the buffer was full, or the write failed */
     uint64_t overflow;        /* under mu: lines refused since the writer last looked */
     /* a request to the writer (under mu): a checkpoint, then the descriptor swapped for req_fd (-1: none) */
@@ -262,8 +265,22 @@ static void *writer(void *arg)
         const char *reason = NULL;
 
         pthread_mutex_lock(&A.mu);
-        while (A.len == 0 && !A.stopping && A.req_gen == A.done_gen)
-            pthread_cond_wait(&A.cv, &A.mu);
+        if (A.len == 0 && !A.stopping && A.req_gen == A.done_gen) {
+            A.idle = 1;
+            while (A.len == 0 && !A.stopping && A.req_gen == A.done_gen)
+                pthread_cond_wait(&A.cv, &A.mu);
+            A.idle = 0;
+            if (!A.stopping && A.req_gen == A.done_gen) {
+                /*
+                 * Woken by one line: let more come before taking the batch, so
+                 * that under load a wake-up, a chunk and a write serve many
+                 * calls instead of one (the workers do not wait for this).
+                 */
+                pthread_mutex_unlock(&A.mu);
+                nanosleep(&(struct timespec){0, COALESCE_NS}, NULL);
+                pthread_mutex_lock(&A.mu);
+            }
+        }
         n = A.len;
         memcpy(in, A.buf, n);
         A.len = 0;
@@ -458,7 +475,8 @@ void sb_audit_write(const char *line, size_t len)
     memcpy(A.buf + A.len, line, len);
     A.buf[A.len + len] = '\n';
     A.len += len + 1;
-    pthread_cond_signal(&A.cv);
+    if (A.idle)
+        pthread_cond_signal(&A.cv);
     pthread_mutex_unlock(&A.mu);
 }
 

@@ -53,7 +53,7 @@ static void on_lookup(void *arg, sb_status_t st, sb_token_t *tok, const char *wh
 
 static sb_store_t *create(size_t max_tokens)
 {
-    sb_store_config_t c = {"memory", "sb:", max_tokens, 1000, NULL, NULL, NULL, NULL};
+    sb_store_config_t c = {"memory", "sb:", max_tokens, 1000, NULL, NULL, NULL, NULL, 0, 0};
     sb_store_t *s = NULL;
     const char *err;
     if (sb_store_create(&c, &s, &err) != SB_OK)

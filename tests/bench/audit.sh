@@ -1,0 +1,200 @@
+#!/usr/bin/env bash
+# Audit chain benchmark, in the style of rpc.sh: wrk against three brokers in one run, alternating
+# the cases round by round (memory store, log_calls off, granted calls):
+#   off     audit = off                                   (the baseline)
+#   chain   audit = a file: hash-chained, unsigned checkpoints
+#   signed  audit = a file, audit_key_file set: Ed25519-signed checkpoints every 1000 records
+# and reports, per case, req/s and the server's CPU time per request, with the paired ratio to
+# `off` in the same round. The target: the chain costs under 5 % per call, i.e. `signed` keeps
+# >= 0.95x of `off` by CPU cost per request (the steadier figure on a shared machine; req/s is
+# printed too). That bounds the chain's cost from above: `off` skips the whole audit line, which
+# existed before the chain.
+# Then it stops the `signed` broker and times `audit-verify --key` over the file the run wrote:
+# records per second (docs/audit.md: a day of logs).
+#
+# Environment (all optional): BROKER, BENCH_SECONDS (5), BENCH_ROUNDS (3), BENCH_WARMUP (1),
+# BENCH_CONNS (32), BENCH_THREADS (1), BENCH_SERVER_CPUS / BENCH_WRK_CPUS (1 / 0 with >= 2 cores),
+# BENCH_KEEP=1 keeps the work directory.
+# Exit status: 0 when every case ran with only expected statuses and the verification passed.
+set -u -o pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BROKER=${BROKER:-$ROOT/build/bin/sandbox-broker}
+SECS=${BENCH_SECONDS:-5}
+ROUNDS=${BENCH_ROUNDS:-3}
+WARMUP=${BENCH_WARMUP:-1}
+CONNS=${BENCH_CONNS:-32}
+THREADS=${BENCH_THREADS:-1}
+SECRET="bench-admin-secret-$$-0123456789abcdef"
+CASES="off chain signed"
+# BENCH_REF_BROKER: a broker built from before the chain; its case `plain` writes the same audit
+# lines unchained, so `signed` against `plain` is the chain's own cost
+REF=${BENCH_REF_BROKER:-}
+[ -n "$REF" ] && CASES="off plain chain signed"
+
+say() { printf '%s\n' "$*" >&2; }
+die() { say "audit.sh: $*"; exit 1; }
+
+for tool in wrk curl taskset openssl; do
+    command -v "$tool" >/dev/null || die "$tool not found"
+done
+[ -x "$BROKER" ] || die "no broker binary at $BROKER"
+
+if [ "$(nproc)" -ge 2 ]; then
+    SRV_PIN=(taskset -c "${BENCH_SERVER_CPUS:-1}")
+    WRK_PIN=(taskset -c "${BENCH_WRK_CPUS:-0}")
+else
+    SRV_PIN=() WRK_PIN=()
+fi
+
+WORK=$(mktemp -d /tmp/sb-bench-audit.XXXXXX)
+PIDS=()
+WRK_PID=
+cleanup() {
+    local p
+    [ -n "$WRK_PID" ] && kill -TERM "$WRK_PID" 2>/dev/null
+    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+    for p in "${PIDS[@]}"; do
+        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$p" 2>/dev/null
+        wait "$p" 2>/dev/null
+    done
+    if [ "${BENCH_KEEP:-0}" = 1 ]; then say "work directory kept: $WORK"; else rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+openssl genpkey -algorithm ed25519 -out "$WORK/key.pem" 2>/dev/null || die "openssl genpkey failed"
+"$BROKER" audit-pubkey "$WORK/key.pem" >"$WORK/pub.pem" || die "audit-pubkey failed"
+
+wait_log() {
+    for _ in $(seq 100); do
+        grep -q "$2" "$1" 2>/dev/null && return 0
+        sleep 0.05
+    done
+    return 1
+}
+
+declare -A PORT ADMIN LOG PID_OF
+
+# start_broker NAME AUDIT [KEYFILE]
+start_broker() {
+    local name=$1 log=$WORK/$1.log bin=$BROKER
+    [ "$name" = plain ] && bin=$REF
+    LOG[$name]=$log
+    env SANDBOX_BROKER_ADMIN_SECRET="$SECRET" SANDBOX_BROKER_LISTEN=127.0.0.1:0 SANDBOX_BROKER_ADMIN_LISTEN=127.0.0.1:0 \
+        SANDBOX_BROKER_THREADS="$THREADS" SANDBOX_BROKER_TOKEN_STORE=memory SANDBOX_BROKER_LOG_CALLS=false \
+        SANDBOX_BROKER_AUDIT="$2" ${3:+SANDBOX_BROKER_AUDIT_KEY_FILE="$3"} \
+        "${SRV_PIN[@]}" "$bin" 2>>"$log" >/dev/null &
+    PIDS+=($!)
+    PID_OF[$name]=$!
+    wait_log "$log" '"event":"started"' || die "broker $name did not start: $(cat "$log")"
+    PORT[$name]=$(sed -n 's/.*"listener":"public".*"port":\([0-9]*\).*/\1/p' "$log" | head -1)
+    ADMIN[$name]=$(sed -n 's/.*"listener":"admin".*"port":\([0-9]*\).*/\1/p' "$log" | head -1)
+    [ -n "${PORT[$name]}" ] && [ -n "${ADMIN[$name]}" ] || die "broker $name: no ports in $log"
+}
+
+mint() { # SERVER RUNID
+    local body tok
+    body=$(curl -s -X POST -H "Authorization: Bearer $SECRET" -H 'Content-Type: application/json' \
+        -d "{\"runId\":\"$2\",\"ttlMs\":3600000,\"quotas\":{\"calls\":1000000,\"concurrent\":1024},\"capabilities\":{\"services\":[\"svc\"]}}" \
+        "http://127.0.0.1:${ADMIN[$1]}/admin/v1/tokens")
+    tok=$(printf '%s' "$body" | sed -n 's/.*"token":"\([0-9a-f]\{64\}\)".*/\1/p')
+    [ -n "$tok" ] || { say "mint answered: $body"; return 1; }
+    echo "$tok"
+}
+
+start_broker off off
+[ -n "$REF" ] && start_broker plain "$WORK/plain.audit"
+start_broker chain "$WORK/chain.audit"
+start_broker signed "$WORK/signed.audit" "$WORK/key.pem"
+
+cpu_ns_of() {
+    local f a _ sum=0
+    for f in /proc/"$1"/task/*/schedstat; do
+        read -r a _ <"$f" 2>/dev/null && sum=$((sum + a))
+    done
+    echo "$sum"
+}
+
+RESULTS=$WORK/results.txt
+: >"$RESULTS"
+FAILED=0
+
+run_wrk() { # CASE SECONDS ROUND
+    local c=$1 tok cpu0 cpu1 line
+    tok=$(mint "$c" "bench-$c-r$3-$$") || exit 1
+    cat >"$WORK/$c.lua" <<EOF
+wrk.method = "POST"
+wrk.path = "/api/sandbox/rpc"
+wrk.body = '{"method":"services.svc.fn","args":{}}'
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["x-questpie-sandbox-token"] = "$tok"
+local threads = {}
+function setup(thread) table.insert(threads, thread) end
+function init(args) bad = 0 end
+function response(status, headers, body) if status ~= 501 then bad = bad + 1 end end
+function done(summary, latency, requests)
+  local b = 0
+  for _, t in ipairs(threads) do b = b + t:get("bad") end
+  io.write(string.format("BENCH rps=%.1f requests=%d bad=%d\n", summary.requests / (summary.duration / 1e6), summary.requests, b))
+end
+EOF
+    cpu0=$(cpu_ns_of "${PID_OF[$c]}")
+    "${WRK_PIN[@]}" wrk -t1 -c"$CONNS" -d"$2s" --timeout 2s -s "$WORK/$c.lua" "http://127.0.0.1:${PORT[$c]}" >"$WORK/wrk.out" 2>&1 &
+    WRK_PID=$!
+    wait "$WRK_PID"
+    WRK_PID=
+    cpu1=$(cpu_ns_of "${PID_OF[$c]}")
+    line=$(grep '^BENCH ' "$WORK/wrk.out" | tail -1)
+    [ -n "$line" ] || { say "case $c: wrk gave no result: $(cat "$WORK/wrk.out")"; FAILED=1; return; }
+    [ "$3" = 0 ] && return
+    echo "$c $3 $line cpu_ns=$((cpu1 - cpu0))" >>"$RESULTS"
+    say "  round $3  $(printf '%-8s' "$c") ${line#BENCH } cpu_ns=$((cpu1 - cpu0))"
+}
+
+say "audit chain benchmark: $(nproc) cores, threads=$THREADS, -c$CONNS, ${ROUNDS}x${SECS}s, load $(cut -d' ' -f1 /proc/loadavg)"
+for c in $CASES; do run_wrk "$c" "$WARMUP" 0; done
+for r in $(seq "$ROUNDS"); do
+    for c in $CASES; do run_wrk "$c" "$SECS" "$r"; done
+done
+
+awk -v cases="$CASES" '
+function val(s, k,   i, a) { for (i = 3; i <= NF; ++i) { split($i, a, "="); if (a[1] == k) return a[2] } return 0 }
+{ c = $1; rps[c, $2] = val($0, "rps"); cpr[c, $2] = val($0, "cpu_ns") / val($0, "requests"); rounds[$2] = 1; bad += val($0, "bad") }
+function median(v, m,   i, j, t) {
+    for (i = 2; i <= m; ++i) for (j = i; j > 1 && v[j - 1] > v[j]; --j) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
+    return (m % 2) ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2
+}
+END {
+    n = split(cases, cl, " ")
+    printf "\n%-8s %10s %12s %14s %14s\n", "case", "req/s", "cpu/req us", "req/s paired", "cpu-r paired"
+    for (i = 1; i <= n; ++i) {
+        c = cl[i]; m = 0; delete a; delete b; delete x; delete y
+        for (k in rounds) { m++; a[m] = rps[c, k] / rps["off", k]; b[m] = cpr["off", k] / cpr[c, k]; x[m] = rps[c, k]; y[m] = cpr[c, k] }
+        ra[c] = median(a, m); rb[c] = median(b, m)
+        printf "%-8s %10.0f %12.2f %13.3fx %13.3fx\n", c, median(x, m), median(y, m) / 1000, ra[c], rb[c]
+    }
+    if ("plain" in rb) {
+        # the chain against the same audit lines unchained: CPU per request of signed / plain
+        printf "\nchain cost target: signed >= 0.95x of plain (unchained audit) by CPU per request: %s (%.3fx; req/s %.3fx)\n",
+            (rb["signed"] / rb["plain"] >= 0.95 ? "PASS" : "FAIL"), rb["signed"] / rb["plain"], ra["signed"] / ra["plain"]
+    } else {
+        printf "\nchain cost target: signed >= 0.95x of off by CPU per request: %s (%.3fx; req/s %.3fx)\n",
+            (rb["signed"] >= 0.95 ? "PASS" : "FAIL"), rb["signed"], ra["signed"]
+    }
+    if (bad) { print "unexpected statuses: " bad; exit 1 }
+}' "$RESULTS" || FAILED=1
+
+# the verifier over what the signed broker wrote
+kill -TERM "${PID_OF[signed]}"
+for _ in $(seq 100); do kill -0 "${PID_OF[signed]}" 2>/dev/null || break; sleep 0.1; done
+n=$(wc -l <"$WORK/signed.audit")
+t0=$(date +%s%N)
+"$BROKER" audit-verify --key "$WORK/pub.pem" "$WORK/signed.audit" >"$WORK/verify.out" 2>&1
+rc=$?
+t1=$(date +%s%N)
+tail -1 "$WORK/verify.out" >&2
+[ "$rc" = 0 ] || { say "audit-verify failed: $(cat "$WORK/verify.out")"; FAILED=1; }
+awk -v n="$n" -v ns="$((t1 - t0))" 'BEGIN { printf "audit-verify: %d records in %.2f s: %.0f records/s (%.1f M records a minute)\n", n, ns / 1e9, n / (ns / 1e9), n / (ns / 1e9) * 60 / 1e6 }' >&2
+exit "$FAILED"
