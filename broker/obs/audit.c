@@ -179,8 +179,31 @@ static void append(const char *rest, size_t rlen, sb_audit_rec_kind_t kind, uint
     }
     start = A.olen;
     rec = A.out + start;
-    sb_hex(A.prev, 32, prevhex);
-    n = snprintf(rec, 192, "{\"seq\":%llu,\"inst\":\"%s\",\"prev\":\"%s\",", (unsigned long long)A.seq, A.inst, prevhex);
+    /* {"seq":<n>,"inst":"<id>","prev":"<hex>", by hand: this runs once per record */
+    {
+        char num[24], *d = num + sizeof(num), *p = rec;
+        uint64_t v = A.seq;
+        do {
+            *--d = (char)('0' + v % 10);
+            v /= 10;
+        } while (v != 0);
+        memcpy(p, "{\"seq\":", 7);
+        p += 7;
+        memcpy(p, d, (size_t)(num + sizeof(num) - d));
+        p += num + sizeof(num) - d;
+        memcpy(p, ",\"inst\":\"", 9);
+        p += 9;
+        memcpy(p, A.inst, SB_AUDIT_INST_LEN);
+        p += SB_AUDIT_INST_LEN;
+        memcpy(p, "\",\"prev\":\"", 10);
+        p += 10;
+        sb_hex(A.prev, 32, prevhex);
+        memcpy(p, prevhex, 64);
+        p += 64;
+        memcpy(p, "\",", 2);
+        p += 2;
+        n = (int)(p - rec);
+    }
     memcpy(rec + n, rest, rlen);
     A.olen += (size_t)n + rlen;
     if (sign) {

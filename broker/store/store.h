@@ -249,6 +249,14 @@ void sb_store_timeline_begin(struct st_sb_logline_t *l, const char *type);
  */
 void sb_store_timeline_end(struct st_sb_logline_t *l, sb_store_conn_t *c, const char *run_id, int64_t expires_at_ms);
 /**
+ * A timeline event of `type` made from a line built for another stream
+ * (sb_log_begin_always, still open): its time and fields, with the
+ * timeline's head. What the audit line and the call event share is built
+ * once.
+ */
+void sb_store_timeline_from(const struct st_sb_logline_t *src, const char *type, sb_store_conn_t *c, const char *run_id,
+                            int64_t expires_at_ms);
+/**
  * The run's events, as stored (JSON objects, oldest first as they arrived;
  * instances' events interleave in arrival order). The views live until `cb`
  * returns.

@@ -111,7 +111,8 @@ struct st_redis_conn_t {
     h2o_timeout_entry_t flush;
     /* timeline events queued in this loop pass (store_redis_timeline.c), sent at its end */
     struct st_sb_tl_queue_t *tl;
-    h2o_timeout_entry_t tl_flush;
+    h2o_timeout_t tl_timeout; /* SB_TIMELINE_BATCH_MS, initialised with the queue */
+    h2o_timeout_entry_t tl_flush, tl_soon;
 };
 
 /* ---- commands on the data link ---------------------------------------------------------------------------------------- */

@@ -5,9 +5,14 @@
  *
  * Events are written off the call's critical path: sb_store__redis_timeline_add
  * only copies the event into the worker's queue (bounded by
- * SB_TIMELINE_QUEUE_MAX events); once the loop pass's I/O is handled, the
- * queue goes out as one script per run (RPUSH, LTRIM, PEXPIREAT), pipelined
- * with whatever else the pass sends, and nobody waits for the answers. A full
+ * SB_TIMELINE_QUEUE_MAX events); TL_BATCH_MS after the first event queued (or
+ * at the end of the loop pass once the queue is half full) the queue goes out
+ * as one script per run and per TL_PER_CMD events (RPUSH, LTRIM, PEXPIREAT),
+ * pipelined with whatever else the pass sends, and nobody waits for the
+ * answers. Under load one script then carries the events of many calls, which
+ * is what keeps the timeline's cost per call small (tests/bench/audit.sh).
+ * The drain before a worker stops outlasts TL_BATCH_MS, so a clean shutdown
+ * sends what is queued. A full
  * queue, a store that is not usable, or an answer that is an error drops the
  * events and counts them (sb_timeline_dropped_total); the calls never notice.
  */
@@ -19,18 +24,25 @@
 #include "util/util.h"
 
 /* events of one run in one command at most */
-#define TL_PER_CMD 64
+#define TL_PER_CMD 128
+/* how long the first event of a batch waits for others */
+#define TL_BATCH_MS 20
+
+/* the bytes of the events queued, all in one arena: no allocation per event */
+#define TL_ARENA (1024u * 1024u)
 
 typedef struct st_tl_event_t {
     char run_id[SB_MAX_RUN_ID + 1];
     int64_t keep_until_ms;
-    char *ev;
+    char *ev; /* into the arena; NULL once sent */
     size_t len;
 } tl_event_t;
 
 typedef struct st_sb_tl_queue_t {
     tl_event_t ev[SB_TIMELINE_QUEUE_MAX];
     size_t n;
+    char *arena;
+    size_t used;
 } sb_tl_queue_t;
 
 static void tl_key(const sb_store_t *s, const char *run_id, char *out, size_t outsz, size_t *len)
@@ -58,19 +70,33 @@ static void on_added(cmd_t *cmd, redisReply *reply)
 static void drop_all(sb_tl_queue_t *q)
 {
     sb_store__timeline_dropped_add(q->n);
-    for (size_t i = 0; i < q->n; ++i)
-        sb_mem_free(q->ev[i].ev);
     q->n = 0;
+    q->used = 0;
 }
+
+static void flush_queue(redis_conn_t *rc);
 
 static void on_tl_flush(h2o_timeout_entry_t *entry)
 {
-    redis_conn_t *rc = H2O_STRUCT_FROM_MEMBER(redis_conn_t, tl_flush, entry);
+    flush_queue(H2O_STRUCT_FROM_MEMBER(redis_conn_t, tl_flush, entry));
+}
+
+static void on_tl_soon(h2o_timeout_entry_t *entry)
+{
+    flush_queue(H2O_STRUCT_FROM_MEMBER(redis_conn_t, tl_soon, entry));
+}
+
+static void flush_queue(redis_conn_t *rc)
+{
     sb_tl_queue_t *q = rc->tl;
     char key[KEY_MAX], cap[24], until[24];
     const char *argv[4 + TL_PER_CMD];
     size_t lens[4 + TL_PER_CMD], klen;
 
+    if (h2o_timeout_is_linked(&rc->tl_flush))
+        h2o_timeout_unlink(&rc->tl_flush);
+    if (h2o_timeout_is_linked(&rc->tl_soon))
+        h2o_timeout_unlink(&rc->tl_soon);
     if (q == NULL || q->n == 0)
         return;
     if (!sb_store__redis_usable_now(rc, mono_ms())) {
@@ -114,13 +140,12 @@ static void on_tl_flush(h2o_timeout_entry_t *entry)
         cmd = sb_store__redis_cmd_new(rc, "timeline", on_added, SC_TIMELINE_ADD, argc, argv, lens);
         cmd->limit = (int64_t)nev;
         snprintf(cmd->run_id, sizeof(cmd->run_id), "%s", run);
-        for (size_t k = 0; k < nev; ++k) {
-            sb_mem_free(q->ev[idx[k]].ev);
+        for (size_t k = 0; k < nev; ++k)
             q->ev[idx[k]].ev = NULL;
-        }
         sb_store__redis_cmd_send(cmd);
     }
     q->n = 0;
+    q->used = 0;
 }
 
 void sb_store__redis_timeline_add(void *p, const char *run_id, int64_t keep_until_ms, const char *ev, size_t len)
@@ -130,20 +155,26 @@ void sb_store__redis_timeline_add(void *p, const char *run_id, int64_t keep_unti
 
     if (rc->tl == NULL) {
         rc->tl = sb_mem_calloc(1, sizeof(*rc->tl));
+        rc->tl->arena = sb_mem_alloc(TL_ARENA);
+        h2o_timeout_init(rc->loop, &rc->tl_timeout, TL_BATCH_MS);
         rc->tl_flush.cb = on_tl_flush;
+        rc->tl_soon.cb = on_tl_soon;
     }
-    if (rc->tl->n == SB_TIMELINE_QUEUE_MAX || strlen(run_id) > SB_MAX_RUN_ID) {
+    if (rc->tl->n == SB_TIMELINE_QUEUE_MAX || rc->tl->used + len > TL_ARENA || strlen(run_id) > SB_MAX_RUN_ID) {
         sb_store__timeline_dropped_add(1);
         return;
     }
     e = &rc->tl->ev[rc->tl->n++];
     memcpy(e->run_id, run_id, strlen(run_id) + 1);
     e->keep_until_ms = keep_until_ms;
-    e->ev = sb_mem_alloc(len);
+    e->ev = rc->tl->arena + rc->tl->used;
     memcpy(e->ev, ev, len);
     e->len = len;
+    rc->tl->used += len;
     if (!h2o_timeout_is_linked(&rc->tl_flush))
-        h2o_timeout_link(rc->loop, &rc->flush_timeout, &rc->tl_flush);
+        h2o_timeout_link(rc->loop, &rc->tl_timeout, &rc->tl_flush);
+    if ((rc->tl->n >= SB_TIMELINE_QUEUE_MAX / 2 || rc->tl->used >= TL_ARENA / 2) && !h2o_timeout_is_linked(&rc->tl_soon))
+        h2o_timeout_link(rc->loop, &rc->flush_timeout, &rc->tl_soon);
 }
 
 void sb_store__redis_timeline_dispose(redis_conn_t *rc)
@@ -152,7 +183,11 @@ void sb_store__redis_timeline_dispose(redis_conn_t *rc)
         return;
     if (h2o_timeout_is_linked(&rc->tl_flush))
         h2o_timeout_unlink(&rc->tl_flush);
+    if (h2o_timeout_is_linked(&rc->tl_soon))
+        h2o_timeout_unlink(&rc->tl_soon);
+    h2o_timeout_dispose(rc->loop, &rc->tl_timeout);
     drop_all(rc->tl);
+    sb_mem_free(rc->tl->arena);
     sb_mem_free(rc->tl);
     rc->tl = NULL;
 }

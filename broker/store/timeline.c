@@ -79,6 +79,31 @@ void sb_store_timeline_begin(sb_logline_t *l, const char *type)
     sb_log_int(l, "n", (long long)atomic_fetch_add_explicit(&seq, 1, memory_order_relaxed));
 }
 
+void sb_store_timeline_from(const sb_logline_t *src, const char *type, sb_store_conn_t *c, const char *run_id,
+                            int64_t expires_at_ms)
+{
+    /* src is {"ts":"<24 characters>","event":"<name>" and fields, still open (sb_log_begin_always) */
+    static const size_t ts_end = 7 + 24, ev_at = 7 + 24 + 11;
+    const char *q;
+    sb_logline_t l;
+    size_t rest;
+
+    if (!src->enabled || src->len <= ev_at || memcmp(src->buf + ts_end, "\",\"event\":\"", 11) != 0 ||
+        (q = memchr(src->buf + ev_at, '"', src->len - ev_at)) == NULL)
+        return;
+    sb_store_timeline_begin(&l, type);
+    /* the same time as the line it comes from */
+    memcpy(l.buf + 7, src->buf + 7, 24);
+    rest = src->len - (size_t)(q + 1 - src->buf);
+    if (l.len + rest + 32 <= SB_LOGLINE_MAX && !src->truncated) {
+        memcpy(l.buf + l.len, q + 1, rest);
+        l.len += rest;
+    } else {
+        l.truncated = 1; /* the fields do not fit after the longer head: the event keeps only its head */
+    }
+    sb_store_timeline_end(&l, c, run_id, expires_at_ms);
+}
+
 static size_t tl_bucket(const char *run_id)
 {
     uint64_t h = 1469598103934665603ull;
