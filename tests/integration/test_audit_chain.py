@@ -298,6 +298,36 @@ class Chain(sbtest.BrokerTestCase):
         self.assertIn("No such file or directory", out)
 
 
+class Keys(sbtest.BrokerTestCase):
+    def test_a_bad_key_file_refuses_to_start_and_fails_the_check(self):
+        d = tempfile.mkdtemp(prefix="sb-keys-")
+        ec = os.path.join(d, "ec.pem")
+        subprocess.run(["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", ec],
+                       check=True, capture_output=True)
+        junk = os.path.join(d, "junk.pem")
+        with open(junk, "w") as f:
+            f.write("not a key\n")
+        missing = os.path.join(d, "missing.pem")
+        cases = [(missing, "audit_key_file: %s: No such file or directory" % missing),
+                 (ec, "audit_key_file: %s: not an Ed25519 key (make one with: openssl genpkey -algorithm ed25519)" % ec),
+                 (junk, "audit_key_file: %s: not a PEM private key" % junk)]
+        for path, msg in cases:
+            with self.subTest(key=os.path.basename(path)):
+                env = sbtest.base_env({"SANDBOX_BROKER_AUDIT": os.path.join(d, "a.log"), "SANDBOX_BROKER_AUDIT_KEY_FILE": path})
+                rc, out, err = sbtest.run_broker_once([], env)
+                self.assertEqual(rc, 1, err)
+                self.assertIn(msg, err)
+                rc, out, err = sbtest.run_broker_once(["--check-config", "--offline"], env)
+                self.assertEqual(rc, 1, err)
+                self.assertIn(msg, err)
+        # audit-pubkey names the same problems, and takes exactly one file
+        p = subprocess.run([sbtest.BROKER_BIN, "audit-pubkey", ec], capture_output=True, text=True)
+        self.assertEqual((p.returncode, p.stderr.strip()), (1, "audit-pubkey: " + cases[1][1][len("audit_key_file: "):]))
+        p = subprocess.run([sbtest.BROKER_BIN, "audit-pubkey"], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("usage: sandbox-broker audit-pubkey KEYFILE", p.stderr)
+
+
 class Gap(sbtest.BrokerTestCase):
     def test_lost_lines_leave_a_gap_record(self):
         """The audit file reaches the process's file size limit: writes fail part-way, the lines are counted, and

@@ -72,6 +72,16 @@ class Memory(sbtest.BrokerTestCase):
             # the call after the revocation has no run: it is not the run's
             self.assertNotIn(tok, json.dumps(r.body))
 
+    def test_a_quota_refusal_is_a_call_with_its_code(self):
+        with sbtest.Broker() as b:
+            tok = b.mint_ok("tl-quota", {"services": ["svc"]}, quotas={"calls": 2})
+            self.assertEqual([b.rpc(tok, "services.svc.fn", {}).status for _ in range(3)], [501, 501, 429])
+            ev = events_of(b, "tl-quota").body["events"]
+            self.assertEqual([(e["event"], e["code"], e["status"]) for e in ev],
+                             [("call", "not_implemented", 501)] * 2 + [("call", "rate_limited", 429)])
+            self.assertEqual(b.admin("GET", "/admin/v1/runs/tl-quota").body["callsByOutcome"],
+                             {"not_implemented": 2, "rate_limited": 1})
+
     def test_unknown_run_bad_id_and_wrong_method(self):
         with sbtest.Broker() as b:
             r = b.admin("GET", "/admin/v1/runs/nobody/events")
