@@ -115,10 +115,10 @@ sb_status_t sb_audit_record_parse(const char *line, size_t len, sb_audit_record_
         out->torn = LIT(&r, ",\"torn\":true");
     } else {
         out->kind = SB_AUDIT_REC_CALL;
-        if (out->has_sig) {
-            *why = "a signature on a record that is not a genesis or checkpoint";
-            return SB_E_BAD_ARGS;
-        }
+    }
+    if (out->has_sig && out->kind != SB_AUDIT_REC_GENESIS && out->kind != SB_AUDIT_REC_CHECKPOINT) {
+        *why = "a signature on a record that is not a genesis or checkpoint";
+        return SB_E_BAD_ARGS;
     }
     if (out->kind == SB_AUDIT_REC_GENESIS && out->seq != 0) {
         *why = "genesis with a sequence number other than 0";
