@@ -15,11 +15,10 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "sb/limits.h"
 #include "sb/status.h"
 
 typedef enum en_sb_log_level_t { SB_LOG_DEBUG = 0, SB_LOG_INFO, SB_LOG_WARN, SB_LOG_ERROR } sb_log_level_t;
-
-#define SB_LOGLINE_MAX 2048
 
 typedef struct st_sb_logline_t {
     char buf[SB_LOGLINE_MAX];

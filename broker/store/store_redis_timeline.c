@@ -203,6 +203,11 @@ static void on_range(cmd_t *cmd, redisReply *reply)
         cmd->cb.timeline(cmd->arg, SB_E_UNAVAILABLE, NULL, 0);
         return;
     }
+    /* at most what was asked for (LRANGE -max -1): a longer answer is not the list we wrote */
+    if (reply->elements > cmd->rc->store->tl_max_events) {
+        cmd->cb.timeline(cmd->arg, SB_E_UNAVAILABLE, NULL, 0);
+        return;
+    }
     views = sb_mem_calloc(reply->elements + 1, sizeof(*views));
     for (size_t i = 0; i < reply->elements; ++i) {
         const redisReply *e = reply->element[i];
