@@ -301,6 +301,7 @@ class Chain(sbtest.BrokerTestCase):
 class Keys(sbtest.BrokerTestCase):
     def test_a_bad_key_file_refuses_to_start_and_fails_the_check(self):
         d = tempfile.mkdtemp(prefix="sb-keys-")
+        self.addCleanup(shutil.rmtree, d, True)
         ec = os.path.join(d, "ec.pem")
         subprocess.run(["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", ec],
                        check=True, capture_output=True)
@@ -333,6 +334,7 @@ class Gap(sbtest.BrokerTestCase):
         """The audit file reaches the process's file size limit: writes fail part-way, the lines are counted, and
         after a rotation the new file starts with a gap record that says how many were lost and that one was torn."""
         d = tempfile.mkdtemp(prefix="sb-gap-")
+        self.addCleanup(shutil.rmtree, d, True)
         path = os.path.join(d, "audit.log")
         env = {"SANDBOX_BROKER_AUDIT": path, "SANDBOX_BROKER_LOG_CALLS": "false"}
         with sbtest.Broker(env=env, wrapper=["prlimit", "--fsize=3000", "--"]) as b:

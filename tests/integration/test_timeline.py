@@ -6,6 +6,7 @@ back complete and in order. The run inspection gains calls by outcome and secret
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -144,6 +145,7 @@ class OnRedis(sbtest.BrokerTestCase):
                 getattr(cls, x).stop()
         cls.up.stop()
         cls.dns.stop()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def test_events_through_both_instances_come_back_complete_and_in_order(self):
         run = "tl-two-" + uuid.uuid4().hex[:6]
