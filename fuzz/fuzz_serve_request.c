@@ -1,7 +1,7 @@
 /*
- * libFuzzer driver for supervisor-shim/serve_req.c: the body of a POST /run,
+ * libFuzzer driver for supervisor-shim/serve/serve_req.c: the body of a POST /run,
  * from bytes to the typed run and the init frame the guest gets, and for
- * supervisor-shim/url.c as serve uses it on bindings.url.
+ * supervisor-shim/relay/url.c as serve uses it on bindings.url.
  *
  * serve_req.c and url.c are compiled into this driver (#include below), so
  * they get the instrumentation; nothing from fuzz/CMakeLists.txt is needed.
@@ -35,8 +35,8 @@
 #include "sb/frame.h"
 #include "sb/limits.h"
 #include "fuzz.h"
-#include "../supervisor-shim/serve_req.c"
-#include "../supervisor-shim/url.c"
+#include "../supervisor-shim/serve/serve_req.c"
+#include "../supervisor-shim/relay/url.c"
 
 #define FLAGS (JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL)
 

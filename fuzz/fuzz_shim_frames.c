@@ -1,5 +1,5 @@
 /*
- * libFuzzer driver for supervisor-shim/frames.c: the shim's guest-frame
+ * libFuzzer driver for supervisor-shim/relay/frames.c: the shim's guest-frame
  * reader, which turns the bytes a hostile guest writes to stdout into frames
  * (proto's capped frame reader) and validated call/result messages. relay.c
  * runs exactly this code; only the run's state rules (call after result,
@@ -46,7 +46,7 @@
 #include "sb/method.h"
 #include "sb/value.h"
 #include "fuzz.h"
-#include "../supervisor-shim/frames.c"
+#include "../supervisor-shim/relay/frames.c"
 
 #define MAX_EVENTS 4096
 

@@ -1,5 +1,5 @@
 /*
- * libFuzzer driver for supervisor-shim/http.c: sb_shim_http_parse_head, the
+ * libFuzzer driver for supervisor-shim/relay/http.c: sb_shim_http_parse_head, the
  * shim's reader of the broker's response head (RFC 9112 sections 4, 5 and
  * 6.3), built on sb_reader_t. http.c is compiled into this driver (#include
  * below), as fuzz_shim_frames.c does with frames.c.
@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "fuzz.h"
-#include "../supervisor-shim/http.c"
+#include "../supervisor-shim/relay/http.c"
 
 typedef struct st_ref_t {
     sb_status_t st;

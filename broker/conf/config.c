@@ -53,6 +53,7 @@ static const struct key {
     {"database_url", K_STR, offsetof(sb_config_t, database_url), 0, 0},
     {"database_pool_size", K_UINT, offsetof(sb_config_t, database_pool_size), 1, 64},
     {"egress", K_OBJ, offsetof(sb_config_t, egress), 0, 0},
+    {"decider", K_OBJ, offsetof(sb_config_t, decider), 0, 0},
     {"secrets_key_file", K_STR, offsetof(sb_config_t, secrets_key_file), 0, 0},
 };
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
@@ -376,6 +377,7 @@ sb_status_t sb_config_load(const char *path, int require_secret, sb_config_t **o
     c->log_file = sb_mem_strdup("stderr");
     c->targets = json_object();
     c->egress = json_object();
+    c->decider = json_object();
 
     if (path != NULL) {
         json_error_t jerr;
@@ -500,6 +502,7 @@ void sb_config_free(sb_config_t *c)
     sb_mem_free(c->database_url);
     json_decref(c->targets);
     json_decref(c->egress);
+    json_decref(c->decider);
     sb_mem_free(c);
 }
 

@@ -53,6 +53,7 @@ typedef struct st_sb_config_t {
     char *database_url;                /* PostgreSQL, for targets that use it */
     unsigned database_pool_size;       /* connections per worker */
     json_t *egress;                    /* egress policy (owned) */
+    json_t *decider;                   /* the decider (svc/decide/decide.h; owned); an empty object: none */
     /* the net-mint credential (http/admin_netmint.h): its file, and the secret resolved from
      * SANDBOX_BROKER_ADMIN_NET_MINT_SECRET or the file (NULL when none is configured) */
     char *admin_net_mint_secret_file;

@@ -206,7 +206,19 @@ static const char *second_stamp(time_t sec)
     return cached;
 }
 
+static void begin(sb_logline_t *l, sb_log_level_t level, const char *event, int always);
+
 void sb_log_begin(sb_logline_t *l, sb_log_level_t level, const char *event)
+{
+    begin(l, level, event, 0);
+}
+
+void sb_log_begin_level_always(sb_logline_t *l, sb_log_level_t level, const char *event)
+{
+    begin(l, level, event, 1);
+}
+
+static void begin(sb_logline_t *l, sb_log_level_t level, const char *event, int always)
 {
     struct timespec ts;
     char head[96];
@@ -214,7 +226,7 @@ void sb_log_begin(sb_logline_t *l, sb_log_level_t level, const char *event)
 
     l->len = 0;
     l->truncated = 0;
-    l->enabled = (int)level >= atomic_load(&min_level);
+    l->enabled = always || (int)level >= atomic_load(&min_level);
     if (!l->enabled)
         return;
     clock_gettime(CLOCK_REALTIME, &ts);

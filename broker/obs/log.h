@@ -32,6 +32,8 @@ void sb_log_set_level(sb_log_level_t level);
 /** parses "debug", "info", "warn" or "error"; returns -1 for anything else */
 int sb_log_parse_level(const char *s);
 void sb_log_begin(sb_logline_t *l, sb_log_level_t level, const char *event);
+/** starts a line of that level whatever the log level: for the outcome of an operator's action (a reload) */
+void sb_log_begin_level_always(sb_logline_t *l, sb_log_level_t level, const char *event);
 void sb_log_str(sb_logline_t *l, const char *key, const char *val, size_t len);
 void sb_log_cstr(sb_logline_t *l, const char *key, const char *val);
 void sb_log_int(sb_logline_t *l, const char *key, long long v);

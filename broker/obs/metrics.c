@@ -30,6 +30,34 @@ void sb_metrics_quota_hit(const char *quota)
             atomic_fetch_add_explicit(&quota_hits[i], 1, memory_order_relaxed);
 }
 
+/* the decider: decisions by outcome (allow, deny, fail, overload), reused answers, latency from 1 ms to 5 min */
+static const char *const decide_outcomes[] = {"allow", "deny", "fail", "overload"};
+static const uint64_t decide_bucket_us[] = {1000, 5000, 10000, 50000, 100000, 500000, 1000000, 5000000, 30000000, 300000000};
+#define DECIDE_NBUCKETS (sizeof(decide_bucket_us) / sizeof(decide_bucket_us[0]))
+static _Atomic uint64_t decisions[4], decisions_reused;
+static _Atomic uint64_t decide_hist[DECIDE_NBUCKETS + 1], decide_sum_us, decide_count;
+static size_t (*decide_pending_fn)(void);
+
+void sb_metrics_decision(int outcome, int reused, uint64_t us)
+{
+    size_t b = 0;
+    if (outcome < 0 || outcome > 3)
+        outcome = 2;
+    atomic_fetch_add_explicit(&decisions[outcome], 1, memory_order_relaxed);
+    if (reused)
+        atomic_fetch_add_explicit(&decisions_reused, 1, memory_order_relaxed);
+    while (b < DECIDE_NBUCKETS && us > decide_bucket_us[b])
+        ++b;
+    atomic_fetch_add_explicit(&decide_hist[b], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&decide_sum_us, us, memory_order_relaxed);
+    atomic_fetch_add_explicit(&decide_count, 1, memory_order_relaxed);
+}
+
+void sb_metrics_set_decide_pending_fn(size_t (*fn)(void))
+{
+    decide_pending_fn = fn;
+}
+
 static _Atomic uint64_t connections_refused;
 static _Atomic uint64_t reloads[2]; /* rejected, applied */
 static _Atomic uint64_t store_events[SB_STORE_EV_COUNT_];
@@ -253,6 +281,30 @@ sb_status_t sb_metrics_render_into(sb_buf_t *out)
             }
         }
     }
+    emit(&o, "# HELP sb_decisions_total Decisions on calls a decide rule holds, by outcome.\n"
+             "# TYPE sb_decisions_total counter\n");
+    for (size_t i = 0; i < 4; ++i)
+        emit(&o, "sb_decisions_total{outcome=\"%s\"} %llu\n", decide_outcomes[i],
+             (unsigned long long)atomic_load_explicit(&decisions[i], memory_order_relaxed));
+    emit(&o,
+         "# HELP sb_decisions_reused_total Decisions answered from an earlier answer (decider.reuse_ms).\n"
+         "# TYPE sb_decisions_reused_total counter\nsb_decisions_reused_total %llu\n",
+         (unsigned long long)atomic_load_explicit(&decisions_reused, memory_order_relaxed));
+    emit(&o, "# HELP sb_decision_duration_seconds How long a decision took.\n# TYPE sb_decision_duration_seconds histogram\n");
+    cum = 0;
+    for (size_t b = 0; b < DECIDE_NBUCKETS; ++b) {
+        cum += atomic_load_explicit(&decide_hist[b], memory_order_relaxed);
+        emit(&o, "sb_decision_duration_seconds_bucket{le=\"%g\"} %llu\n", (double)decide_bucket_us[b] / 1e6,
+             (unsigned long long)cum);
+    }
+    cum += atomic_load_explicit(&decide_hist[DECIDE_NBUCKETS], memory_order_relaxed);
+    emit(&o, "sb_decision_duration_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)cum);
+    emit(&o, "sb_decision_duration_seconds_sum %.6f\n", (double)atomic_load(&decide_sum_us) / 1e6);
+    emit(&o, "sb_decision_duration_seconds_count %llu\n", (unsigned long long)atomic_load(&decide_count));
+    emit(&o,
+         "# HELP sb_decisions_pending Calls waiting for the decider in this instance.\n# TYPE sb_decisions_pending gauge\n"
+         "sb_decisions_pending %zu\n",
+         decide_pending_fn != NULL ? decide_pending_fn() : (size_t)0);
     if (live_tokens_fn != NULL) {
         long long n = live_tokens_fn();
         if (n >= 0)

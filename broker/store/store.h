@@ -128,7 +128,9 @@ void sb_store_destroy(sb_store_t *s);
  * loads the scripts and checks with ROLE that the node is a primary. Blocking,
  * bounded by the store timeout per step; never call it from a worker loop.
  * @param err receives what failed and where (host:port, never a password)
- * @return SB_OK (always for the memory store) or SB_E_UNAVAILABLE
+ * @return SB_OK (always for the memory store); SB_E_UNAVAILABLE (a node did not answer),
+ *         SB_E_UNAUTHORIZED (a node refused the password) or SB_E_BAD_ARGS (any other refusal:
+ *         a database index, a replica where the primary should be, an unknown master name)
  */
 SB_WARN_UNUSED sb_status_t sb_store_check(sb_store_t *s, char *err, size_t errsz);
 /** "memory", "redis" or "redis-sentinel" */

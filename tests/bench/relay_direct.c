@@ -5,7 +5,7 @@
  * Usage: relay_direct PORT N WARMUP   (the token comes from $SB_BENCH_TOKEN)
  *
  * Sends WARMUP + N sequential requests byte-for-byte like the shim's
- * (supervisor-shim/http.c: POST /api/sandbox/rpc, msgpack body
+ * (supervisor-shim/relay/http.c: POST /api/sandbox/rpc, msgpack body
  * {method:"services.svc.fn", args:{}}, x-questpie-sandbox-token), each timed
  * from just before the request is written to just after the whole response
  * body has been read. Every response must be HTTP 501 with the broker's
@@ -96,7 +96,7 @@ int main(int argc, char **argv)
     samples = calloc(n, sizeof(*samples));
     if (req == NULL || buf == NULL || samples == NULL)
         return 1;
-    /* the same head the shim builds (supervisor-shim/http.c) */
+    /* the same head the shim builds (supervisor-shim/relay/http.c) */
     hlen = snprintf(req, 1024,
                     "POST /api/sandbox/rpc HTTP/1.1\r\nHost: 127.0.0.1:%lu\r\nContent-Type: application/msgpack\r\n"
                     "Accept: application/msgpack\r\nx-questpie-sandbox-token: %s\r\nContent-Length: %zu\r\n\r\n",

@@ -89,5 +89,49 @@ class CheckSrc(unittest.TestCase):
         self.assertIn("checksrc: OK", out)
 
 
+class CheckDeps(unittest.TestCase):
+    """scripts/checkdeps: an include cycle between two folders of one component fails the lint and is
+    named; a one-way dependency passes. The shim's rooms (jail/, relay/, guest/, serve/) are judged
+    as the broker's folders are."""
+
+    def lint(self, files):
+        d = tempfile.mkdtemp(prefix="sb-checkdeps-")
+        try:
+            os.makedirs(os.path.join(d, "scripts"))
+            shutil.copy(os.path.join(ROOT, "scripts", "checkdeps"), os.path.join(d, "scripts", "checkdeps"))
+            for path, text in files.items():
+                full = os.path.join(d, path)
+                os.makedirs(os.path.dirname(full), exist_ok=True)
+                with open(full, "w") as f:
+                    f.write(text)
+            subprocess.run(["git", "init", "-q"], cwd=d, check=True)
+            subprocess.run(["git", "add", "."], cwd=d, check=True)
+            p = subprocess.run([os.path.join(d, "scripts", "checkdeps")], cwd=d, capture_output=True, text=True)
+            return p.returncode, p.stdout
+        finally:
+            shutil.rmtree(d)
+
+    def test_shim_cycle_is_refused(self):
+        rc, out = self.lint({
+            "broker/call/a.h": "#define A 1\n",
+            "supervisor-shim/relay/relay.h": '#include "jail/child.h"\n',
+            "supervisor-shim/jail/child.h": '#include "relay/relay.h"\n',
+        })
+        self.assertEqual(rc, 1, out)
+        self.assertIn("checkdeps: include cycles between supervisor-shim folders:", out)
+        self.assertIn("jail <-> relay", out)
+        self.assertIn("jail -> relay  (supervisor-shim/jail/child.h)", out)
+
+    def test_one_way_passes(self):
+        rc, out = self.lint({
+            "broker/call/a.h": "#define A 1\n",
+            "supervisor-shim/relay/relay.h": '#include "jail/child.h"\n',
+            "supervisor-shim/jail/child.h": "#define C 1\n",
+            "supervisor-shim/shim.c": '#include "relay/relay.h"\n',
+        })
+        self.assertEqual(rc, 0, out)
+        self.assertIn("checkdeps: supervisor-shim OK (2 folders, 1 folder dependencies, no cycle)", out)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -311,13 +311,18 @@ class Rotation(sbtest.BrokerTestCase):
 
     @unittest.skipUnless(os.path.exists(LOGROTATE), "logrotate is not installed")
     def test_the_shipped_logrotate_file(self):
-        """deploy/logrotate/sandbox-broker, run by logrotate for real; only its paths, the owner of the
-        new files and the way the signal reaches the process (no systemd here) are rewritten."""
+        """deploy/logrotate/sandbox-broker, run by logrotate for real, through its branch for a machine without
+        systemd; only its paths, the owner of the new files and the user whose brokers get the signal are
+        rewritten."""
         with open(os.path.join(DEPLOY, "logrotate", "sandbox-broker")) as f:
             conf = f.read()
-        post = re.search(r"^\s*systemctl kill --kill-whom=main --signal=SIGUSR1 'sandbox-broker\*\.service'.*$",
-                         conf, re.M)
-        self.assertIsNotNone(post, "the postrotate command sends SIGUSR1 to the unit's main process")
+        self.assertRegex(conf, r"(?m)^\s*if \[ -d /run/systemd/system \]; then\n\s*systemctl kill --kill-whom=main "
+                               r"--signal=SIGUSR1 'sandbox-broker\*\.service' .*\n\s*else\n",
+                         "with systemd, the postrotate command sends SIGUSR1 to the units' main processes")
+        self.assertFalse(os.path.isdir("/run/systemd/system"), "this test takes the branch without systemd")
+        # without systemd: to the service user's brokers; here the one this test started (as root)
+        post = re.search(r"^\s*pkill -USR1 -x -u sandbox-broker sandbox-broker .*$", conf, re.M)
+        self.assertIsNotNone(post, "without systemd, the postrotate command signals the service user's brokers")
         self.assertIn("/var/log/sandbox-broker/*.log {", conf)
         b = self.start()
         token = b.mint_ok("lr-run", {"services": ["before", "after"]})

@@ -118,7 +118,7 @@ class UnitSandbox(sbtest.BrokerTestCase):
         """A restart during a database outage: the unit's check must not fail the start."""
         self.write_config({"audit": AUDIT, "database_url": "postgresql://sb@127.0.0.1:%d/app" % sbtest.closed_port(),
                            "targets": {"app": {"document_store": {"table": "document_store"}}}})
-        self.assertIn("--offline", unit_command("ExecStartPre"))
+        self.assertIn("--allow-down", unit_command("ExecStartPre"))
         rc, out, err = run_jailed(self.argv("ExecStartPre"), jail_env())
         self.assertEqual(rc, 0, err)
         # and the start itself comes up, reporting the database on /readyz

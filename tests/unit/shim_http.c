@@ -1,5 +1,5 @@
 /*
- * Unit tests for supervisor-shim/http.c: the request the relay sends (into a
+ * Unit tests for supervisor-shim/relay/http.c: the request the relay sends (into a
  * capped sb_buf_t) and the response-head parser (RFC 9112 sections 4, 5 and
  * 6.3), each refusal with its exact reason, and the head cap's edge.
  */
@@ -7,7 +7,7 @@
 #include <string.h>
 #include "tap.h"
 #include "sb/mem.h"
-#include "../../supervisor-shim/http.c"
+#include "../../supervisor-shim/relay/http.c"
 
 typedef struct st_head_case_t {
     const char *in;

@@ -1,11 +1,11 @@
 /*
- * Unit tests for supervisor-shim/url.c: the broker URL parser, its
+ * Unit tests for supervisor-shim/relay/url.c: the broker URL parser, its
  * normalisation (PROTOCOL.md section 3, "The broker URL") and the comparison
  * serve makes between bindings.url and SANDBOX_BROKER_URL.
  */
 #include <string.h>
 #include "tap.h"
-#include "../../supervisor-shim/url.c"
+#include "../../supervisor-shim/relay/url.c"
 
 typedef struct st_accepted_t {
     const char *in;

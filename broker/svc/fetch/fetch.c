@@ -874,6 +874,18 @@ static void start_hop(fetch_t *f)
             deny(f, "%s", why);
             return;
         }
+        /*
+         * A decide rule holds calls for the decider, which saw only the first
+         * URL: a redirect hop a rule names is refused rather than followed
+         * undecided (PROTOCOL.md section 5a), whatever the first hop was
+         */
+        if (sb_authz_fetch_needs_decision(f->tok->manifest, &f->url, f->method)) {
+            char hp[SB_URL_MAX_HOST + 16];
+            sb_url_hostport(&f->url, hp, sizeof(hp));
+            sb_metrics_egress("redirect needs a decision", 0);
+            deny(f, "http.fetch redirect to host \"%s\" matches a decide rule (redirects are not sent to the decider)", hp);
+            return;
+        }
     }
     /* the secrets, decided for this hop's origin, method and path before anything is resolved or sent */
     if (f->tok != NULL && !decide_secrets(f))

@@ -1,0 +1,1725 @@
+/*
+ * sandbox-shim serve: the supervisor as a service (README.md, "Service mode").
+ *
+ * One h2o evloop on one thread serves HTTP/1.1: GET /health, POST /run,
+ * GET /metrics. A /run request is decoded and checked here (serve_req.c);
+ * a run that passes gets a process of its own (serve_run.c), forked from this
+ * one, which starts the guest the way `run` does (runner.c, in the kernel jail
+ * made and probed once at start-up: jail.h) and reports back over a
+ * socketpair watched by the loop. The loop never blocks on a run: the
+ * number of runs is capped (--max-runs, 503 beyond it, no queue), each run
+ * has a hard deadline, and a run whose client hangs up is cancelled by its own
+ * process, which watches the client's connection.
+ *
+ * Nothing this file logs or answers carries a source, an input, a secret or
+ * a token (README.md, "Logs and metrics").
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <h2o.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include "sb/buf.h"
+#include "sb/mem.h"
+#include "serve/serve.h"
+#include "serve/serve_int.h"
+#include "serve/launcher.h"
+#include "relay/tls.h"
+#include "sb_build_info.h"
+
+#define EXIT_USAGE 2
+#define ADMISSION_HEADER "x-questpie-sandbox-host-admission"
+#define MIN_ADMISSION_SECRET 32u
+#define MAX_SECRET 1024u
+#define DEFAULT_PORT 8787u
+#define DEFAULT_MAX_CONNECTIONS 256u
+/*
+ * h2o buffers a whole body before the handler runs and answers its own plain
+ * 413 past max_request_entity_size; a little above our 2 MiB cap, so that
+ * every body just over the cap gets the exact JSON answer from the handler.
+ */
+#define H2O_ENTITY_CAP (SB_SERVE_MAX_BODY + 1024u * 1024u)
+/* past its timeout, a run's process gets this long (deno start-up, mint, revoke) before it is killed */
+#define RUN_GRACE_MS 20000
+/* after SIGTERM, runs in flight get this long to finish */
+#define DRAIN_MS 45000
+/* /health starts Deno as a guest at most this often */
+#define HEALTH_EVERY_MS 1000
+
+#define MSG_DENIED "The workload is not authorized for this sandbox operation."
+
+static const double BUCKETS[] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60};
+/* from the request to the guest's first instruction (its init frame): milliseconds warm, more cold */
+static const double HANDOVER_BUCKETS[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
+#define NHANDOVER (sizeof(HANDOVER_BUCKETS) / sizeof(HANDOVER_BUCKETS[0]))
+#define NBUCKETS (sizeof(BUCKETS) / sizeof(BUCKETS[0]))
+/* the /metrics text: a fixed set of counters, about 2 kB; past this the scrape is a 500, never a cut text */
+#define SERVE_METRICS_MAX 65536u
+
+typedef struct st_conn_t {
+    struct st_conn_t *next, *prev;
+    h2o_socket_t *sock;
+    struct sockaddr_storage peer;
+    socklen_t peer_len;
+} conn_t;
+
+typedef struct st_run_t {
+    struct st_run_t *next, *prev;
+    h2o_req_t *req;         /* NULL once h2o disposed of the request */
+    struct st_run_t **slot; /* in the request's pool, pointing back here (NULL with req) */
+    pid_t pid;              /* the run's process */
+    int pidfd;              /* names exactly that process until it is reaped; -1 without pidfd_open */
+    pid_t guest;            /* the guest's process group, 0 until it started */
+    int guest_alive;
+    h2o_socket_t *sock; /* the report socket */
+    int have_result;
+    int answered;   /* the answer went out (at the 'R' record, before the process's end) */
+    int holds_slot; /* counts against --max-runs */
+    json_t *meta;
+    char *body;
+    size_t body_len;
+    int64_t started_ms, deadline_ms;
+} run_t;
+
+typedef struct st_zombie_t {
+    struct st_zombie_t *next;
+    pid_t pid;
+} zombie_t;
+
+static struct {
+    sb_serve_conf_t conf;
+    uint8_t admission_hash[32];
+    char deno_version[64];
+    unsigned max_runs, max_connections;
+    struct sockaddr_storage listen_addr;
+    socklen_t listen_len;
+
+    h2o_globalconf_t gc;
+    h2o_context_t ctx;
+    h2o_accept_ctx_t actx;
+    h2o_evloop_t *loop;
+    h2o_socket_t *listener;
+    conn_t *conns;
+    size_t nconns;
+    run_t *runs;
+    unsigned nruns, guests;
+    unsigned active; /* runs holding a --max-runs slot: from the fork to their answer */
+    zombie_t *zombies;
+
+    /* metrics */
+    unsigned long long outcomes[SB_SERVE_OUT_COUNT];
+    unsigned long long buckets[NBUCKETS], hist_count;
+    double hist_sum;
+    unsigned long long jail_failures;
+    unsigned long long handover_buckets[NHANDOVER], handover_count;
+    double handover_sum;
+
+    /* the launcher every run's process is forked from, and its pool (launcher.h) */
+    sb_serve_pool_conf_t pool;
+    sb_serve_launcher_t launcher;
+    uint64_t pool_failures_logged, pool_died_logged;
+    int launcher_down_logged;
+
+    /* operations */
+    const char *log_path;             /* --log-file, or NULL: stderr as it was given */
+    const char *adm_file, *mint_file; /* the secret files, re-read on SIGHUP */
+    int64_t health_at;                /* when the guest check behind /health last ran (0: never) */
+    int health_ok;
+    char health_err[512];
+} S;
+
+static volatile sig_atomic_t stop_requested, reopen_requested, reload_requested, other_signal;
+
+static int guest_deno_version(char *version, size_t vsz, char *err, size_t errsz);
+
+/* ---- logging: one JSON line per event on stderr (the broker's format) ---- */
+
+static void log_event(const char *level, const char *event, json_t *fields)
+{
+    struct timespec ts;
+    struct tm tm;
+    char stamp[96];
+    json_t *o = json_object();
+    const char *k;
+    json_t *v;
+    char *text;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    snprintf(stamp, sizeof(stamp), "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
+             tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
+    json_object_set_new(o, "ts", json_string(stamp));
+    json_object_set_new(o, "level", json_string(level));
+    json_object_set_new(o, "event", json_string(event));
+    if (fields != NULL) {
+        json_object_foreach(fields, k, v)
+        {
+            json_object_set(o, k, v);
+        }
+        json_decref(fields);
+    }
+    if ((text = json_dumps(o, JSON_COMPACT)) != NULL) {
+        fputs(text, stderr);
+        fputc('\n', stderr);
+        fflush(stderr);
+        sb_mem_free_foreign(text);
+    }
+    json_decref(o);
+}
+
+static int fail_usage(const char *fmt, const char *arg)
+{
+    fputs("sandbox-shim serve: ", stderr);
+    fprintf(stderr, fmt, arg != NULL ? arg : "");
+    fputc('\n', stderr);
+    return EXIT_USAGE;
+}
+
+/* ---- answers ---- */
+
+static void send_json(h2o_req_t *req, int status, const char *reason, const char *body, size_t len)
+{
+    static h2o_generator_t generator = {NULL, NULL};
+    h2o_iovec_t buf = h2o_strdup(&req->pool, body, len);
+
+    req->res.status = status;
+    req->res.reason = reason;
+    req->res.content_length = len;
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL, H2O_STRLIT("application/json"));
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CACHE_CONTROL, NULL, H2O_STRLIT("no-store"));
+    if (stop_requested)
+        req->http1_is_persistent = 0;
+    h2o_start_response(req, &generator);
+    h2o_send(req, &buf, 1, H2O_SEND_STATE_FINAL);
+}
+
+#define SEND_LIT(req, status, reason, lit) send_json(req, status, reason, H2O_STRLIT(lit))
+
+/* counts and logs a /run request; `fields` (taken) may carry calls, timedOut and extras */
+static void account(sb_serve_outcome_t outcome, int status, int64_t ms, json_t *fields)
+{
+    json_t *line = json_object(), *v;
+    const char *k;
+
+    ++S.outcomes[outcome < SB_SERVE_OUT_COUNT ? outcome : SB_SERVE_OUT_ERROR];
+    json_object_set_new(line, "outcome", json_string(sb_serve_outcome_name(outcome)));
+    json_object_set_new(line, "status", json_integer(status));
+    json_object_set_new(line, "ms", json_integer(ms));
+    v = fields != NULL ? json_object_get(fields, "calls") : NULL;
+    json_object_set_new(line, "calls", v != NULL ? json_incref(v) : json_integer(0));
+    v = fields != NULL ? json_object_get(fields, "timedOut") : NULL;
+    json_object_set_new(line, "timedOut", v != NULL ? json_incref(v) : json_false());
+    if (fields != NULL) {
+        json_object_foreach(fields, k, v)
+        {
+            if (json_object_get(line, k) == NULL)
+                json_object_set(line, k, v);
+        }
+        json_decref(fields);
+    }
+    log_event("info", "run", line);
+}
+
+/* a run answered before any process: {ok:false, error, logs:[], ms} */
+static void answer_failure(h2o_req_t *req, sb_serve_outcome_t outcome, const char *error, int64_t started)
+{
+    int64_t ms = sb_serve_now_ms() - started;
+    json_t *o = json_pack("{s:b, s:s, s:[], s:I}", "ok", 0, "error", error, "logs", "ms", (json_int_t)ms);
+    char *text = o != NULL ? json_dumps(o, JSON_COMPACT) : NULL;
+
+    if (text != NULL)
+        send_json(req, 200, "OK", text, strlen(text));
+    else
+        SEND_LIT(req, 500, "Internal Server Error", "{\"ok\":false,\"error\":\"sandbox IO error: out of memory\",\"logs\":[]}");
+    sb_mem_free_foreign(text);
+    json_decref(o);
+    account(outcome, 200, ms, NULL);
+}
+
+/* ---- admission ---- */
+
+static void sha256(const void *p, size_t n, uint8_t out[32])
+{
+    unsigned len = 32;
+    if (EVP_Digest(p, n, out, &len, EVP_sha256(), NULL) != 1)
+        abort();
+}
+
+/*
+ * The host's credential: the admission header, compared as SHA-256 digests
+ * with CRYPTO_memcmp, so neither its bytes nor its length leak through
+ * timing. One header exactly: two are ambiguous and refused.
+ * /metrics also takes "Authorization: Bearer <secret>" (what scrapers send).
+ */
+static int admitted(h2o_req_t *req, int allow_bearer)
+{
+    ssize_t i = h2o_find_header_by_str(&req->headers, H2O_STRLIT(ADMISSION_HEADER), -1);
+    uint8_t got[32];
+    h2o_iovec_t v;
+
+    if (i >= 0) {
+        if (h2o_find_header_by_str(&req->headers, H2O_STRLIT(ADMISSION_HEADER), i) >= 0)
+            return 0;
+        v = req->headers.entries[i].value;
+    } else if (allow_bearer && (i = h2o_find_header(&req->headers, H2O_TOKEN_AUTHORIZATION, -1)) >= 0) {
+        v = req->headers.entries[i].value;
+        if (h2o_find_header(&req->headers, H2O_TOKEN_AUTHORIZATION, i) >= 0 || v.len < 7 ||
+            !h2o_lcstris(v.base, 7, H2O_STRLIT("bearer ")))
+            return 0;
+        v.base += 7;
+        v.len -= 7;
+    } else {
+        return 0;
+    }
+    sha256(v.base, v.len, got);
+    return CRYPTO_memcmp(got, S.admission_hash, 32) == 0;
+}
+
+/* ---- runs ---- */
+
+/*
+ * Signals a run's process through its pidfd, which cannot name another process. Never by pid: the
+ * process is the launcher's child, reaped there, so its pid may already be another's. (Without a
+ * pidfd, which the launcher's start checks the kernel has, the run still ends: its deadline and
+ * the client's hang-up reach it through its own descriptors.)
+ */
+static void signal_run(const run_t *r, int sig)
+{
+#ifdef SYS_pidfd_send_signal
+    if (r->pidfd >= 0)
+        (void)syscall(SYS_pidfd_send_signal, r->pidfd, sig, NULL, 0);
+#else
+    (void)r;
+    (void)sig;
+#endif
+}
+
+/*
+ * Reaps a run's process once it has exited (`wait`: blocks until then); 1 when it was reaped.
+ * A process killed before it cleaned up leaves the cgroups of its runs behind: they are removed
+ * while it is a zombie, so that its pid cannot yet name another process's cgroups.
+ */
+static int reap_run(pid_t pid, int wait)
+{
+    siginfo_t si;
+    int w;
+
+    memset(&si, 0, sizeof(si));
+    do
+        w = waitid(P_PID, (id_t)pid, &si, WEXITED | WNOWAIT | (wait ? 0 : WNOHANG));
+    while (w < 0 && errno == EINTR);
+    if (w < 0)
+        return errno == ECHILD;
+    if (si.si_pid == 0)
+        return 0;
+    if (sb_shim_jail_sweep(S.conf.deno.jail, pid) != 0)
+        log_event("warn", "jail.sweep", json_pack("{s:s}", "what", "removed the cgroups of a run process that was killed"));
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+        ;
+    return 1;
+}
+
+static void reap_zombies(void)
+{
+    zombie_t **z = &S.zombies;
+    while (*z != NULL) {
+        if (reap_run((*z)->pid, 0)) {
+            zombie_t *dead = *z;
+            *z = dead->next;
+            sb_mem_free(dead);
+        } else {
+            z = &(*z)->next;
+        }
+    }
+}
+
+static void reap_later(pid_t pid)
+{
+    zombie_t *z;
+    if (reap_run(pid, 0))
+        return;
+    if ((z = sb_mem_try_calloc(1, sizeof(*z))) == NULL) {
+        (void)reap_run(pid, 1); /* out of memory: wait now rather than leak a zombie */
+        return;
+    }
+    z->pid = pid;
+    z->next = S.zombies;
+    S.zombies = z;
+}
+
+static void run_unlink(run_t *r)
+{
+    if (r->prev != NULL)
+        r->prev->next = r->next;
+    else
+        S.runs = r->next;
+    if (r->next != NULL)
+        r->next->prev = r->prev;
+    --S.nruns;
+}
+
+static void release_slot(run_t *r)
+{
+    if (r->holds_slot) {
+        r->holds_slot = 0;
+        --S.active;
+    }
+}
+
+static void observe(int64_t ms)
+{
+    double s = (double)ms / 1000.0;
+    for (size_t i = 0; i < NBUCKETS; ++i)
+        if (s <= BUCKETS[i])
+            ++S.buckets[i];
+    ++S.hist_count;
+    S.hist_sum += s;
+}
+
+static void observe_handover(int64_t ms)
+{
+    double s = (double)ms / 1000.0;
+    for (size_t i = 0; i < NHANDOVER; ++i)
+        if (s <= HANDOVER_BUCKETS[i])
+            ++S.handover_buckets[i];
+    ++S.handover_count;
+    S.handover_sum += s;
+}
+
+/*
+ * The run's answer, once: the body its process reported, or (when there is
+ * none: the process died, its report was malformed, it overran its deadline)
+ * a "sandbox IO error". The request is detached first, so that its disposal,
+ * after the answer, reaches back to nothing. The run is counted and logged
+ * here, and its --max-runs slot is free: its guest is gone and its token
+ * revoked, what remains of the process is its exit.
+ */
+static void run_answer(run_t *r, const char *why)
+{
+    h2o_req_t *req = r->req;
+    int64_t ms = sb_serve_now_ms() - r->started_ms;
+    sb_serve_outcome_t outcome = SB_SERVE_OUT_ERROR;
+    json_t *fields;
+
+    if (r->answered)
+        return;
+    r->answered = 1;
+    fields = json_object();
+    if (r->slot != NULL) {
+        *r->slot = NULL;
+        r->slot = NULL;
+    }
+    r->req = NULL;
+    release_slot(r);
+    if (r->have_result) {
+        const char *o = json_string_value(json_object_get(r->meta, "outcome"));
+        json_int_t jf = json_integer_value(json_object_get(r->meta, "jailFailures"));
+        outcome = sb_serve_outcome_parse(o);
+        json_object_set(fields, "calls", json_object_get(r->meta, "calls"));
+        json_object_set(fields, "timedOut", json_object_get(r->meta, "timedOut"));
+        if (json_object_get(r->meta, "revoke") != NULL)
+            json_object_set(fields, "revoke", json_object_get(r->meta, "revoke"));
+        if (json_object_get(r->meta, "revokeError") != NULL)
+            json_object_set(fields, "revokeError", json_object_get(r->meta, "revokeError"));
+        json_object_set(fields, "pooled", json_object_get(r->meta, "pooled"));
+        if (json_is_integer(json_object_get(r->meta, "handoverMs"))) {
+            json_int_t h = json_integer_value(json_object_get(r->meta, "handoverMs"));
+            json_object_set_new(fields, "handoverMs", json_integer(h));
+            if (h >= 0)
+                observe_handover(h);
+        }
+        if (jf > 0) {
+            S.jail_failures += (unsigned long long)jf;
+            json_object_set_new(fields, "jailFailures", json_integer(jf));
+        }
+        if (req != NULL)
+            send_json(req, 200, "OK", r->body, r->body_len);
+    } else {
+        char e[200];
+        json_t *o;
+        char *text;
+        snprintf(e, sizeof(e), "sandbox IO error: %s", why != NULL ? why : "the run ended without an outcome");
+        o = json_pack("{s:b, s:s, s:[], s:I}", "ok", 0, "error", e, "logs", "ms", (json_int_t)ms);
+        text = o != NULL ? json_dumps(o, JSON_COMPACT) : NULL;
+        if (req != NULL && text != NULL)
+            send_json(req, 200, "OK", text, strlen(text));
+        sb_mem_free_foreign(text);
+        json_decref(o);
+        json_object_set_new(fields, "reason", json_string(why != NULL ? why : "no outcome"));
+    }
+    if (req == NULL)
+        json_object_set_new(fields, "answered", json_false());
+    observe(ms);
+    account(outcome, 200, ms, fields);
+}
+
+/* the run is over: its process ended, or is killed now (`why`); what is left of it goes */
+static void run_finish(run_t *r, const char *why)
+{
+    if (why != NULL)
+        signal_run(r, SIGKILL);
+    run_answer(r, why);
+    if (r->sock != NULL) {
+        h2o_socket_close(r->sock);
+        r->sock = NULL;
+    }
+    if (r->guest_alive) {
+        /*
+         * The run's process went without reporting its guest's end (it was
+         * killed). The guest dies with it (PR_SET_PDEATHSIG, child.c); it is
+         * not signalled from here, as its group id may already be free.
+         */
+        r->guest_alive = 0;
+        --S.guests;
+    }
+    if (r->pidfd >= 0)
+        close(r->pidfd);
+    r->pidfd = -1;
+    reap_later(r->pid);
+    run_unlink(r);
+    json_decref(r->meta);
+    sb_mem_free(r->body);
+    sb_mem_free(r);
+}
+
+static uint32_t be32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+/* takes whole records from the report socket; -1 when the stream is not one the run process writes */
+static int take_records(run_t *r)
+{
+    h2o_buffer_t *in = r->sock->input;
+
+    while (in->size >= 5) {
+        uint8_t kind = (uint8_t)in->bytes[0];
+        uint32_t len = be32((const uint8_t *)in->bytes + 1);
+        const char *p = in->bytes + 5;
+        if (len > SB_SERVE_MAX_RECORD)
+            return -1;
+        if (in->size < 5 + (size_t)len)
+            return 0;
+        if (kind == SB_SERVE_REC_GUEST && len == 4 && !r->guest_alive && r->guest == 0) {
+            r->guest = (pid_t)be32((const uint8_t *)p);
+            r->guest_alive = 1;
+            ++S.guests;
+        } else if (kind == SB_SERVE_REC_GONE && len == 0 && r->guest_alive) {
+            r->guest_alive = 0;
+            --S.guests;
+        } else if (kind == SB_SERVE_REC_RESULT && !r->have_result) {
+            const char *nl = memchr(p, '\n', len);
+            if (nl == NULL || (r->meta = json_loadb(p, (size_t)(nl - p), 0, NULL)) == NULL || !json_is_object(r->meta))
+                return -1;
+            r->body_len = len - (size_t)(nl + 1 - p);
+            if ((r->body = sb_mem_try_alloc(r->body_len + 1)) == NULL)
+                return -1;
+            memcpy(r->body, nl + 1, r->body_len);
+            r->have_result = 1;
+        } else {
+            return -1;
+        }
+        h2o_buffer_consume(&r->sock->input, 5 + (size_t)len);
+        in = r->sock->input;
+    }
+    return 0;
+}
+
+static void on_report(h2o_socket_t *sock, const char *err)
+{
+    run_t *r = sock->data;
+
+    if (take_records(r) != 0) {
+        run_finish(r, "the run's report was malformed");
+        return;
+    }
+    if (r->have_result)
+        run_answer(r, NULL);
+    if (err != NULL)
+        run_finish(r, NULL);
+}
+
+/*
+ * h2o let go of a request whose run is still going: its connection is gone.
+ * Nobody will read the answer, so the run is cancelled at once: SIGTERM tells
+ * its process to kill the guest and drop its broker calls (as a hang-up of the
+ * client's connection does), then to clean up after the guest (its work
+ * directory, the jail's uid and cgroup, a minted token) and report; the run's
+ * deadline still bounds it (run_finish then SIGKILLs it).
+ */
+static void on_req_dispose(void *p)
+{
+    run_t *r = *(run_t **)p;
+    if (r == NULL)
+        return;
+    r->req = NULL;
+    r->slot = NULL;
+    signal_run(r, SIGTERM);
+}
+
+/* the client's connection, found by its peer address (unique among open loopback connections) */
+static int client_fd(h2o_req_t *req)
+{
+    struct sockaddr_storage sa;
+    socklen_t len;
+
+    if (req->conn->callbacks->get_peername == NULL || (len = req->conn->callbacks->get_peername(req->conn, (void *)&sa)) == 0)
+        return -1;
+    for (conn_t *c = S.conns; c != NULL; c = c->next)
+        if (c->peer_len == len && memcmp(&c->peer, &sa, len) == 0)
+            return h2o_socket_get_fd(c->sock);
+    return -1;
+}
+
+static void start_run(h2o_req_t *req, sb_serve_job_t *job)
+{
+    run_t *r = sb_mem_try_calloc(1, sizeof(*r)), **slot;
+    int sv[2] = {-1, -1}, cfd = client_fd(req), pidfd = -1, pooled = 0;
+    pid_t pid;
+    char e[300], why[240];
+
+    if (r == NULL || socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+        snprintf(e, sizeof(e), "failed to spawn sandbox subprocess: %s", r == NULL ? "out of memory" : strerror(errno));
+        sb_mem_free(r);
+        answer_failure(req, SB_SERVE_OUT_SPAWN_FAILED, e, job->started_ms);
+        return;
+    }
+    /* the run's process is forked by the launcher, whose memory holds no other run's data (launcher.h) */
+    if (sb_serve_launcher_submit(&S.launcher, job, sv[1], cfd, &pid, &pidfd, &pooled, why, sizeof(why)) != SB_OK) {
+        snprintf(e, sizeof(e), "failed to spawn sandbox subprocess: %s", why);
+        close(sv[0]);
+        close(sv[1]);
+        sb_mem_free(r);
+        answer_failure(req, SB_SERVE_OUT_SPAWN_FAILED, e, job->started_ms);
+        return;
+    }
+    close(sv[1]);
+    (void)fcntl(sv[0], F_SETFL, O_NONBLOCK);
+    r->pid = pid;
+    r->pidfd = pidfd;
+    r->req = req;
+    r->holds_slot = 1;
+    ++S.active;
+    r->started_ms = job->started_ms;
+    r->deadline_ms = sb_serve_now_ms() + job->timeout_ms + RUN_GRACE_MS;
+    r->sock = h2o_evloop_socket_create(S.loop, sv[0], 0);
+    r->sock->data = r;
+    slot = h2o_mem_alloc_shared(&req->pool, sizeof(*slot), on_req_dispose);
+    *slot = r;
+    r->slot = slot;
+    r->next = S.runs;
+    if (S.runs != NULL)
+        S.runs->prev = r;
+    S.runs = r;
+    ++S.nruns;
+    h2o_socket_read_start(r->sock, on_report);
+}
+
+static void job_dispose(sb_serve_job_t *job)
+{
+    msgpack_sbuffer_destroy(&job->init);
+    explicit_bzero(job->token, sizeof(job->token));
+    json_decref(job->net);
+}
+
+/*
+ * POST /run. The order is upstream's: the body cap (413), JSON (400), the
+ * mode and the host's admission (403), the schema (400); then the checks
+ * that answer a failed run without starting one: imports, the bindings URL,
+ * a network grant without bindings; then capacity (503); then the run.
+ */
+static void handle_run(h2o_req_t *req)
+{
+    int64_t started = sb_serve_now_ms();
+    sb_serve_job_t job;
+    sb_serve_run_t run;
+    json_t *root = NULL;
+    const char *why = NULL;
+    sb_status_t st;
+
+    if (req->entity.len > SB_SERVE_MAX_BODY) {
+        SEND_LIT(req, 413, "Payload Too Large", "{\"ok\":false,\"error\":\"request body too large\",\"logs\":[]}");
+        account(SB_SERVE_OUT_INVALID, 413, sb_serve_now_ms() - started, NULL);
+        return;
+    }
+    st = sb_serve_req_decode(req->entity.base, req->entity.len, &root);
+    if (st == SB_E_BAD_ARGS) {
+        SEND_LIT(req, 400, "Bad Request", "{\"ok\":false,\"error\":\"invalid JSON body\",\"logs\":[]}");
+        account(SB_SERVE_OUT_INVALID, 400, sb_serve_now_ms() - started, NULL);
+        return;
+    }
+    /* too deep or too many values for any valid request: what upstream answers depends on the admission only */
+    if (st != SB_OK ? !admitted(req, 0) : !sb_serve_req_is_host(root) || !admitted(req, 0)) {
+        json_decref(root);
+        SEND_LIT(req, 403, "Forbidden", "{\"ok\":false,\"error\":\"" MSG_DENIED "\",\"logs\":[]}");
+        account(SB_SERVE_OUT_DENIED, 403, sb_serve_now_ms() - started, NULL);
+        return;
+    }
+    if (st != SB_OK || sb_serve_req_validate(root, &run, &why) != SB_OK) {
+        json_decref(root);
+        SEND_LIT(req, 400, "Bad Request", "{\"ok\":false,\"error\":\"invalid sandbox request\",\"logs\":[]}");
+        account(SB_SERVE_OUT_INVALID, 400, sb_serve_now_ms() - started, NULL);
+        return;
+    }
+
+    memset(&job, 0, sizeof(job));
+    msgpack_sbuffer_init(&job.init);
+    job.conf = &S.conf;
+    job.started_ms = started;
+    job.timeout_ms = run.timeout_ms;
+    job.memory_mb = run.memory_mb;
+    /* remote module imports would need a network grant for Deno itself: refused, as README.md says */
+    if (run.imports != NULL && json_array_size(run.imports) != 0) {
+        answer_failure(req, SB_SERVE_OUT_EGRESS_BLOCKED,
+                       "egress blocked: remote module imports are not supported (capabilities.import must be empty)", started);
+        goto Exit;
+    }
+    if (run.has_bindings) {
+        sb_shim_url_t u;
+        const char *uwhy = NULL;
+        char e[SB_SERVE_MAX_URL + 128];
+        if (!S.conf.have_broker) {
+            answer_failure(req, SB_SERVE_OUT_REJECTED, "bindings rejected: sandbox broker URL is not configured", started);
+            goto Exit;
+        }
+        if (strlen(run.url) != run.url_len || sb_shim_url_parse(run.url, &u, &uwhy) != SB_OK) {
+            snprintf(e, sizeof(e), "bindings rejected: bindings.url is not a valid URL: %s", run.url);
+            answer_failure(req, SB_SERVE_OUT_REJECTED, e, started);
+            goto Exit;
+        }
+        if (!sb_shim_url_equal(&u, &S.conf.broker)) {
+            answer_failure(req, SB_SERVE_OUT_REJECTED, "bindings rejected: bindings.url does not match the configured broker URL",
+                           started);
+            goto Exit;
+        }
+        if (!sb_serve_token_ok(run.token, run.token_len)) {
+            answer_failure(req, SB_SERVE_OUT_REJECTED, "bindings rejected: bindings.token cannot be sent in an HTTP header",
+                           started);
+            goto Exit;
+        }
+        job.kind = SB_SERVE_BINDINGS;
+        memcpy(job.token, run.token, run.token_len);
+        job.token[run.token_len] = '\0';
+    } else if (run.net != NULL && json_array_size(run.net) != 0) {
+        /* the guest stays without sockets: its fetch is relayed under a token minted for the run */
+        if (!S.conf.have_netmint || !S.conf.have_broker) {
+            answer_failure(req, SB_SERVE_OUT_EGRESS_BLOCKED,
+                           "egress blocked: network access for runs without bindings needs the broker's net-mint credential, "
+                           "which this supervisor does not have",
+                           started);
+            goto Exit;
+        }
+        job.kind = SB_SERVE_NET;
+        job.net = json_incref((json_t *)run.net);
+    } else {
+        job.kind = SB_SERVE_COMPUTE;
+    }
+    if (S.active >= S.max_runs) {
+        SEND_LIT(req, 503, "Service Unavailable", "{\"ok\":false,\"error\":\"sandbox supervisor is at capacity\",\"logs\":[]}");
+        account(SB_SERVE_OUT_BUSY, 503, sb_serve_now_ms() - started, NULL);
+        goto Exit;
+    }
+    if (sb_serve_req_pack_init(&run, job.kind == SB_SERVE_BINDINGS, job.kind != SB_SERVE_COMPUTE, &job.init) != SB_OK) {
+        answer_failure(req, SB_SERVE_OUT_INVALID, "sandbox output limit exceeded", started);
+        goto Exit;
+    }
+    start_run(req, &job);
+Exit:
+    job_dispose(&job);
+    json_decref(root);
+}
+
+/* ---- health and metrics ---- */
+
+/*
+ * GET /health: whether a run can start now, as the broker's /readyz says whether a call can be
+ * served. Deno is started as a guest (guest_deno_version: the spawn path, the jail, a free guest
+ * uid), at most once per HEALTH_EVERY_MS whatever the number of probes; a removed or unreachable
+ * Deno, no free guest uid, or a jail the kernel now refuses answers 503 with the reason.
+ * The check blocks the loop for the time Deno takes to print its version (about 20 ms).
+ */
+static void handle_health(h2o_req_t *req)
+{
+    char body[900], version[64];
+    int64_t now = sb_serve_now_ms();
+    json_t *o;
+    char *text;
+
+    if (S.health_at == 0 || now - S.health_at >= HEALTH_EVERY_MS) {
+        S.health_ok = guest_deno_version(version, sizeof(version), S.health_err, sizeof(S.health_err)) == 0;
+        S.health_at = sb_serve_now_ms();
+    }
+    if (S.health_ok) {
+        int n = snprintf(body, sizeof(body), "{\"ok\":true,\"runtime\":\"deno\",\"version\":\"%s\"}", S.deno_version);
+        send_json(req, 200, "OK", body, (size_t)n);
+        return;
+    }
+    o = json_pack("{s:b, s:s, s:s, s:s}", "ok", 0, "runtime", "deno", "version", S.deno_version, "error", S.health_err);
+    text = o != NULL ? json_dumps(o, JSON_COMPACT) : NULL;
+    if (text != NULL)
+        send_json(req, 503, "Service Unavailable", text, strlen(text));
+    else
+        SEND_LIT(req, 503, "Service Unavailable", "{\"ok\":false,\"runtime\":\"deno\"}");
+    sb_mem_free_foreign(text);
+    json_decref(o);
+}
+
+static void handle_metrics(h2o_req_t *req)
+{
+    static h2o_generator_t generator = {NULL, NULL};
+    sb_buf_t t;
+    sb_status_t st;
+    h2o_iovec_t buf;
+
+    if (!admitted(req, 1)) {
+        SEND_LIT(req, 403, "Forbidden", "{\"ok\":false,\"error\":\"" MSG_DENIED "\",\"logs\":[]}");
+        return;
+    }
+    /* the first append that fails sticks: the scrape gets the whole text or a 500, never a cut one */
+    sb_buf_init(&t, SERVE_METRICS_MAX);
+    st = sb_buf_append_str(&t, "# HELP sb_serve_runs_total POST /run requests by outcome.\n# TYPE sb_serve_runs_total counter\n");
+    for (unsigned i = 0; i < SB_SERVE_OUT_COUNT && st == SB_OK; ++i)
+        st = sb_buf_printf(&t, "sb_serve_runs_total{outcome=\"%s\"} %llu\n", sb_serve_outcome_name((sb_serve_outcome_t)i),
+                           S.outcomes[i]);
+    if (st == SB_OK)
+        st = sb_buf_append_str(&t, "# HELP sb_serve_run_duration_seconds Wall time of runs that got a process.\n"
+                                   "# TYPE sb_serve_run_duration_seconds histogram\n");
+    for (size_t i = 0; i < NBUCKETS && st == SB_OK; ++i) /* observe() counts each run in every bucket it fits: cumulative */
+        st = sb_buf_printf(&t, "sb_serve_run_duration_seconds_bucket{le=\"%g\"} %llu\n", BUCKETS[i], S.buckets[i]);
+    if (st == SB_OK)
+        st = sb_buf_printf(&t,
+                           "sb_serve_run_duration_seconds_bucket{le=\"+Inf\"} %llu\n"
+                           "sb_serve_run_duration_seconds_sum %.6f\nsb_serve_run_duration_seconds_count %llu\n"
+                           "# HELP sb_serve_runs_in_flight Runs with a process.\n# TYPE sb_serve_runs_in_flight gauge\n"
+                           "sb_serve_runs_in_flight %u\n"
+                           "# HELP sb_serve_guests_alive Guest processes running.\n# TYPE sb_serve_guests_alive gauge\n"
+                           "sb_serve_guests_alive %u\n"
+                           "# HELP sb_serve_jail_setup_failures_total Guests not started because their jail could not be set up.\n"
+                           "# TYPE sb_serve_jail_setup_failures_total counter\nsb_serve_jail_setup_failures_total %llu\n"
+                           "# HELP sb_serve_max_runs The --max-runs cap.\n# TYPE sb_serve_max_runs gauge\nsb_serve_max_runs %u\n",
+                           S.hist_count, S.hist_sum, S.hist_count, S.nruns, S.guests, S.jail_failures, S.max_runs);
+    if (st == SB_OK)
+        st = sb_buf_append_str(
+            &t, "# HELP sb_serve_handover_seconds From the request to the guest's first instruction (its init frame).\n"
+                "# TYPE sb_serve_handover_seconds histogram\n");
+    for (size_t i = 0; i < NHANDOVER && st == SB_OK; ++i)
+        st = sb_buf_printf(&t, "sb_serve_handover_seconds_bucket{le=\"%g\"} %llu\n", HANDOVER_BUCKETS[i], S.handover_buckets[i]);
+    if (st == SB_OK) {
+        sb_serve_pool_stats_t ps;
+        sb_serve_launcher_stats(&S.launcher, &ps);
+        st = sb_buf_printf(
+            &t,
+            "sb_serve_handover_seconds_bucket{le=\"+Inf\"} %llu\nsb_serve_handover_seconds_sum %.6f\n"
+            "sb_serve_handover_seconds_count %llu\n"
+            "# HELP sb_serve_pool_runs_total Runs by how their guest started: pooled (a hit) or cold.\n"
+            "# TYPE sb_serve_pool_runs_total counter\n"
+            "sb_serve_pool_runs_total{start=\"pooled\"} %llu\nsb_serve_pool_runs_total{start=\"cold\"} %llu\n"
+            "# HELP sb_serve_pool_misses_total Runs of a pooled memory class that found no guest ready (started cold).\n"
+            "# TYPE sb_serve_pool_misses_total counter\nsb_serve_pool_misses_total %llu\n"
+            "# HELP sb_serve_pool_started_total Pooled guests started and ready.\n"
+            "# TYPE sb_serve_pool_started_total counter\nsb_serve_pool_started_total %llu\n"
+            "# HELP sb_serve_pool_start_failures_total Pooled guests that could not be started.\n"
+            "# TYPE sb_serve_pool_start_failures_total counter\nsb_serve_pool_start_failures_total %llu\n"
+            "# HELP sb_serve_pool_died_total Pooled guests that died while waiting for a run (replaced).\n"
+            "# TYPE sb_serve_pool_died_total counter\nsb_serve_pool_died_total %llu\n"
+            "# HELP sb_serve_pool_guests Pooled guests now, by state.\n# TYPE sb_serve_pool_guests gauge\n"
+            "sb_serve_pool_guests{state=\"ready\"} %llu\nsb_serve_pool_guests{state=\"starting\"} %llu\n",
+            S.handover_count, S.handover_sum, S.handover_count, (unsigned long long)ps.hits, (unsigned long long)ps.cold,
+            (unsigned long long)ps.misses, (unsigned long long)ps.refills, (unsigned long long)ps.refill_failures,
+            (unsigned long long)ps.died, (unsigned long long)ps.idle, (unsigned long long)ps.starting);
+    }
+    if (st != SB_OK) {
+        sb_buf_free(&t);
+        SEND_LIT(req, 500, "Internal Server Error", "{\"ok\":false,\"error\":\"out of memory\",\"logs\":[]}");
+        return;
+    }
+    buf = h2o_strdup(&req->pool, t.base, t.len);
+    sb_buf_free(&t);
+    req->res.status = 200;
+    req->res.reason = "OK";
+    req->res.content_length = buf.len;
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL, H2O_STRLIT("text/plain; version=0.0.4"));
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CACHE_CONTROL, NULL, H2O_STRLIT("no-store"));
+    h2o_start_response(req, &generator);
+    h2o_send(req, &buf, 1, H2O_SEND_STATE_FINAL);
+}
+
+static int on_req(h2o_handler_t *self, h2o_req_t *req)
+{
+    h2o_iovec_t p = req->path_normalized;
+
+    (void)self;
+    if (h2o_memis(req->method.base, req->method.len, H2O_STRLIT("GET")) && h2o_memis(p.base, p.len, H2O_STRLIT("/health")))
+        handle_health(req);
+    else if (h2o_memis(req->method.base, req->method.len, H2O_STRLIT("POST")) && h2o_memis(p.base, p.len, H2O_STRLIT("/run")))
+        handle_run(req);
+    else if (h2o_memis(req->method.base, req->method.len, H2O_STRLIT("GET")) && h2o_memis(p.base, p.len, H2O_STRLIT("/metrics")))
+        handle_metrics(req);
+    else
+        SEND_LIT(req, 404, "Not Found", "{\"ok\":false,\"error\":\"not found\",\"logs\":[]}");
+    return 0;
+}
+
+/* ---- connections ---- */
+
+static void on_conn_close(void *data)
+{
+    conn_t *c = data;
+    if (c->prev != NULL)
+        c->prev->next = c->next;
+    else
+        S.conns = c->next;
+    if (c->next != NULL)
+        c->next->prev = c->prev;
+    --S.nconns;
+    sb_mem_free(c);
+}
+
+static void on_accept(h2o_socket_t *listener, const char *err)
+{
+    h2o_socket_t *sock;
+
+    if (err != NULL)
+        return;
+    for (int i = 0; i < 16 && (sock = h2o_evloop_socket_accept(listener)) != NULL; ++i) {
+        conn_t *c;
+        /* connections are bounded like everything else: past the cap a new one is closed at once */
+        if (S.nconns >= S.max_connections || (c = sb_mem_try_calloc(1, sizeof(*c))) == NULL) {
+            h2o_socket_close(sock);
+            continue;
+        }
+        c->sock = sock;
+        c->peer_len = h2o_socket_getpeername(sock, (void *)&c->peer);
+        c->next = S.conns;
+        if (S.conns != NULL)
+            S.conns->prev = c;
+        S.conns = c;
+        ++S.nconns;
+        sock->on_close.cb = on_conn_close;
+        sock->on_close.data = c;
+        h2o_accept(&S.actx, sock);
+    }
+}
+
+/* ---- configuration ---- */
+
+static int parse_uint(const char *s, unsigned long min, unsigned long max, unsigned long *out)
+{
+    unsigned long v = 0;
+    if (s == NULL || *s == '\0' || strlen(s) > 9)
+        return -1;
+    for (const char *p = s; *p != '\0'; ++p) {
+        if (*p < '0' || *p > '9')
+            return -1;
+        v = v * 10 + (unsigned long)(*p - '0');
+    }
+    if (v < min || v > max)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* "host:port" or "[v6]:port" with a numeric host */
+static int parse_listen(const char *s, struct sockaddr_storage *ss, socklen_t *len)
+{
+    char host[64];
+    const char *colon, *h = s;
+    size_t hlen;
+    unsigned long port;
+
+    memset(ss, 0, sizeof(*ss));
+    if (*s == '[') {
+        const char *rb = strchr(s, ']');
+        if (rb == NULL || rb[1] != ':')
+            return -1;
+        h = s + 1;
+        hlen = (size_t)(rb - h);
+        colon = rb + 1;
+    } else {
+        if ((colon = strrchr(s, ':')) == NULL)
+            return -1;
+        hlen = (size_t)(colon - s);
+    }
+    if (hlen == 0 || hlen >= sizeof(host) || parse_uint(colon + 1, 0, 65535, &port) != 0)
+        return -1;
+    memcpy(host, h, hlen);
+    host[hlen] = '\0';
+    if (inet_pton(AF_INET, host, &((struct sockaddr_in *)ss)->sin_addr) == 1) {
+        ((struct sockaddr_in *)ss)->sin_family = AF_INET;
+        ((struct sockaddr_in *)ss)->sin_port = htons((uint16_t)port);
+        *len = sizeof(struct sockaddr_in);
+        return 0;
+    }
+    if (inet_pton(AF_INET6, host, &((struct sockaddr_in6 *)ss)->sin6_addr) == 1) {
+        ((struct sockaddr_in6 *)ss)->sin6_family = AF_INET6;
+        ((struct sockaddr_in6 *)ss)->sin6_port = htons((uint16_t)port);
+        *len = sizeof(struct sockaddr_in6);
+        return 0;
+    }
+    return -1;
+}
+
+/* trims ASCII white space at both ends, in place (upstream trims its environment values) */
+static char *trim(char *s)
+{
+    size_t n;
+    while (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r')
+        ++s;
+    n = strlen(s);
+    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\n' || s[n - 1] == '\r'))
+        s[--n] = '\0';
+    return s;
+}
+
+/*
+ * A secret from a file, or from the environment (then scrubbed from it, as the token is in `run`).
+ * Messages name where it came from and never carry it.
+ * @return 0 (out is "" when neither gave one), or -1 with `err` set
+ */
+static int read_secret(const char *file, const char *env, char *out, size_t outsz, const char *what, char *err, size_t errsz)
+{
+    char buf[MAX_SECRET + 2];
+    size_t n = 0;
+    int rc = -1;
+
+    out[0] = '\0';
+    if (file != NULL) {
+        int fd = open(file, O_RDONLY | O_CLOEXEC);
+        ssize_t r;
+        if (fd < 0) {
+            snprintf(err, errsz, "cannot open the %s file %s: %s", what, file, strerror(errno));
+            return -1;
+        }
+        while (n < sizeof(buf) - 1 && (r = read(fd, buf + n, sizeof(buf) - 1 - n)) != 0) {
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r < 0) {
+                snprintf(err, errsz, "cannot read the %s file %s: %s", what, file, strerror(errno));
+                close(fd);
+                goto Exit;
+            }
+            n += (size_t)r;
+        }
+        close(fd);
+        buf[n] = '\0';
+    } else {
+        char *v = getenv(env);
+        if (v == NULL)
+            return 0;
+        n = strlen(v);
+        if (n < sizeof(buf))
+            memcpy(buf, v, n + 1);
+        explicit_bzero(v, n);
+        (void)unsetenv(env);
+        if (n >= sizeof(buf)) {
+            snprintf(err, errsz, "%s: the %s is longer than 1024 bytes", env, what);
+            goto Exit;
+        }
+    }
+    {
+        char *t = trim(buf);
+        size_t tl = strlen(t);
+        if (tl >= outsz || tl > MAX_SECRET) {
+            snprintf(err, errsz, "%s%s: the %s is longer than 1024 bytes", file != NULL ? "the file " : "",
+                     file != NULL ? file : env, what);
+            goto Exit;
+        }
+        for (size_t i = 0; i < tl; ++i) {
+            if ((unsigned char)t[i] < 0x20 || (unsigned char)t[i] == 0x7f) {
+                snprintf(err, errsz, "%s%s: the %s holds control characters", file != NULL ? "the file " : "",
+                         file != NULL ? file : env, what);
+                goto Exit;
+            }
+        }
+        memcpy(out, t, tl + 1);
+    }
+    rc = 0;
+Exit:
+    explicit_bzero(buf, sizeof(buf));
+    return rc;
+}
+
+/* the admission secret's own rule, with the name of where it came from */
+static int check_admission(const char *secret, const char *file, char *err, size_t errsz)
+{
+    if (strlen(secret) >= MIN_ADMISSION_SECRET)
+        return 0;
+    if (file != NULL)
+        snprintf(err, errsz, "--admission-secret-file %s must hold at least 32 bytes; refusing to start without host admission",
+                 file);
+    else
+        snprintf(err, errsz,
+                 "SANDBOX_HOST_ADMISSION_SECRET (or --admission-secret-file) must hold at least 32 bytes; "
+                 "refusing to start without host admission");
+    return -1;
+}
+
+/*
+ * Deno as a guest meets it: `deno --version` started through the spawn path every guest takes
+ * (child.c with the service's jail: the guests' uid, their view of the files, their limits), so
+ * that a binary the guests cannot reach, a jail the kernel refuses, or no free guest uid shows here
+ * rather than in a failed run. At start-up (and --check-config) and behind /health.
+ * @return 0 with the version; -1 with `err` saying what is wrong: "spawn: <why>" when no guest
+ *         started (child.c's reason: "jail: ..." or "cannot execute ..."), else what Deno answered
+ */
+static int guest_deno_version(char *version, size_t vsz, char *err, size_t errsz)
+{
+    char *argv[] = {"deno", "--version", NULL};
+    char *envp[] = {"NO_COLOR=1", "DENO_NO_UPDATE_CHECK=1", "HOME=/nonexistent", NULL};
+    sb_shim_spawn_t sp;
+    sb_shim_child_t c;
+    char out[4096], why[400];
+    size_t n = 0;
+    int64_t deadline = sb_serve_now_ms() + 20000;
+    int status = 0;
+    const char *v;
+
+    memset(&sp, 0, sizeof(sp));
+    sp.path = S.conf.deno.exe;
+    sp.argv = argv;
+    sp.envp = envp;
+    sp.cwd = "/";
+    sp.nofile = SB_SHIM_GUEST_NOFILE;
+    sp.jail = S.conf.deno.jail;
+    if (sb_shim_child_spawn(&sp, &c, why, sizeof(why)) != SB_OK) {
+        snprintf(err, errsz, "spawn: %s", why);
+        return -1;
+    }
+    close(c.in_fd);
+    c.in_fd = -1;
+    for (;;) {
+        struct pollfd pf = {c.out_fd, POLLIN, 0};
+        int64_t left = deadline - sb_serve_now_ms();
+        ssize_t r;
+        if (left <= 0 || poll(&pf, 1, (int)left) <= 0)
+            break;
+        r = read(c.out_fd, out + n, sizeof(out) - 1 - n);
+        if (r < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        if (r <= 0)
+            break;
+        n += (size_t)r;
+        if (n == sizeof(out) - 1)
+            break;
+    }
+    sb_shim_child_signal(&c, SIGKILL);
+    while (waitpid(c.pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    c.pid = -1; /* reaped: close gives the uid back */
+    sb_shim_child_close(&c);
+    out[n] = '\0';
+    if (strncmp(out, "deno ", 5) != 0) {
+        snprintf(err, errsz, "%s --version did not answer like Deno (%s)", S.conf.deno.exe,
+                 n == 0 ? "no output" : "its first line is not \"deno VERSION\"");
+        return -1;
+    }
+    v = out + 5;
+    n = 0;
+    while (n + 1 < vsz &&
+           ((v[n] >= '0' && v[n] <= '9') || (v[n] >= 'a' && v[n] <= 'z') || v[n] == '.' || v[n] == '-' || v[n] == '+'))
+        ++n;
+    if (n == 0) {
+        snprintf(err, errsz, "%s --version did not answer like Deno (no version)", S.conf.deno.exe);
+        return -1;
+    }
+    memcpy(version, v, n);
+    version[n] = '\0';
+    return 0;
+}
+
+/*
+ * Finds Deno and starts it once as a guest would (guest_deno_version). `src` names where the value
+ * came from ("--deno", "DENO_BIN", or NULL: the default, deno on PATH), for the message.
+ */
+static int check_deno(const char *deno, const char *src, const sb_shim_jail_config_t *jc, char *err, size_t errsz)
+{
+    char what[360], why[512];
+    struct stat st;
+
+    if (src == NULL)
+        snprintf(what, sizeof(what), "deno (looked up on PATH)");
+    else if (strcmp(src, "--deno") == 0)
+        snprintf(what, sizeof(what), "--deno %.320s", deno);
+    else
+        snprintf(what, sizeof(what), "%s=%.320s", src, deno);
+    if ((S.conf.deno.exe = sb_shim_find_exe(deno)) == NULL) {
+        const char *path = getenv("PATH");
+        snprintf(err, errsz, "%s: not found at PATH=%.300s; install Deno (2.9) or name it with --deno PATH or DENO_BIN", what,
+                 path != NULL ? path : "(unset: /usr/local/bin:/usr/bin:/bin)");
+        return -1;
+    }
+    if (stat(S.conf.deno.exe, &st) != 0) {
+        snprintf(err, errsz, "%s: not found at %.300s (%s); install Deno there or name another with --deno PATH or DENO_BIN", what,
+                 S.conf.deno.exe, strerror(errno));
+        return -1;
+    }
+    if (guest_deno_version(S.deno_version, sizeof(S.deno_version), why, sizeof(why)) == 0)
+        return 0;
+    if (strncmp(why, "spawn: cannot execute", 21) == 0) {
+        char uids[96];
+        if (!sb_shim_jail_enabled(S.conf.deno.jail) || !sb_shim_jail_privileged(S.conf.deno.jail))
+            snprintf(uids, sizeof(uids), "serve's own uid %u", (unsigned)geteuid());
+        else
+            snprintf(uids, sizeof(uids), "uids of their own (--jail-uid-base %lu and up)", jc->uid_base);
+        snprintf(err, errsz,
+                 "%s: a guest cannot start it (%s): the guests run as %s, so the file and every directory above it must be "
+                 "readable and executable by them; install Deno where they can reach it (e.g. /usr/local/bin), not under a "
+                 "0700 home directory",
+                 what, why + 7, uids);
+    } else if (strncmp(why, "spawn: ", 7) == 0) {
+        snprintf(err, errsz, "%s: a guest cannot be started: %s", what, why + 7);
+    } else {
+        snprintf(err, errsz, "%s: %s", what, why);
+    }
+    return -1;
+}
+
+static void usage(FILE *f)
+{
+    fputs("usage: sandbox-shim serve [options]\n"
+          "  --listen HOST:PORT            listener (default 127.0.0.1:$PORT, PORT default 8787)\n"
+          "  --admission-secret-file F     the host admission secret (else SANDBOX_HOST_ADMISSION_SECRET; >= 32 bytes; required)\n"
+          "  --broker-url URL              the one broker URL runs may use (else SANDBOX_BROKER_URL)\n"
+          "  --ca-file F                   https broker: PEM CAs instead of the system store\n"
+          "  --broker-admin-url URL        the broker's admin listener, for runs with net and no bindings\n"
+          "                                (else SANDBOX_BROKER_ADMIN_URL)\n"
+          "  --net-mint-secret-file F      the broker's net-mint credential (else SANDBOX_NET_MINT_SECRET)\n"
+          "  --deno PATH                   the Deno binary (else DENO_BIN, else deno on PATH)\n"
+          "  --max-runs N                  runs at once (default: online CPUs x 2); beyond it 503\n"
+          "  --max-connections N           open client connections (default 256)\n"
+          "  --pool-size N                 guests kept started per memory class, waiting for a run (default 2; 0: none)\n"
+          "  --pool-memory-mb LIST         the memory classes of the pool, memoryMb values (default 128)\n"
+          "  --log-file F                  append the log to F instead of stderr (reopened on SIGUSR1 and SIGHUP)\n"
+          "  --jail on|off                 the kernel jail around every guest (default on; off is logged)\n"
+          "  --jail-uid-base N, --jail-slots N, --jail-nproc N, --jail-fsize-mb N, --jail-cgroup DIR,\n"
+          "  --jail-lock-file F            as for `sandbox-shim run` (supervisor-shim/README.md, \"The jail\")\n"
+          "  --check-config                check everything start-up checks (Deno started once as a guest), print\n"
+          "                                \"configuration OK\" and exit 0; 2 when something is wrong\n"
+          "Signals: SIGTERM and SIGINT drain the runs in flight and stop; SIGUSR1 reopens --log-file; SIGHUP\n"
+          "reopens it and re-reads the secret files (everything else needs a restart, and the log says so);\n"
+          "SIGUSR2 and SIGALRM are logged and ignored.\n",
+          f);
+}
+
+/* --log-file: the path opened for appending onto descriptor 2, where every line goes */
+static int log_open(const char *path, char *err, size_t errsz)
+{
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY, 0600);
+
+    if (fd < 0) {
+        snprintf(err, errsz, "cannot open the log file %s: %s", path, strerror(errno));
+        return -1;
+    }
+    fflush(stderr);
+    if (fd != 2 && dup2(fd, 2) < 0) {
+        snprintf(err, errsz, "cannot open the log file %s: dup2: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    if (fd != 2)
+        close(fd);
+    return 0;
+}
+
+static int configure(int argc, char **argv, char *admission, size_t admsz, int *check_only)
+{
+    const char *listen = NULL, *broker = NULL, *ca = NULL, *admin = NULL, *deno = NULL, *adm_file = NULL, *mint_file = NULL;
+    const char *why = NULL, *env, *broker_src = "--broker-url", *admin_src = "--broker-admin-url", *deno_src = "--deno";
+    unsigned long v;
+    long cpus;
+    char lbuf[32], err[2048];
+    sb_shim_jail_config_t jc;
+
+    cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    S.max_runs = cpus > 0 && cpus < 4096 ? (unsigned)cpus * 2u : 2u;
+    S.max_connections = DEFAULT_MAX_CONNECTIONS;
+    S.pool.size = SB_SERVE_POOL_DEFAULT_SIZE;
+    S.pool.nclasses = 1;
+    S.pool.class_mb[0] = SB_SERVE_DEFAULT_MEMORY_MB;
+    sb_shim_jail_config_init(&jc);
+    for (int i = 1; i < argc; ++i) {
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return -1;
+        }
+        if (strcmp(a, "--check-config") == 0) {
+            *check_only = 1;
+            continue;
+        }
+        if (strncmp(a, "--jail=", 7) == 0) {
+            if (sb_shim_jail_config_option(&jc, a, NULL, &why) < 0)
+                return fail_usage("%s", why);
+            continue;
+        }
+        if (val == NULL)
+            return fail_usage("%s needs a value", a);
+        ++i;
+        if (strcmp(a, "--listen") == 0)
+            listen = val;
+        else if (strcmp(a, "--broker-url") == 0)
+            broker = val;
+        else if (strcmp(a, "--ca-file") == 0)
+            ca = val;
+        else if (strcmp(a, "--broker-admin-url") == 0)
+            admin = val;
+        else if (strcmp(a, "--admission-secret-file") == 0)
+            adm_file = val;
+        else if (strcmp(a, "--net-mint-secret-file") == 0)
+            mint_file = val;
+        else if (strcmp(a, "--deno") == 0)
+            deno = val;
+        else if (strcmp(a, "--log-file") == 0)
+            S.log_path = val;
+        else if (strcmp(a, "--max-runs") == 0) {
+            if (parse_uint(val, 1, 4096, &v) != 0)
+                return fail_usage("--max-runs wants 1..4096, not \"%s\"", val);
+            S.max_runs = (unsigned)v;
+        } else if (strcmp(a, "--pool-size") == 0) {
+            if (parse_uint(val, 0, SB_SERVE_POOL_MAX_SIZE, &v) != 0)
+                return fail_usage("--pool-size wants 0..64, not \"%s\"", val);
+            S.pool.size = (unsigned)v;
+        } else if (strcmp(a, "--pool-memory-mb") == 0) {
+            if (sb_serve_pool_parse_classes(val, &S.pool, &why) != 0)
+                return fail_usage("%s", why);
+        } else if (strcmp(a, "--max-connections") == 0) {
+            if (parse_uint(val, 1, 100000, &v) != 0)
+                return fail_usage("--max-connections wants 1..100000, not \"%s\"", val);
+            S.max_connections = (unsigned)v;
+        } else {
+            int jr = sb_shim_jail_config_option(&jc, a, val, &why);
+            if (jr < 0)
+                return fail_usage("%s", why);
+            if (jr == 0)
+                return fail_usage("unknown option %s", a);
+        }
+    }
+
+    /* the admission secret first: no other mistake may leave it in the environment */
+    if (read_secret(adm_file, "SANDBOX_HOST_ADMISSION_SECRET", admission, admsz, "host admission secret", err, sizeof(err)) != 0 ||
+        check_admission(admission, adm_file, err, sizeof(err)) != 0 ||
+        read_secret(mint_file, "SANDBOX_NET_MINT_SECRET", S.conf.netmint.secret, sizeof(S.conf.netmint.secret), "net-mint secret",
+                    err, sizeof(err)) != 0)
+        return fail_usage("%s", err);
+    S.adm_file = adm_file;
+    S.mint_file = mint_file;
+
+    if (listen == NULL) {
+        const char *port = getenv("PORT");
+        if (port != NULL && parse_uint(port, 0, 65535, &v) != 0)
+            return fail_usage("PORT wants 0..65535, not \"%s\"", port);
+        snprintf(lbuf, sizeof(lbuf), "127.0.0.1:%lu", port != NULL ? v : (unsigned long)DEFAULT_PORT);
+        listen = lbuf;
+    }
+    if (parse_listen(listen, &S.listen_addr, &S.listen_len) != 0)
+        return fail_usage("--listen wants HOST:PORT with a numeric host, not \"%s\"", listen);
+
+    if (broker == NULL && (env = getenv("SANDBOX_BROKER_URL")) != NULL && *env != '\0') {
+        broker = env;
+        broker_src = "SANDBOX_BROKER_URL";
+    }
+    if (broker != NULL) {
+        char *dup = sb_mem_try_strdup(broker), *b = dup != NULL ? trim(dup) : NULL;
+        if (b == NULL || sb_shim_url_parse(b, &S.conf.broker, &why) != SB_OK) {
+            snprintf(err, sizeof(err), "%s: %s", broker_src, why != NULL ? why : "out of memory");
+            sb_mem_free(dup);
+            return fail_usage("%s", err);
+        }
+        sb_mem_free(dup);
+        if (sb_shim_url_resolve(&S.conf.broker, &S.conf.broker_addr, &S.conf.broker_addr_len, &why) != SB_OK) {
+            snprintf(err, sizeof(err), "%s: cannot resolve the broker host: %s", broker_src, why);
+            return fail_usage("%s", err);
+        }
+        if (S.conf.broker.https && (S.conf.tls = sb_shim_tls_ctx_new(ca, err, sizeof(err))) == NULL)
+            return fail_usage("%s", err);
+        S.conf.have_broker = 1;
+    }
+    if (ca != NULL && (broker == NULL || !S.conf.broker.https))
+        return fail_usage("--ca-file needs an https:// broker URL%s", "");
+
+    if (admin == NULL && (env = getenv("SANDBOX_BROKER_ADMIN_URL")) != NULL && *env != '\0') {
+        admin = env;
+        admin_src = "SANDBOX_BROKER_ADMIN_URL";
+    }
+    if (admin != NULL) {
+        sb_shim_netmint_t *nm = &S.conf.netmint;
+        if (sb_shim_url_parse(admin, &nm->url, &why) != SB_OK) {
+            snprintf(err, sizeof(err), "%s: %s", admin_src, why);
+            return fail_usage("%s", err);
+        }
+        if (nm->url.https || strcmp(nm->url.target, "/") != 0) {
+            snprintf(err, sizeof(err),
+                     "%s must be http://HOST:PORT (the admin listener is plain HTTP, on a private address), not \"%s\"", admin_src,
+                     admin);
+            return fail_usage("%s", err);
+        }
+        if (sb_shim_url_resolve(&nm->url, &nm->addr, &nm->addr_len, &why) != SB_OK) {
+            snprintf(err, sizeof(err), "%s: cannot resolve the broker admin host: %s", admin_src, why);
+            return fail_usage("%s", err);
+        }
+        if (nm->secret[0] == '\0')
+            return fail_usage("%s needs SANDBOX_NET_MINT_SECRET (or --net-mint-secret-file)", admin_src);
+        if (!S.conf.have_broker)
+            return fail_usage("%s needs SANDBOX_BROKER_URL (or --broker-url): network tokens are used there", admin_src);
+        S.conf.have_netmint = 1;
+    } else if (S.conf.netmint.secret[0] != '\0') {
+        return fail_usage(mint_file != NULL
+                              ? "--net-mint-secret-file is given without SANDBOX_BROKER_ADMIN_URL (or --broker-admin-url)%s"
+                              : "SANDBOX_NET_MINT_SECRET is given without SANDBOX_BROKER_ADMIN_URL (or --broker-admin-url)%s",
+                          "");
+    }
+
+    /*
+     * The jail, once for every run (runner.c puts it around each guest): the seccomp filter is
+     * compiled and the configuration checked here, and one jailed guest is started, so that a
+     * kernel that refuses namespaces or seccomp stops the service now rather than failing runs.
+     */
+    if ((S.conf.deno.jail = sb_shim_jail_new(&jc, err, sizeof(err))) == NULL ||
+        sb_shim_jail_probe(S.conf.deno.jail, err, sizeof(err)) != SB_OK)
+        return fail_usage(strstr(err, "--jail=off") != NULL
+                              ? "%s; serve does not start"
+                              : "%s; serve does not start (--jail=off runs the guests without the jail)",
+                          err);
+
+    /* Deno, started once as every guest will be: in the jail, as a guest's uid */
+    if (deno == NULL && (env = getenv("DENO_BIN")) != NULL && *env != '\0') {
+        deno = env;
+        deno_src = "DENO_BIN";
+    }
+    if (check_deno(deno != NULL ? deno : "deno", deno != NULL ? deno_src : NULL, &jc, err, sizeof(err)) != 0)
+        return fail_usage("%s; serve does not start", err);
+    if ((S.conf.deno.runtime_url = sb_shim_runtime_url()) == NULL)
+        return fail_usage("out of memory%s", "");
+    return 0;
+}
+
+static void on_signal(int sig)
+{
+    switch (sig) {
+    case SIGTERM:
+    case SIGINT:
+        stop_requested = 1;
+        break;
+    case SIGUSR1:
+        reopen_requested = 1;
+        break;
+    case SIGHUP:
+        reload_requested = 1;
+        break;
+    default:
+        other_signal = sig;
+        break;
+    }
+}
+
+/* SIGUSR1 and SIGHUP: the log again at its path, for rotation; the line goes to the new file */
+static void reopen_log(void)
+{
+    char err[PATH_MAX + 128];
+
+    if (S.log_path == NULL) {
+        log_event("info", "reopen", json_pack("{s:s, s:s}", "log", "stderr", "msg", "no --log-file: nothing to reopen"));
+        return;
+    }
+    if (log_open(S.log_path, err, sizeof(err)) != 0) {
+        log_event("error", "reopen.failed", json_pack("{s:s, s:s}", "reason", err, "msg", "the log stays open as it was"));
+        return;
+    }
+    log_event("info", "reopened", json_pack("{s:s}", "log", S.log_path));
+}
+
+#define RESTART_ONLY "listen, broker and admin URLs, Deno, the jail, max-runs, max-connections, log-file"
+
+/* the secret files again, checked as at start-up; -1 with `err` when one is not acceptable */
+static int reread_secrets(char *adm, size_t admsz, char *mint, size_t mintsz, char *err, size_t errsz)
+{
+    if (S.adm_file != NULL && (read_secret(S.adm_file, NULL, adm, admsz, "host admission secret", err, errsz) != 0 ||
+                               check_admission(adm, S.adm_file, err, errsz) != 0))
+        return -1;
+    if (S.mint_file != NULL && read_secret(S.mint_file, NULL, mint, mintsz, "net-mint secret", err, errsz) != 0)
+        return -1;
+    if (S.mint_file != NULL && mint[0] == '\0') {
+        snprintf(err, errsz, "the net-mint secret file %s is empty", S.mint_file);
+        return -1;
+    }
+    return 0;
+}
+
+/*
+ * SIGHUP: what serve can take without a restart is its secrets, when they are files: the host
+ * admission secret and the net-mint secret are read again, checked as at start-up, and take effect
+ * for the next request (a run already going keeps its token). Everything else is read once at
+ * start. One line says what happened: reload.applied, reload.rejected (the old secrets stay) or
+ * reload.unsupported (nothing here can be reloaded, and why).
+ */
+static void reload(void)
+{
+    char adm[MAX_SECRET + 1], mint[sizeof(S.conf.netmint.secret)], err[PATH_MAX + 256];
+    char what[96] = "";
+
+    if (S.adm_file == NULL && S.mint_file == NULL) {
+        log_event("warn", "reload.unsupported",
+                  json_pack("{s:s, s:s}", "reason",
+                            "the secrets came from the environment, which a running process cannot re-read, and every other "
+                            "setting is read once at start",
+                            "msg", "restart serve to apply changes (SIGTERM drains the runs in flight)"));
+        return;
+    }
+    if (reread_secrets(adm, sizeof(adm), mint, sizeof(mint), err, sizeof(err)) != 0) {
+        log_event("error", "reload.rejected", json_pack("{s:s, s:s}", "reason", err, "msg", "the running secrets stay"));
+        explicit_bzero(adm, sizeof(adm));
+        explicit_bzero(mint, sizeof(mint));
+        return;
+    }
+    if (S.adm_file != NULL) {
+        sha256(adm, strlen(adm), S.admission_hash);
+        snprintf(what, sizeof(what), "the host admission secret");
+    }
+    if (S.mint_file != NULL) {
+        memcpy(S.conf.netmint.secret, mint, sizeof(mint));
+        snprintf(what + strlen(what), sizeof(what) - strlen(what), "%sthe net-mint secret", what[0] != '\0' ? ", " : "");
+    }
+    explicit_bzero(adm, sizeof(adm));
+    explicit_bzero(mint, sizeof(mint));
+    log_event("info", "reload.applied", json_pack("{s:s, s:s}", "reloaded", what, "restartOnly", RESTART_ONLY));
+}
+
+static void handle_signals(void)
+{
+    if (reopen_requested) {
+        reopen_requested = 0;
+        reopen_log();
+    }
+    if (reload_requested) {
+        reload_requested = 0;
+        reopen_log();
+        reload();
+    }
+    if (other_signal != 0) {
+        int sig = other_signal;
+        other_signal = 0;
+        log_event("info", "signal.ignored", json_pack("{s:s}", "signal", sig == SIGUSR2 ? "SIGUSR2" : "SIGALRM"));
+    }
+}
+
+static int bind_listener(void)
+{
+    int fd, on = 1;
+    struct sockaddr_storage bound;
+    socklen_t blen = sizeof(bound);
+    char host[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+
+    if ((fd = socket(S.listen_addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0 ||
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on)) != 0 ||
+        bind(fd, (const struct sockaddr *)&S.listen_addr, S.listen_len) != 0 || listen(fd, 1024) != 0 ||
+        fcntl(fd, F_SETFL, O_NONBLOCK) != 0) {
+        fail_usage("cannot listen: %s", strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    if (getsockname(fd, (struct sockaddr *)&bound, &blen) == 0) {
+        if (bound.ss_family == AF_INET) {
+            inet_ntop(AF_INET, &((struct sockaddr_in *)&bound)->sin_addr, host, sizeof(host));
+            port = ntohs(((struct sockaddr_in *)&bound)->sin_port);
+        } else {
+            inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&bound)->sin6_addr, host, sizeof(host));
+            port = ntohs(((struct sockaddr_in6 *)&bound)->sin6_port);
+        }
+    }
+    /* tests start serve on port 0 and read the real one from this line */
+    log_event("info", "listening", json_pack("{s:s, s:s, s:i}", "listener", "serve", "host", host, "port", port));
+    return fd;
+}
+
+/* the pool's failures, said once each time they rise (the launcher only counts) */
+static void pool_housekeeping(void)
+{
+    sb_serve_pool_stats_t ps;
+
+    sb_serve_launcher_stats(&S.launcher, &ps);
+    if (ps.refill_failures > S.pool_failures_logged) {
+        log_event("warn", "pool.start_failed",
+                  json_pack("{s:I, s:I}", "failures", (json_int_t)(ps.refill_failures - S.pool_failures_logged), "total",
+                            (json_int_t)ps.refill_failures));
+        S.pool_failures_logged = ps.refill_failures;
+    }
+    if (ps.died > S.pool_died_logged) {
+        log_event("warn", "pool.guest_died",
+                  json_pack("{s:I, s:I}", "died", (json_int_t)(ps.died - S.pool_died_logged), "total", (json_int_t)ps.died));
+        S.pool_died_logged = ps.died;
+    }
+    if (!S.launcher_down_logged && !sb_serve_launcher_alive(&S.launcher) && S.launcher.pid > 0) {
+        log_event("error", "launcher.down", json_pack("{s:s}", "effect", "every run fails to spawn until serve is restarted"));
+        S.launcher_down_logged = 1;
+    }
+}
+
+/* timers the loop checks on each turn: reaping and run deadlines */
+static void housekeeping(void)
+{
+    int64_t now = sb_serve_now_ms();
+    run_t *r = S.runs;
+
+    reap_zombies();
+    pool_housekeeping();
+    while (r != NULL) {
+        run_t *next = r->next;
+        if (now >= r->deadline_ms)
+            run_finish(r, "the run did not end in time");
+        r = next;
+    }
+}
+
+int sb_shim_serve_main(int argc, char **argv)
+{
+    char admission[MAX_SECRET + 1], err[PATH_MAX + 128];
+    h2o_hostconf_t *host;
+    h2o_pathconf_t *path;
+    h2o_handler_t *handler;
+    struct sigaction sa;
+    int fd, rc, check_only = 0, shared_uid;
+    int64_t drain_until = 0;
+
+    memset(&S, 0, sizeof(S));
+    if ((rc = configure(argc, argv, admission, sizeof(admission), &check_only)) != 0 || check_only) {
+        explicit_bzero(admission, sizeof(admission));
+        explicit_bzero(S.conf.netmint.secret, sizeof(S.conf.netmint.secret));
+        if (rc == 0) {
+            /* --check-config: everything start-up checks passed; nothing was bound or logged */
+            printf("configuration OK: Deno %s started as a guest; %s; broker %s; net-mint %s\n", S.deno_version,
+                   sb_shim_jail_describe(S.conf.deno.jail), S.conf.have_broker ? S.conf.broker.host_header : "none (compute only)",
+                   S.conf.have_netmint ? "configured" : "none");
+        }
+        SSL_CTX_free(S.conf.tls);
+        sb_mem_free((char *)S.conf.deno.exe);
+        sb_mem_free((char *)S.conf.deno.runtime_url);
+        sb_shim_jail_free(S.conf.deno.jail);
+        return rc < 0 ? 0 : rc;
+    }
+    sha256(admission, strlen(admission), S.admission_hash);
+    explicit_bzero(admission, sizeof(admission));
+    if (S.log_path != NULL && log_open(S.log_path, err, sizeof(err)) != 0) {
+        fail_usage("%s", err);
+        return EXIT_USAGE;
+    }
+    /* before the listener exists: the launcher's memory holds the configuration and no request */
+    if (sb_serve_launcher_start(&S.launcher, &S.conf, &S.pool, err, sizeof(err)) != SB_OK) {
+        fail_usage("%s; serve does not start", err);
+        explicit_bzero(S.conf.netmint.secret, sizeof(S.conf.netmint.secret));
+        sb_shim_jail_free(S.conf.deno.jail);
+        return EXIT_USAGE;
+    }
+
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    /* every signal an operator or logrotate may send is taken, never its default action (the end of the runs) */
+    sigaction(SIGHUP, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
+    sigaction(SIGUSR2, &sa, NULL);
+    sigaction(SIGALRM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    h2o_config_init(&S.gc);
+    S.gc.max_request_entity_size = H2O_ENTITY_CAP;
+    S.gc.http1.upgrade_to_http2 = 0; /* HTTP/1.1 only */
+    S.gc.server_name = h2o_iovec_init(H2O_STRLIT("sandbox-shim"));
+    host = h2o_config_register_host(&S.gc, h2o_iovec_init(H2O_STRLIT("default")), 65535);
+    path = h2o_config_register_path(host, "/", 0);
+    handler = h2o_create_handler(path, sizeof(*handler));
+    handler->on_req = on_req;
+    S.loop = h2o_evloop_create();
+    h2o_context_init(&S.ctx, S.loop, &S.gc);
+    S.actx.ctx = &S.ctx;
+    S.actx.hosts = S.gc.hosts;
+    if ((fd = bind_listener()) < 0)
+        return EXIT_USAGE;
+    S.listener = h2o_evloop_socket_create(S.loop, fd, H2O_SOCKET_FLAG_DONT_READ);
+    h2o_socket_read_start(S.listener, on_accept);
+    /* what the jail applies, or that it is off (a warning), once; after "listening", which stays the first line */
+    log_event(
+        sb_shim_jail_enabled(S.conf.deno.jail) ? "info" : "warn", "jail",
+        json_pack("{s:b, s:s}", "on", sb_shim_jail_enabled(S.conf.deno.jail), "describe", sb_shim_jail_describe(S.conf.deno.jail)));
+    /*
+     * Unprivileged, every guest runs as serve's own uid: guests of different tenants could read each
+     * other's files and signal each other. Said in the start-up line, as a warning.
+     */
+    shared_uid = sb_shim_jail_enabled(S.conf.deno.jail) && !sb_shim_jail_privileged(S.conf.deno.jail);
+    {
+        json_t *f =
+            json_pack("{s:s, s:s, s:s, s:b, s:b, s:i, s:s, s:b, s:b, s:s}", "version", SB_VERSION, "commit", SB_GIT_COMMIT, "deno",
+                      S.deno_version, "broker", S.conf.have_broker, "netMint", S.conf.have_netmint, "maxRuns", (int)S.max_runs,
+                      "brokerOrigin", S.conf.have_broker ? S.conf.broker.host_header : "", "jail",
+                      sb_shim_jail_enabled(S.conf.deno.jail), "uidPerGuest", sb_shim_jail_enabled(S.conf.deno.jail) && !shared_uid,
+                      "log", S.log_path != NULL ? S.log_path : "stderr");
+        if (f != NULL && shared_uid)
+            json_object_set_new(
+                f, "warning",
+                json_string("not root: every guest runs as serve's own uid, so guests of different tenants can read "
+                            "each other's files and signal each other; run serve as root (the unit in "
+                            "deploy/systemd) for a uid per guest"));
+        log_event(shared_uid ? "warn" : "info", "started", f);
+    }
+    {
+        json_t *classes = json_array();
+        for (unsigned i = 0; i < S.pool.nclasses; ++i)
+            json_array_append_new(classes, json_integer(S.pool.class_mb[i]));
+        log_event("info", "pool", json_pack("{s:i, s:o}", "size", (int)S.pool.size, "memoryMb", classes));
+    }
+
+    for (;;) {
+        h2o_evloop_run(S.loop, 100);
+        handle_signals();
+        housekeeping();
+        if (stop_requested && drain_until == 0) {
+            /* stop taking requests; the runs in flight finish and are answered */
+            drain_until = sb_serve_now_ms() + DRAIN_MS;
+            h2o_socket_read_stop(S.listener);
+            h2o_socket_close(S.listener);
+            S.listener = NULL;
+            h2o_context_request_shutdown(&S.ctx);
+            log_event("info", "stopping", json_pack("{s:i}", "runs", (int)S.nruns));
+        }
+        if (drain_until != 0 && (S.nruns == 0 || sb_serve_now_ms() >= drain_until))
+            break;
+    }
+    while (S.runs != NULL)
+        run_finish(S.runs, "the supervisor stopped");
+    /* the pooled guests go; the runs' processes are over or killed above */
+    sb_serve_launcher_stop(&S.launcher, 5000);
+    /* let the last answers leave */
+    for (int i = 0; i < 5; ++i)
+        h2o_evloop_run(S.loop, 10);
+    while (S.zombies != NULL) {
+        zombie_t *z = S.zombies;
+        S.zombies = z->next;
+        (void)reap_run(z->pid, 1);
+        sb_mem_free(z);
+    }
+    handle_signals();
+    log_event("info", "stopped", NULL);
+    SSL_CTX_free(S.conf.tls);
+    explicit_bzero(S.conf.netmint.secret, sizeof(S.conf.netmint.secret));
+    sb_mem_free((char *)S.conf.deno.exe);
+    sb_mem_free((char *)S.conf.deno.runtime_url);
+    sb_shim_jail_free(S.conf.deno.jail);
+    return 0;
+}
