@@ -17,7 +17,9 @@
  *  - deny by default: the empty manifest grants nothing, email.send is never
  *    granted, ambiguous (duplicate-key) args never pass;
  *  - files.read/write are only granted for a path sb_path_normalize accepts,
- *    and a URL sb_url_parse rejects is never granted for http.fetch.
+ *    and a URL sb_url_parse rejects is never granted for http.fetch;
+ *  - decide rules (capabilities.decide): whether a call needs a decision is
+ *    deterministic, and never so in a manifest without decide rules.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -144,6 +146,12 @@ static sb_status_t check(const sb_manifest_t *m, const sb_method_t *meth, const 
     st2 = sb_authz_check(m, c, again, 3);
     SB_FUZZ_ASSERT(st == st2 && strnlen(again, 3) < 3, "reason buffer of 3 bytes");
     SB_FUZZ_ASSERT(sb_authz_check(m, c, NULL, 0) == st, "NULL reason buffer");
+    {
+        int nd = sb_authz_needs_decision(m, c);
+        SB_FUZZ_ASSERT(nd == 0 || nd == 1, "sb_authz_needs_decision answered %d", nd);
+        SB_FUZZ_ASSERT(nd == sb_authz_needs_decision(m, c), "sb_authz_needs_decision is not deterministic");
+        SB_FUZZ_ASSERT(!nd || sb_authz_has_decide(m), "a decision needed without any decide rule");
+    }
     msgpack_zone_destroy(&zone);
     return st;
 }

@@ -5,6 +5,8 @@
  *   sandbox-shim run   --broker-url URL (--token-env NAME | --token-fd N) --source FILE [options]
  *   sandbox-shim relay --broker-url URL (--token-env NAME | --token-fd N) [options] -- CMD ARGS...
  *   sandbox-shim serve [options]   (serve.c: the HTTP service, one run per request)
+ *   sandbox-shim jail-check [jail options]
+ *   sandbox-shim --version | --help
  *
  * This file parses the command line, reads the token, resolves the broker,
  * starts the guest (for `run`: runner.c, the same path serve takes) and
@@ -34,6 +36,7 @@
 #include "guest/runner.h"
 #include "serve/serve.h"
 #include "relay/url.h"
+#include "sb_build_info.h"
 
 #define EXIT_USAGE 2
 /* guest source and input travel in the init frame; both fit in SB_MAX_FRAME with room to spare */
@@ -67,7 +70,8 @@ static void usage(FILE *f)
           "  sandbox-shim relay --broker-url URL (--token-env NAME | --token-fd N)\n"
           "                     [--source FILE] [--input JSON | --input-file F] [limits] -- CMD ARGS...\n"
           "  sandbox-shim jail-check [jail options]   (starts one jailed probe guest; exit 0 when it worked)\n"
-          "  sandbox-shim serve [--listen HOST:PORT] ... (sandbox-shim serve --help)\n"
+          "  sandbox-shim serve [--listen HOST:PORT] ... [--check-config] (sandbox-shim serve --help)\n"
+          "  sandbox-shim --version | --help\n"
           "limits: [--timeout-ms N] [--max-calls N] [--max-inflight N] [--call-timeout-ms N]\n"
           "        [--on-denial terminate|reply] [--memory-mb N]\n"
           "jail (on by default): [--jail on|off] [--jail-uid-base N] [--jail-slots N] [--jail-nproc N]\n"
@@ -185,10 +189,14 @@ static int parse_args(int argc, char **argv, opts_t *o, sb_shim_config_t *cfg)
         usage(stdout);
         return -1;
     }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("sandbox-shim %s (commit %s)\n", SB_VERSION, SB_GIT_COMMIT);
+        return -1;
+    }
     if (strcmp(argv[1], "run") == 0)
         o->run = 1;
     else if (strcmp(argv[1], "relay") != 0)
-        return fail_usage("unknown mode \"%s\" (want run, relay or serve)", argv[1]);
+        return fail_usage("unknown mode \"%s\" (want run, relay, serve or jail-check; --help lists them)", argv[1]);
 
     for (i = 2; i < argc; ++i) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -546,6 +554,8 @@ int main(int argc, char **argv)
         sp.path = exe;
         sp.argv = o.cmd;
         sp.envp = env;
+        sp.root_system = 1; /* jailed: the host's /usr and the files named in the command, read-only */
+        sp.timeout_ms = (unsigned)cfg.timeout_ms;
         if (sb_shim_child_spawn(&sp, &child, err, sizeof(err)) != SB_OK) {
             rc = fail_usage("%s", err);
             goto Exit;

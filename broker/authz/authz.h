@@ -105,6 +105,23 @@ sb_net_verdict_t sb_authz_fetch_verdict(const sb_manifest_t *m, const sb_url_t *
  */
 size_t sb_authz_fetch_reason(sb_net_verdict_t v, const sb_url_t *url, const char *method, int redirect, char *buf, size_t bufsz);
 
+/*
+ * Decide rules (capabilities.decide, PROTOCOL.md section 5a): calls the
+ * manifest grants that also need the decider's allow. Asked only after
+ * sb_authz_check granted the call, so a rule never widens a grant.
+ */
+
+/** 1 when the manifest has any decide rule (the RPC route skips everything else when it has none) */
+int sb_authz_has_decide(const sb_manifest_t *m);
+/**
+ * 1 when a granted call needs a decision: a decide.methods pattern matches the
+ * method (for the document store, under either of its names), or, for
+ * http.fetch, a decide.fetch entry names the request's host, method and path.
+ */
+int sb_authz_needs_decision(const sb_manifest_t *m, const sb_call_t *call);
+/** the same question for one http.fetch hop (a redirect must not reach, undecided, what a rule holds) */
+int sb_authz_fetch_needs_decision(const sb_manifest_t *m, const sb_url_t *url, const char *method);
+
 /**
  * Anchored glob match: "**" any run of characters including '/', "*" any run
  * without '/', "?" one character other than '/', everything else literal.

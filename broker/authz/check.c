@@ -310,3 +310,40 @@ size_t sb_authz_fetch_reason(sb_net_verdict_t v, const sb_url_t *url, const char
     }
     return n < 0 ? 0 : (size_t)n < bufsz ? (size_t)n : bufsz != 0 ? bufsz - 1 : 0;
 }
+
+/* ---- decide rules (authz.h) ---------------------------------------------------------------------------------------- */
+
+int sb_authz_has_decide(const sb_manifest_t *m)
+{
+    return m != NULL && sb_manifest__decide_any(m);
+}
+
+int sb_authz_needs_decision(const sb_manifest_t *m, const sb_call_t *call)
+{
+    /* a call of a family no rule names costs this one test */
+    if (m == NULL || !sb_manifest__decide_kind(m, (int)call->m.kind))
+        return 0;
+    if (sb_manifest__decide_method_match(m, call->method, call->method_len))
+        return 1;
+    /* the document store answers under two names (store.<ns>.<op>, collections.document_store.<op>): a rule on either holds both */
+    if (call->data != NULL && call->data->docstore && call->data->ns != NULL && call->data->ns_len <= SB_MAX_NAME) {
+        char canon[SB_MAX_NAME + 64];
+        const char *op = sb_method_op_name(call->m.op);
+        int n = snprintf(canon, sizeof(canon), "store.%.*s.%s", (int)call->data->ns_len, call->data->ns, op);
+        if (n > 0 && (size_t)n < sizeof(canon) && sb_manifest__decide_method_match(m, canon, (size_t)n))
+            return 1;
+        n = snprintf(canon, sizeof(canon), "collections.document_store.%s", op);
+        if (n > 0 && (size_t)n < sizeof(canon) && sb_manifest__decide_method_match(m, canon, (size_t)n))
+            return 1;
+    }
+    if (call->m.kind == SB_MK_HTTP && call->fetch != NULL)
+        return sb_manifest__decide_fetch_match(m, &call->fetch->url, call->fetch->method);
+    return 0;
+}
+
+int sb_authz_fetch_needs_decision(const sb_manifest_t *m, const sb_url_t *url, const char *method)
+{
+    if (!sb_authz_has_decide(m))
+        return 0;
+    return sb_manifest__decide_method_match(m, "http.fetch", 10) || sb_manifest__decide_fetch_match(m, url, method);
+}

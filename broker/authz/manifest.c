@@ -76,12 +76,14 @@ typedef struct st_mtree_t {
     mlist_t files_read, files_write; /* normalised globs */
     grants_t collections, globals, stores;
     mlist_t services, jobs, workflows;
-    mlist_t tools;   /* globs over tool names */
-    mlist_t secrets; /* the target secrets the run receives, by name */
+    mlist_t tools;          /* globs over tool names */
+    mlist_t secrets;        /* the target secrets the run receives, by name */
+    mlist_t decide_methods; /* decide.methods: method patterns whose calls need the decider's allow */
+    netlist_t decide_fetch; /* decide.fetch: http.fetch requests (net entry grammar) that need it */
     int64_t timeout_ms, memory_mb;
 } mtree_t;
 
-typedef enum en_list_kind_t { LIST_NAMES, LIST_FILE_GLOBS, LIST_TOOL_GLOBS, LIST_SECRET_NAMES } list_kind_t;
+typedef enum en_list_kind_t { LIST_NAMES, LIST_FILE_GLOBS, LIST_TOOL_GLOBS, LIST_SECRET_NAMES, LIST_METHOD_PATTERNS } list_kind_t;
 
 /* ---- small helpers ------------------------------------------------------------------------------------------------- */
 
@@ -124,6 +126,77 @@ static int is_tool_glob(const char *s, size_t len)
             return 0;
     }
     return 1;
+}
+
+/*
+ * A decide method pattern: the segments of a method (sb/method.h), any of
+ * which but the first may be "*" (exactly one whole segment). The first
+ * segment names the family literally, and the pattern must be able to match
+ * at least one method the grammar accepts: a typo that can never match would
+ * silently leave the calls it meant to hold ungated, so it is a mint error.
+ */
+#define PATTERN_MAX_SEGMENTS 3
+static const char *const pattern_fill[] = {"x", "enqueue", "trigger"};
+
+static int pattern_instance_parses(const char *const *seg, const size_t *seglen, size_t nseg, size_t at, char *buf)
+{
+    size_t o = 0;
+    sb_method_t m;
+
+    if (at == nseg) {
+        for (size_t i = 0; i != nseg; ++i) {
+            if (i != 0)
+                buf[o++] = '.';
+            memcpy(buf + o, seg[i], seglen[i]);
+            o += seglen[i];
+        }
+        return sb_method_parse(buf, o, &m) == SB_OK;
+    }
+    if (!(seglen[at] == 1 && seg[at][0] == '*'))
+        return pattern_instance_parses(seg, seglen, nseg, at + 1, buf);
+    {
+        const char *const *s2 = seg;
+        const char *fill[PATTERN_MAX_SEGMENTS];
+        size_t len2[PATTERN_MAX_SEGMENTS];
+        int ok = 0;
+        memcpy(fill, s2, nseg * sizeof(*fill));
+        memcpy(len2, seglen, nseg * sizeof(*len2));
+        for (size_t f = 0; !ok && f != sizeof(pattern_fill) / sizeof(pattern_fill[0]) + SB_OP_COUNT_; ++f) {
+            fill[at] = f < sizeof(pattern_fill) / sizeof(pattern_fill[0])
+                           ? pattern_fill[f]
+                           : sb_method_op_name((sb_method_op_t)(f - sizeof(pattern_fill) / sizeof(pattern_fill[0])));
+            len2[at] = strlen(fill[at]);
+            ok = pattern_instance_parses(fill, len2, nseg, at + 1, buf);
+        }
+        return ok;
+    }
+}
+
+static const char *check_method_pattern(const char *s, size_t len)
+{
+    const char *seg[PATTERN_MAX_SEGMENTS];
+    size_t seglen[PATTERN_MAX_SEGMENTS], nseg = 0, start = 0;
+    char buf[SB_MAX_METHOD_LEN + 64];
+
+    if (len == 0 || len > SB_MAX_METHOD_LEN)
+        return "expected a method pattern of at most 256 bytes";
+    for (size_t i = 0; i <= len; ++i) {
+        if (i != len && s[i] != '.')
+            continue;
+        if (nseg == PATTERN_MAX_SEGMENTS)
+            return "a method has at most 3 segments";
+        seg[nseg] = s + start;
+        seglen[nseg] = i - start;
+        if (!(seglen[nseg] == 1 && s[start] == '*') && !is_name(s + start, seglen[nseg]))
+            return "each segment is a name or \"*\"";
+        ++nseg;
+        start = i + 1;
+    }
+    if (seglen[0] == 1 && seg[0][0] == '*')
+        return "the first segment names the method family";
+    if (!pattern_instance_parses(seg, seglen, nseg, 0, buf))
+        return "matches no method";
+    return NULL;
 }
 
 static char ascii_lower(char c)
@@ -197,6 +270,12 @@ static sb_status_t parse_list(const json_t *v, const char *path, list_kind_t kin
             if (!sb_manifest__is_secret_name(s, len))
                 return fail(err, errsz, "%s[%zu]: expected a secret name of [A-Za-z0-9_.-]{1,64}", path, i);
             break;
+        case LIST_METHOD_PATTERNS: {
+            const char *why = check_method_pattern(s, len);
+            if (why != NULL)
+                return fail(err, errsz, "%s[%zu]: invalid method pattern: %s", path, i, why);
+            break;
+        }
         case LIST_FILE_GLOBS:
             /* a glob is normalised like a path (section 4.2); one that is not safe is refused at mint */
             if (sb_path_normalize(s, len, norm, sizeof(norm)) != SB_OK)
@@ -475,6 +554,37 @@ static sb_status_t parse_netlist(const json_t *v, const char *path, int objects,
     return sb_manifest__parse_net(v, path, objects, &out->v, &out->n, err, errsz);
 }
 
+/* ---- decide -------------------------------------------------------------------------------------------------------- */
+
+/*
+ * capabilities.decide: {"methods"?: [pattern...], "fetch"?: [net entry...]}.
+ * The rules only name calls that need the decider's allow on top of the
+ * grant (PROTOCOL.md section 5a); they grant nothing themselves.
+ */
+static sb_status_t parse_decide(const json_t *v, mtree_t *m, char *err, size_t errsz)
+{
+    const char *key;
+    size_t klen;
+    json_t *val;
+    sb_status_t st;
+    char q[MAX_QUOTE + 1];
+
+    if (!json_is_object(v))
+        return fail(err, errsz, "capabilities.decide: must be an object");
+    json_object_keylen_foreach((json_t *)v, key, klen, val)
+    {
+        if (key_is(key, klen, "methods"))
+            st = parse_list(val, "capabilities.decide.methods", LIST_METHOD_PATTERNS, &m->decide_methods, err, errsz);
+        else if (key_is(key, klen, "fetch"))
+            st = parse_netlist(val, "capabilities.decide.fetch", 1, &m->decide_fetch, err, errsz);
+        else
+            st = fail(err, errsz, "capabilities.decide.%s: unknown key", quote(key, klen, q, sizeof(q)));
+        if (st != SB_OK)
+            return st;
+    }
+    return SB_OK;
+}
+
 /* ---- files and data ------------------------------------------------------------------------------------------------ */
 
 static sb_status_t parse_files(const json_t *v, mtree_t *m, char *err, size_t errsz)
@@ -618,18 +728,20 @@ static sb_status_t parse_int(const json_t *v, const char *path, json_int_t lo, j
  * padding), and an accessor reading the span.
  */
 typedef enum en_axis_t {
-    AX_NET,         /* mnet_t */
-    AX_IMPORT,      /* mnet_t */
-    AX_FILES_READ,  /* mref_t, normalised globs */
-    AX_FILES_WRITE, /* mref_t, normalised globs */
-    AX_COLLECTIONS, /* mgrant_t */
-    AX_GLOBALS,     /* mgrant_t */
-    AX_STORES,      /* mgrant_t */
-    AX_SERVICES,    /* mref_t */
-    AX_JOBS,        /* mref_t */
-    AX_WORKFLOWS,   /* mref_t */
-    AX_TOOLS,       /* mref_t, globs over tool names */
-    AX_SECRETS,     /* mref_t, target secret names */
+    AX_NET,            /* mnet_t */
+    AX_IMPORT,         /* mnet_t */
+    AX_FILES_READ,     /* mref_t, normalised globs */
+    AX_FILES_WRITE,    /* mref_t, normalised globs */
+    AX_COLLECTIONS,    /* mgrant_t */
+    AX_GLOBALS,        /* mgrant_t */
+    AX_STORES,         /* mgrant_t */
+    AX_SERVICES,       /* mref_t */
+    AX_JOBS,           /* mref_t */
+    AX_WORKFLOWS,      /* mref_t */
+    AX_TOOLS,          /* mref_t, globs over tool names */
+    AX_SECRETS,        /* mref_t, target secret names */
+    AX_DECIDE_METHODS, /* mref_t, method patterns */
+    AX_DECIDE_FETCH,   /* mnet_t */
     AX_COUNT_
 } axis_t;
 
@@ -663,6 +775,9 @@ typedef struct st_mnet_t {
 
 typedef struct st_mbody_t {
     int64_t timeout_ms, memory_mb; /* -1 when absent */
+    /* the method families (bit sb_method_kind_t) some decide rule may name: a call of another family needs no look */
+    uint32_t decide_kinds;
+    uint32_t _pad0;
     mspan_t axis[AX_COUNT_];
 } mbody_t;
 
@@ -831,10 +946,36 @@ static uint32_t body_hash(const unsigned char *p, size_t n)
     return h;
 }
 
+/*
+ * The families the decide rules may name. The document store answers under
+ * two names (collections.document_store.<op> and store.<ns>.<op>), so a rule
+ * in either family marks both.
+ */
+static uint32_t decide_kinds(const mtree_t *t)
+{
+    uint32_t bits = 0;
+
+    for (size_t i = 0; i != t->decide_methods.n; ++i) {
+        const char *p = t->decide_methods.v[i].p, *dot = strchr(p, '.');
+        size_t flen = dot != NULL ? (size_t)(dot - p) : strlen(p);
+        for (int k = 0; k != SB_MK_COUNT_; ++k) {
+            const char *name = sb_method_kind_name((sb_method_kind_t)k);
+            if (strlen(name) == flen && memcmp(name, p, flen) == 0)
+                bits |= 1u << k;
+        }
+    }
+    if (bits & ((1u << SB_MK_COLLECTIONS) | (1u << SB_MK_STORE)))
+        bits |= (1u << SB_MK_COLLECTIONS) | (1u << SB_MK_STORE);
+    if (t->decide_fetch.n != 0)
+        bits |= 1u << SB_MK_HTTP;
+    return bits;
+}
+
 /* the tree in one allocation (refcount 1, not interned); NULL when allocation fails */
 static sb_manifest_t *pack(const mtree_t *t)
 {
-    const mlist_t *lists[] = {&t->files_read, &t->files_write, &t->services, &t->jobs, &t->workflows, &t->tools, &t->secrets};
+    const mlist_t *lists[] = {&t->files_read, &t->files_write, &t->services, &t->jobs,
+                              &t->workflows,  &t->tools,       &t->secrets,  &t->decide_methods};
     const grants_t *grants[] = {&t->collections, &t->globals, &t->stores};
     size_t nent = 0, nstr = 0, size;
     sb_manifest_t *m;
@@ -842,8 +983,8 @@ static sb_manifest_t *pack(const mtree_t *t)
     packer_t p;
 
     /* entry counts are capped at SB_MAX_MANIFEST_ENTRIES and strings at SB_MAX_MANIFEST_STRING by the parse */
-    nent += net_entry_bytes(&t->net) + net_entry_bytes(&t->import);
-    nstr += net_bytes(&t->net) + net_bytes(&t->import);
+    nent += net_entry_bytes(&t->net) + net_entry_bytes(&t->import) + net_entry_bytes(&t->decide_fetch);
+    nstr += net_bytes(&t->net) + net_bytes(&t->import) + net_bytes(&t->decide_fetch);
     for (size_t i = 0; i != sizeof(lists) / sizeof(lists[0]); ++i) {
         nent += lists[i]->n * sizeof(mref_t);
         nstr += list_bytes(lists[i]);
@@ -860,6 +1001,7 @@ static sb_manifest_t *pack(const mtree_t *t)
     b = (mbody_t *)(void *)m->body;
     b->timeout_ms = t->timeout_ms;
     b->memory_mb = t->memory_mb;
+    b->decide_kinds = decide_kinds(t);
     p.body = m->body;
     p.ent = sizeof(mbody_t);
     p.str = sizeof(mbody_t) + nent;
@@ -876,6 +1018,8 @@ static sb_manifest_t *pack(const mtree_t *t)
     pack_list(&p, b, AX_WORKFLOWS, &t->workflows);
     pack_list(&p, b, AX_TOOLS, &t->tools);
     pack_list(&p, b, AX_SECRETS, &t->secrets);
+    pack_list(&p, b, AX_DECIDE_METHODS, &t->decide_methods);
+    pack_net(&p, b, AX_DECIDE_FETCH, &t->decide_fetch);
     m->hash = body_hash(m->body, size);
     return m;
 }
@@ -1005,6 +1149,8 @@ static void tree_free(mtree_t *m)
     free_list(&m->workflows);
     free_list(&m->tools);
     free_list(&m->secrets);
+    free_list(&m->decide_methods);
+    sb_manifest__free_net(m->decide_fetch.v, m->decide_fetch.n);
 }
 
 sb_status_t sb_manifest_parse(const json_t *caps, sb_manifest_t **out, char *err, size_t errsz)
@@ -1049,6 +1195,8 @@ sb_status_t sb_manifest_parse(const json_t *caps, sb_manifest_t **out, char *err
             st = parse_list(val, "capabilities.tools", LIST_TOOL_GLOBS, &m->tools, err, errsz);
         else if (key_is(key, klen, "secrets"))
             st = parse_list(val, "capabilities.secrets", LIST_SECRET_NAMES, &m->secrets, err, errsz);
+        else if (key_is(key, klen, "decide"))
+            st = parse_decide(val, m, err, errsz);
         else if (key_is(key, klen, "timeoutMs"))
             st = parse_int(val, "capabilities.timeoutMs", 1, MAX_TIMEOUT_MS, &m->timeout_ms, err, errsz);
         else if (key_is(key, klen, "memoryMb"))
@@ -1236,6 +1384,14 @@ json_t *sb_manifest_to_json(const sb_manifest_t *m)
     put_list(o, "workflows", m, AX_WORKFLOWS);
     put_list(o, "tools", m, AX_TOOLS);
     put_list(o, "secrets", m, AX_SECRETS);
+    {
+        json_t *decide = checked(json_object());
+        put_list(decide, "methods", m, AX_DECIDE_METHODS);
+        put_netlist(decide, "fetch", m, AX_DECIDE_FETCH);
+        if (json_object_size(decide) != 0)
+            put(o, "decide", json_incref(decide));
+        json_decref(decide);
+    }
     if (b->timeout_ms >= 0)
         put(o, "timeoutMs", json_integer((json_int_t)b->timeout_ms));
     if (b->memory_mb >= 0)
@@ -1579,5 +1735,73 @@ int sb_manifest__net_covers(const sb_manifest_t *m, const sb_net_entry_t *e)
     for (size_t i = 0; i != n; ++i)
         if (entry_covers(m, &l[i], e))
             return 1;
+    return 0;
+}
+
+/* ---- decide rules (authz.h, sb_authz_needs_decision) ---------------------------------------------------------------- */
+
+int sb_manifest__decide_any(const sb_manifest_t *m)
+{
+    return body_of(m)->decide_kinds != 0;
+}
+
+int sb_manifest__decide_kind(const sb_manifest_t *m, int kind)
+{
+    return kind >= 0 && kind < SB_MK_COUNT_ && (body_of(m)->decide_kinds & (1u << (unsigned)kind)) != 0;
+}
+
+/* segment by segment: "*" matches any one segment, anything else itself */
+static int pattern_match(const char *p, size_t plen, const char *s, size_t slen)
+{
+    size_t i = 0, j = 0;
+
+    for (;;) {
+        size_t pe = i, se = j;
+        while (pe != plen && p[pe] != '.')
+            ++pe;
+        while (se != slen && s[se] != '.')
+            ++se;
+        if (!(pe - i == 1 && p[i] == '*') && !(pe - i == se - j && memcmp(p + i, s + j, pe - i) == 0))
+            return 0;
+        if (se - j == 0)
+            return 0;
+        if (pe == plen || se == slen)
+            return pe == plen && se == slen;
+        i = pe + 1;
+        j = se + 1;
+    }
+}
+
+int sb_manifest__decide_method_match(const sb_manifest_t *m, const char *method, size_t len)
+{
+    size_t n;
+    const mref_t *l = entries(m, AX_DECIDE_METHODS, &n);
+
+    for (size_t i = 0; i != n; ++i)
+        if (pattern_match(str_at(m, l[i].off), l[i].len, method, len))
+            return 1;
+    return 0;
+}
+
+int sb_manifest__decide_fetch_match(const sb_manifest_t *m, const sb_url_t *u, const char *method)
+{
+    size_t n;
+    const mnet_t *l = entries(m, AX_DECIDE_FETCH, &n);
+
+    /* an entry whose host, method and path rules all admit the request names it */
+    for (size_t i = 0; i != n; ++i) {
+        const mnet_t *e = &l[i];
+        packed_rules_t pr = {m, e};
+        if (!host_matches(e->kind, str_at(m, e->off), e->len, e->port, u))
+            continue;
+        /* an ambiguous path under a paths rule cannot be told apart from the ones the rule names: it needs the decider */
+        switch (rules_verdict(&pr, packed_method_at, e->nmethods, packed_path_at, e->npaths, u, method)) {
+        case SB_NET_OK:
+        case SB_NET_PATH_ENCODING:
+            return 1;
+        default:
+            break;
+        }
+    }
     return 0;
 }

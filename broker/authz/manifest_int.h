@@ -36,6 +36,14 @@ int sb_manifest__tools_match(const sb_manifest_t *m, const char *name, size_t le
 size_t sb_manifest__net_count(const sb_manifest_t *m);
 /** the net verdict on a request (authz.h, sb_authz_fetch_verdict) */
 sb_net_verdict_t sb_manifest__net_verdict(const sb_manifest_t *m, const sb_url_t *u, const char *method);
+/** 1 when the manifest has any decide rule */
+int sb_manifest__decide_any(const sb_manifest_t *m);
+/** 1 when some decide rule may name a call of this family (sb_method_kind_t) */
+int sb_manifest__decide_kind(const sb_manifest_t *m, int kind);
+/** 1 when a decide.methods pattern matches the method string */
+int sb_manifest__decide_method_match(const sb_manifest_t *m, const char *method, size_t len);
+/** 1 when a decide.fetch entry names the request (host and port, then its methods and paths rules) */
+int sb_manifest__decide_fetch_match(const sb_manifest_t *m, const sb_url_t *u, const char *method);
 /** 1 when s is a secret name, [A-Za-z0-9_.-]{1,64} */
 int sb_manifest__is_secret_name(const char *s, size_t len);
 

@@ -23,6 +23,7 @@
 #include "sb/value.h"
 #include "call/call.h"
 #include "svc/dispatch.h"
+#include "svc/decide/decide.h"
 #include "util/util.h"
 
 typedef struct st_rpc_call_t {
@@ -45,6 +46,11 @@ typedef struct st_rpc_call_t {
     sb_token_t *tok; /* referenced from the token lookup on */
     int quota_held;  /* a concurrency slot to give back */
     int granted;     /* the capability check passed */
+    /* a decide rule held the call (PROTOCOL.md section 5a): the decider's outcome, for the log and the audit line */
+    int decided;
+    sb_decide_outcome_t decision;
+    int decision_reused;
+    uint64_t decision_us;
 } rpc_call_t;
 
 static void call_dispose(sb_async_t *a)
@@ -112,13 +118,23 @@ static void log_call(rpc_call_t *c, sb_status_t st, const char *message, size_t 
         describe_call(&l, c, st, message, bytes_out);
         sb_log_end(&l);
     }
-    if (sb_audit_enabled()) {
+    if (sb_audit_enabled() || (c->run_id[0] != '\0' && sb_store_timeline_enabled(sb_current_worker->store))) {
         sb_log_begin_always(&l, "audit");
         describe_call(&l, c, st, message, bytes_out);
         /* the capability decision; the outcome of a granted call is in code/status */
         sb_log_cstr(&l, "decision", c->granted ? "allow" : "deny");
+        if (c->decided) {
+            sb_log_cstr(&l, "decider", sb_decide_outcome_name(c->decision));
+            if (c->decision_reused)
+                sb_log_int(&l, "deciderReused", 1);
+            sb_log_int(&l, "deciderUs", (long long)c->decision_us);
+        }
         audit_secrets(&l, &c->call);
-        sb_log_end_audit(&l);
+        /* the run's timeline (store.h): the same fields, kept with the token store, sent after the reply */
+        if (c->run_id[0] != '\0' && sb_store_timeline_enabled(sb_current_worker->store))
+            sb_store_timeline_from(&l, "call", sb_current_worker->store, c->run_id, c->tok != NULL ? c->tok->expires_at_ms : 0);
+        if (sb_audit_enabled())
+            sb_log_end_audit(&l);
     }
 }
 
@@ -154,8 +170,8 @@ static void reply_error(rpc_call_t *c, sb_status_t st, const char *message)
     sb_metrics_call(c->kind, st, sb_mono_us() - c->started_us);
     if (st == SB_E_UNAUTHORIZED)
         sb_metrics_deny(c->tokref[0] == '\0' ? SB_DENY_TOKEN_MISSING : SB_DENY_TOKEN_INVALID);
-    else if (st == SB_E_FORBIDDEN && c->kind < SB_MK_COUNT_)
-        sb_metrics_deny(SB_DENY_AXIS + c->kind);
+    else if (st == SB_E_FORBIDDEN && c->kind < SB_MK_COUNT_ && !c->decided)
+        sb_metrics_deny(SB_DENY_AXIS + c->kind); /* a decider's refusal is counted in sb_decisions_total */
     send_body(c, st, message, &body);
 }
 
@@ -244,6 +260,51 @@ static void on_dispatched(void *arg, sb_result_t *res)
     sb_async_release(&c->super);
 }
 
+/*
+ * The decider's outcome for a call a decide rule holds: an allow dispatches
+ * it, anything else answers forbidden (rate_limited when too many wait) and
+ * nothing is dispatched. The guest sees the decider's reason on a deny.
+ */
+static void apply_decision(rpc_call_t *c, const sb_decision_t *d)
+{
+    char msg[SB_MAX_DECIDE_REASON + 2 * SB_MAX_METHOD_LEN];
+
+    c->decided = 1;
+    c->decision = d->outcome;
+    c->decision_reused = d->reused;
+    c->decision_us = d->us;
+    if (c->super.req == NULL)
+        return; /* the client left: nothing is dispatched for nobody */
+    switch (d->outcome) {
+    case SB_DECIDE_ALLOW:
+        sb_async_retain(&c->super);
+        sb_dispatch(&sb_current_worker->svc, c->tok, &c->call, on_dispatched, c);
+        return;
+    case SB_DECIDE_DENY:
+        if (d->reason[0] != '\0')
+            snprintf(msg, sizeof(msg), "the decider denied %.*s: %s", (int)c->method_len, c->method, d->reason);
+        else
+            snprintf(msg, sizeof(msg), "the decider denied %.*s", (int)c->method_len, c->method);
+        reply_error(c, SB_E_FORBIDDEN, msg);
+        return;
+    case SB_DECIDE_OVERLOAD:
+        snprintf(msg, sizeof(msg), "the decider did not allow %.*s: %s", (int)c->method_len, c->method, d->reason);
+        reply_error(c, SB_E_RATE_LIMITED, msg);
+        return;
+    default:
+        snprintf(msg, sizeof(msg), "the decider did not allow %.*s: %s", (int)c->method_len, c->method, d->reason);
+        reply_error(c, SB_E_FORBIDDEN, msg);
+        return;
+    }
+}
+
+static void on_decided(void *arg, const sb_decision_t *d)
+{
+    rpc_call_t *c = arg;
+    apply_decision(c, d);
+    sb_async_release(&c->super);
+}
+
 static void on_quota(void *arg, sb_status_t st, const char *why)
 {
     rpc_call_t *c = arg;
@@ -285,6 +346,25 @@ static void on_quota(void *arg, sb_status_t st, const char *why)
         goto Exit;
     }
     c->granted = 1;
+    /*
+     * A decide rule may hold a granted call for the decider (never one the
+     * manifest refused: the check came first). The call keeps its concurrency
+     * slot while it waits, and nothing is dispatched before an allow. A
+     * manifest without decide rules pays one load and compare here. A call
+     * whose args the decoder refused is not described: dispatch answers its
+     * error without running any handler.
+     */
+    if (sb_authz_has_decide(c->tok->manifest) && c->call.err_stage == SB_CALL_ERR_NONE &&
+        sb_authz_needs_decision(c->tok->manifest, &c->call)) {
+        sb_worker_t *w = sb_current_worker;
+        sb_decision_t d;
+        sb_async_retain(&c->super);
+        if (sb_decide_start(w->decide, w->server->decide_conf, c->tok, &c->call, sb_now_ms(), on_decided, c, &d)) {
+            apply_decision(c, &d);
+            sb_async_release(&c->super);
+        }
+        goto Exit;
+    }
     /* the handler's callback holds its own reference: it may run long after this one is dropped (and the call with it) */
     sb_async_retain(&c->super);
     sb_dispatch(&sb_current_worker->svc, c->tok, &c->call, on_dispatched, c);

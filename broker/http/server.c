@@ -136,12 +136,14 @@ static void setup_globalconf(h2o_globalconf_t *gc, size_t max_entity, int (*on_r
     handler->on_req = on_req;
 }
 
-sb_status_t sb_server_init(sb_server_t *s, sb_config_t *conf, sb_store_t *store, sb_fetch_conf_t *fetch_conf, sb_targets_t *targets)
+sb_status_t sb_server_init(sb_server_t *s, sb_config_t *conf, sb_store_t *store, sb_fetch_conf_t *fetch_conf,
+                           sb_decide_conf_t *decide_conf, sb_targets_t *targets)
 {
     memset(s, 0, sizeof(*s));
     s->conf = conf;
     s->store = store;
     s->fetch_conf = fetch_conf;
+    s->decide_conf = decide_conf;
     s->targets = targets;
     s->listen_fd = s->admin_fd = -1;
     sb_sha256(conf->admin_secret, strlen(conf->admin_secret), s->admin_secret_hash);
@@ -321,6 +323,7 @@ static void *worker_main(void *arg)
     w->svc.store = w->store;
     w->svc.targets = s->targets;
     w->svc.tools = sb_tools_ctx_create(w->loop);
+    w->decide = sb_decide_ctx_create(w->loop);
     w->svc.files = sb_files_ctx_create(s->files, q);
     w->svc.pg = sb_pg_pool_create(w->loop, &w->reaper, s->conf->database_url, s->targets, s->conf->database_pool_size);
     {
@@ -395,6 +398,9 @@ static void *worker_main(void *arg)
     /* NULL: a request still arriving on a kept-alive connection in the last turn below finds no handler */
     sb_tools_ctx_destroy(w->svc.tools);
     w->svc.tools = NULL;
+    /* decisions still waiting past the drain are refused (their calls answer forbidden) */
+    sb_decide_ctx_destroy(w->decide);
+    w->decide = NULL;
     /*
      * past the drain deadline a context still in use stays, like the loop its
      * exchanges run on, and so does a files context a pool thread will still
@@ -459,10 +465,12 @@ struct st_sb_retired_t {
     struct st_sb_retired_t *next;
     sb_config_t *conf;
     sb_fetch_conf_t *fetch_conf;
+    sb_decide_conf_t *decide_conf;
     sb_targets_t *targets;
 };
 
-void sb_server_reload(sb_server_t *s, sb_config_t *conf, sb_fetch_conf_t *fetch_conf, sb_targets_t *targets)
+void sb_server_reload(sb_server_t *s, sb_config_t *conf, sb_fetch_conf_t *fetch_conf, sb_decide_conf_t *decide_conf,
+                      sb_targets_t *targets)
 {
     uint8_t new_hash[32];
     struct st_sb_retired_t *r = sb_mem_calloc(1, sizeof(*r));
@@ -470,11 +478,13 @@ void sb_server_reload(sb_server_t *s, sb_config_t *conf, sb_fetch_conf_t *fetch_
     /* handlers in flight may still point into these: they live until exit */
     r->conf = s->conf;
     r->fetch_conf = s->fetch_conf;
+    r->decide_conf = s->decide_conf;
     r->targets = s->targets;
     r->next = s->retired;
     s->retired = r;
 
     s->fetch_conf = fetch_conf;
+    s->decide_conf = decide_conf;
     s->targets = targets;
     s->conf = conf;
     ++s->generation; /* after the objects: a worker that sees the new count reads the new objects */
@@ -500,6 +510,7 @@ void sb_server_free_retired(sb_server_t *s)
         s->retired = r->next;
         sb_config_free(r->conf);
         sb_fetch_conf_free(r->fetch_conf);
+        sb_decide_conf_free(r->decide_conf);
         sb_targets_free(r->targets);
         sb_mem_free(r);
     }

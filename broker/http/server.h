@@ -17,7 +17,7 @@
  * @return SB_OK, or SB_E_UNAVAILABLE with a log line naming the problem
  */
 SB_WARN_UNUSED sb_status_t sb_server_init(sb_server_t *s, sb_config_t *conf, sb_store_t *store, sb_fetch_conf_t *fetch_conf,
-                                          sb_targets_t *targets);
+                                          sb_decide_conf_t *decide_conf, sb_targets_t *targets);
 /** runs the workers until sb_server_stop; returns when every worker has drained */
 void sb_server_run(sb_server_t *s);
 /** asks every worker to stop accepting and drain (async-signal-unsafe: call from a normal thread) */
@@ -28,7 +28,8 @@ void sb_server_stop(sb_server_t *s);
  * finish on what they started with. Listeners, threads and the token store
  * are not reloadable.
  */
-void sb_server_reload(sb_server_t *s, sb_config_t *conf, sb_fetch_conf_t *fetch_conf, sb_targets_t *targets);
+void sb_server_reload(sb_server_t *s, sb_config_t *conf, sb_fetch_conf_t *fetch_conf, sb_decide_conf_t *decide_conf,
+                      sb_targets_t *targets);
 /** frees the objects reloads replaced; only once every worker has stopped */
 void sb_server_free_retired(sb_server_t *s);
 void sb_server_dispose(sb_server_t *s);

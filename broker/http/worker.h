@@ -15,6 +15,7 @@
 #include "fetch/fetch.h"
 #include "svc/target.h"
 #include "svc/handlers.h"
+#include "svc/decide/decide.h"
 
 typedef struct st_sb_server_t sb_server_t;
 
@@ -29,6 +30,7 @@ typedef struct st_sb_worker_t {
     h2o_socket_t *listener, *admin_listener;
     sb_store_conn_t *store;
     sb_svc_env_t svc;
+    sb_decide_ctx_t *decide; /* the decider's exchanges on this loop (svc/decide/decide.h) */
     h2o_multithread_queue_t *queue;
     h2o_multithread_receiver_t shutdown_receiver;
     size_t inflight;    /* requests not yet disposed, loop-local */
@@ -50,6 +52,7 @@ struct st_sb_server_t {
     sb_config_t *_Atomic conf;
     sb_store_t *store;
     sb_fetch_conf_t *_Atomic fetch_conf;
+    sb_decide_conf_t *_Atomic decide_conf; /* NULL: no decider (calls a decide rule holds are refused) */
     sb_targets_t *_Atomic targets;
     struct st_sb_retired_t *retired;  /* what reloads replaced: freed by sb_server_free_retired after the workers stop */
     _Atomic unsigned long generation; /* counts reloads, so a worker that was starting during one notices it */

@@ -312,13 +312,25 @@ static void put_stamp(char out[STAMP_LEN])
     put2(out + 28, ms % 100);
 }
 
+static void begin(sb_logline_t *l, sb_log_level_t level, const char *event, int always);
+
 void sb_log_begin(sb_logline_t *l, sb_log_level_t level, const char *event)
+{
+    begin(l, level, event, 0);
+}
+
+void sb_log_begin_level_always(sb_logline_t *l, sb_log_level_t level, const char *event)
+{
+    begin(l, level, event, 1);
+}
+
+static void begin(sb_logline_t *l, sb_log_level_t level, const char *event, int always)
 {
     static const char lv[] = ",\"level\":\"", ev[] = "\",\"event\":\"";
 
     l->len = 0;
     l->truncated = 0;
-    l->enabled = (int)level >= atomic_load(&min_level);
+    l->enabled = always || (int)level >= atomic_load(&min_level);
     if (!l->enabled)
         return;
     /* the head always fits an empty line: no bound checks until the event */

@@ -15,11 +15,10 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "sb/limits.h"
 #include "sb/status.h"
 
 typedef enum en_sb_log_level_t { SB_LOG_DEBUG = 0, SB_LOG_INFO, SB_LOG_WARN, SB_LOG_ERROR } sb_log_level_t;
-
-#define SB_LOGLINE_MAX 2048
 
 typedef struct st_sb_logline_t {
     char buf[SB_LOGLINE_MAX];
@@ -33,6 +32,8 @@ void sb_log_set_level(sb_log_level_t level);
 /** parses "debug", "info", "warn" or "error"; returns -1 for anything else */
 int sb_log_parse_level(const char *s);
 void sb_log_begin(sb_logline_t *l, sb_log_level_t level, const char *event);
+/** starts a line of that level whatever the log level: for the outcome of an operator's action (a reload) */
+void sb_log_begin_level_always(sb_logline_t *l, sb_log_level_t level, const char *event);
 void sb_log_str(sb_logline_t *l, const char *key, const char *val, size_t len);
 void sb_log_cstr(sb_logline_t *l, const char *key, const char *val);
 void sb_log_int(sb_logline_t *l, const char *key, long long v);

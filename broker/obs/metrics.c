@@ -16,7 +16,8 @@ static _Atomic uint64_t calls[SB_MK_COUNT_ + 1][SB_STATUS_COUNT_];
 static _Atomic uint64_t hist[NBUCKETS + 1];
 static _Atomic uint64_t hist_sum_us, hist_count;
 static _Atomic uint64_t denials[SB_DENY_COUNT_];
-static _Atomic uint64_t admin_ops[6][6]; /* op x status class (1xx..5xx) */
+static _Atomic uint64_t admin_ops[7][6]; /* op x status class (1xx..5xx) */
+static _Atomic uint64_t timeline_dropped;
 static long long (*live_tokens_fn)(void);
 static int (*db_up_fn)(void);
 static const char *quota_names[] = {"calls per run", "concurrent calls per run", "fetched bytes per run"};
@@ -27,6 +28,34 @@ void sb_metrics_quota_hit(const char *quota)
     for (size_t i = 0; i < 3; ++i)
         if (quota != NULL && strcmp(quota, quota_names[i]) == 0)
             atomic_fetch_add_explicit(&quota_hits[i], 1, memory_order_relaxed);
+}
+
+/* the decider: decisions by outcome (allow, deny, fail, overload), reused answers, latency from 1 ms to 5 min */
+static const char *const decide_outcomes[] = {"allow", "deny", "fail", "overload"};
+static const uint64_t decide_bucket_us[] = {1000, 5000, 10000, 50000, 100000, 500000, 1000000, 5000000, 30000000, 300000000};
+#define DECIDE_NBUCKETS (sizeof(decide_bucket_us) / sizeof(decide_bucket_us[0]))
+static _Atomic uint64_t decisions[4], decisions_reused;
+static _Atomic uint64_t decide_hist[DECIDE_NBUCKETS + 1], decide_sum_us, decide_count;
+static size_t (*decide_pending_fn)(void);
+
+void sb_metrics_decision(int outcome, int reused, uint64_t us)
+{
+    size_t b = 0;
+    if (outcome < 0 || outcome > 3)
+        outcome = 2;
+    atomic_fetch_add_explicit(&decisions[outcome], 1, memory_order_relaxed);
+    if (reused)
+        atomic_fetch_add_explicit(&decisions_reused, 1, memory_order_relaxed);
+    while (b < DECIDE_NBUCKETS && us > decide_bucket_us[b])
+        ++b;
+    atomic_fetch_add_explicit(&decide_hist[b], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&decide_sum_us, us, memory_order_relaxed);
+    atomic_fetch_add_explicit(&decide_count, 1, memory_order_relaxed);
+}
+
+void sb_metrics_set_decide_pending_fn(size_t (*fn)(void))
+{
+    decide_pending_fn = fn;
 }
 
 static _Atomic uint64_t connections_refused;
@@ -89,7 +118,7 @@ Found:
 }
 static int (*store_up_fn)(void);
 
-static const char *admin_names[] = {"mint", "revoke_token", "revoke_run", "inspect_token", "inspect_run", "other"};
+static const char *admin_names[] = {"mint", "revoke_token", "revoke_run", "inspect_token", "inspect_run", "run_events", "other"};
 
 void sb_metrics_call(int kind, sb_status_t st, uint64_t latency_us)
 {
@@ -115,11 +144,21 @@ void sb_metrics_deny(int reason)
 void sb_metrics_admin(const char *op, int http_status)
 {
     int i = 0, cls = http_status / 100;
-    while (i < 5 && strcmp(admin_names[i], op) != 0)
+    while (i < 6 && strcmp(admin_names[i], op) != 0)
         ++i;
     if (cls < 1 || cls > 5)
         cls = 5;
     atomic_fetch_add_explicit(&admin_ops[i][cls], 1, memory_order_relaxed);
+}
+
+void sb_metrics_timeline_dropped(uint64_t n)
+{
+    atomic_fetch_add_explicit(&timeline_dropped, n, memory_order_relaxed);
+}
+
+uint64_t sb_metrics_timeline_dropped_total(void)
+{
+    return atomic_load_explicit(&timeline_dropped, memory_order_relaxed);
 }
 
 void sb_metrics_set_live_tokens_fn(long long (*fn)(void))
@@ -222,7 +261,7 @@ sb_status_t sb_metrics_render_into(sb_buf_t *out)
              (unsigned long long)atomic_load_explicit(&denials[r], memory_order_relaxed));
     emit(&o, "# HELP sb_admin_requests_total Admin requests by operation and status class.\n"
              "# TYPE sb_admin_requests_total counter\n");
-    for (int i = 0; i < 6; ++i)
+    for (int i = 0; i < 7; ++i)
         for (int c = 1; c <= 5; ++c) {
             uint64_t v = atomic_load_explicit(&admin_ops[i][c], memory_order_relaxed);
             if (v != 0)
@@ -242,6 +281,30 @@ sb_status_t sb_metrics_render_into(sb_buf_t *out)
             }
         }
     }
+    emit(&o, "# HELP sb_decisions_total Decisions on calls a decide rule holds, by outcome.\n"
+             "# TYPE sb_decisions_total counter\n");
+    for (size_t i = 0; i < 4; ++i)
+        emit(&o, "sb_decisions_total{outcome=\"%s\"} %llu\n", decide_outcomes[i],
+             (unsigned long long)atomic_load_explicit(&decisions[i], memory_order_relaxed));
+    emit(&o,
+         "# HELP sb_decisions_reused_total Decisions answered from an earlier answer (decider.reuse_ms).\n"
+         "# TYPE sb_decisions_reused_total counter\nsb_decisions_reused_total %llu\n",
+         (unsigned long long)atomic_load_explicit(&decisions_reused, memory_order_relaxed));
+    emit(&o, "# HELP sb_decision_duration_seconds How long a decision took.\n# TYPE sb_decision_duration_seconds histogram\n");
+    cum = 0;
+    for (size_t b = 0; b < DECIDE_NBUCKETS; ++b) {
+        cum += atomic_load_explicit(&decide_hist[b], memory_order_relaxed);
+        emit(&o, "sb_decision_duration_seconds_bucket{le=\"%g\"} %llu\n", (double)decide_bucket_us[b] / 1e6,
+             (unsigned long long)cum);
+    }
+    cum += atomic_load_explicit(&decide_hist[DECIDE_NBUCKETS], memory_order_relaxed);
+    emit(&o, "sb_decision_duration_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)cum);
+    emit(&o, "sb_decision_duration_seconds_sum %.6f\n", (double)atomic_load(&decide_sum_us) / 1e6);
+    emit(&o, "sb_decision_duration_seconds_count %llu\n", (unsigned long long)atomic_load(&decide_count));
+    emit(&o,
+         "# HELP sb_decisions_pending Calls waiting for the decider in this instance.\n# TYPE sb_decisions_pending gauge\n"
+         "sb_decisions_pending %zu\n",
+         decide_pending_fn != NULL ? decide_pending_fn() : (size_t)0);
     if (live_tokens_fn != NULL) {
         long long n = live_tokens_fn();
         if (n >= 0)
@@ -249,9 +312,13 @@ sb_status_t sb_metrics_render_into(sb_buf_t *out)
                  n);
     }
     emit(&o,
-         "# HELP sb_audit_dropped_total Audit lines dropped because the audit buffer was full.\n"
+         "# HELP sb_audit_dropped_total Audit lines lost: the audit buffer was full, or the sink failed to take them.\n"
          "# TYPE sb_audit_dropped_total counter\nsb_audit_dropped_total %llu\n",
          (unsigned long long)sb_audit_dropped());
+    emit(&o,
+         "# HELP sb_timeline_dropped_total Run timeline events not kept: a full queue, a store that could not take them, a "
+         "run over its cap.\n# TYPE sb_timeline_dropped_total counter\nsb_timeline_dropped_total %llu\n",
+         (unsigned long long)atomic_load_explicit(&timeline_dropped, memory_order_relaxed));
     emit(&o,
          "# HELP sb_connections_refused_total Connections closed at accept: max_connections reached.\n"
          "# TYPE sb_connections_refused_total counter\nsb_connections_refused_total %llu\n",

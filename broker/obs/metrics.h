@@ -41,6 +41,13 @@ typedef enum en_sb_store_event_t {
     SB_STORE_EV_COUNT_
 } sb_store_event_t;
 void sb_metrics_store_event(sb_store_event_t ev);
+/**
+ * counts one decision of the decider (svc/decide/decide.h): outcome 0 allow, 1 deny, 2 fail, 3 overload;
+ * reused when an earlier answer was reused; us how long it took (the histogram)
+ */
+void sb_metrics_decision(int outcome, int reused, uint64_t us);
+/** sets the function that reports the decisions waiting in the process (the pending gauge) */
+void sb_metrics_set_decide_pending_fn(size_t (*fn)(void));
 /** counts a connection closed at accept because max_connections was reached */
 void sb_metrics_connection_refused(void);
 /** counts one SIGHUP reload: applied (1) or rejected (0), as sb_reload_total{result} */
@@ -48,6 +55,10 @@ void sb_metrics_reload(int applied);
 /** sets the function that reports database health (1 up, 0 down, -1 no database configured) */
 void sb_metrics_set_db_up_fn(int (*fn)(void));
 /** sets the function that reports live tokens (-1 when unknown) */
+/** counts run timeline events that were not kept (store.h, sb_store_timeline_end) */
+void sb_metrics_timeline_dropped(uint64_t n);
+/** the count so far */
+uint64_t sb_metrics_timeline_dropped_total(void);
 void sb_metrics_set_live_tokens_fn(long long (*fn)(void));
 /** sets the function that reports token-store health (1 up, 0 down) */
 void sb_metrics_set_store_up_fn(int (*fn)(void));

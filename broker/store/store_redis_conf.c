@@ -470,22 +470,45 @@ Exit:
     return ok;
 }
 
+/*
+ * What kind of failure a check's message (made above) reports: a node that refused our
+ * credentials (AUTH refused, or a command refused with NOAUTH or WRONGPASS) is
+ * SB_E_UNAUTHORIZED; one that did not answer (connect failed, no answer) SB_E_UNAVAILABLE; any
+ * other refusal (SELECT of a database that does not exist, a replica, an unknown master name) is
+ * the configuration's: SB_E_BAD_ARGS.
+ */
+static sb_status_t check_kind(const char *err)
+{
+    if (strstr(err, ": AUTH refused: ") != NULL || strstr(err, " refused: NOAUTH") != NULL ||
+        strstr(err, " refused: WRONGPASS") != NULL)
+        return SB_E_UNAUTHORIZED;
+    if (strstr(err, ": connect failed: ") != NULL || strstr(err, " refused: ") == NULL)
+        return strstr(err, "the node is not a primary") != NULL || strstr(err, "does not know master") != NULL ||
+                       strstr(err, "unexpected answer") != NULL || strstr(err, "no numeric primary address") != NULL
+                   ? SB_E_BAD_ARGS
+                   : SB_E_UNAVAILABLE;
+    return SB_E_BAD_ARGS;
+}
+
 sb_status_t sb_store__redis_check(sb_store_t *s, char *err, size_t errsz)
 {
     sb_store_addr_t primary;
     size_t used = 0;
+    sb_status_t worst = SB_E_UNAVAILABLE;
 
     if (s->nsentinels == 0)
-        return check_primary(s, &s->addr, err, errsz) == 0 ? SB_OK : SB_E_UNAVAILABLE;
+        return check_primary(s, &s->addr, err, errsz) == 0 ? SB_OK : check_kind(err);
     /* the first sentinel that answers names the primary; every refusal is reported when none does */
     for (size_t i = 0; i < s->nsentinels; ++i) {
         char one[384];
         if (check_sentinel(s, &s->sentinels[i], &primary, one, sizeof(one)) == 0)
-            return check_primary(s, &primary, err, errsz) == 0 ? SB_OK : SB_E_UNAVAILABLE;
+            return check_primary(s, &primary, err, errsz) == 0 ? SB_OK : check_kind(err);
+        if (check_kind(one) != SB_E_UNAVAILABLE)
+            worst = check_kind(one);
         if (used + 3 < errsz) {
             int n = snprintf(err + used, errsz - used, "%s%s", used == 0 ? "no sentinel named the primary: " : "; ", one);
             used = n > 0 && (size_t)n < errsz - used ? used + (size_t)n : errsz - 1;
         }
     }
-    return SB_E_UNAVAILABLE;
+    return worst;
 }

@@ -883,6 +883,7 @@ void sb_store__redis_conn_destroy(void *p)
     }
     for (size_t i = 0; i < rc->nrel; ++i)
         sb_store__redis_update_failed("release", rc->rel[i].run_id, "the worker stopped before it was sent");
+    sb_store__redis_timeline_dispose(rc);
     if (h2o_timeout_is_linked(&rc->tick))
         h2o_timeout_unlink(&rc->tick);
     if (h2o_timeout_is_linked(&rc->flush))

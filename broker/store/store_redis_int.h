@@ -32,7 +32,7 @@
 
 /* ---- scripts (store_redis_scripts.c) ------------------------------------------------------------------------------------ */
 
-enum { SC_LOOKUP = 0, SC_RELEASE, SC_FETCH_ADD, SC_MINT, SC_REVOKE_RUN, SC_INSPECT_RUN, SC_TOOL_CALL };
+enum { SC_LOOKUP = 0, SC_RELEASE, SC_FETCH_ADD, SC_MINT, SC_REVOKE_RUN, SC_INSPECT_RUN, SC_TOOL_CALL, SC_TIMELINE_ADD };
 
 typedef struct st_sb_store_redis_script_t {
     const char *body;
@@ -109,6 +109,10 @@ struct st_redis_conn_t {
     size_t nrel;
     h2o_timeout_t flush_timeout; /* 0 ms: runs once the loop pass's I/O is handled */
     h2o_timeout_entry_t flush;
+    /* timeline events queued in this loop pass (store_redis_timeline.c), sent at its end */
+    struct st_sb_tl_queue_t *tl;
+    h2o_timeout_t tl_timeout; /* SB_TIMELINE_BATCH_MS, initialised with the queue */
+    h2o_timeout_entry_t tl_flush, tl_soon;
 };
 
 /* ---- commands on the data link ---------------------------------------------------------------------------------------- */
@@ -134,6 +138,7 @@ struct st_cmd_t {
         sb_store_done_cb done;
         sb_quota_cb quota;
         sb_store_inspect_cb inspect;
+        sb_store_timeline_cb timeline;
     } cb;
     void *arg;
     uint8_t hash[32];
@@ -184,5 +189,9 @@ void sb_store__redis_cmd_send(cmd_t *cmd);
 void sb_store__redis_on_flush(h2o_timeout_entry_t *entry);
 /** logs and counts a quota update nobody waits for that failed */
 void sb_store__redis_update_failed(const char *update, const char *run_id, const char *why);
+
+/* store_redis_timeline.c */
+/** frees the events still queued on a connection being destroyed (counted as dropped) */
+void sb_store__redis_timeline_dispose(redis_conn_t *rc);
 
 #endif

@@ -19,7 +19,7 @@
  * mcp_wire.h (session id, event type, request), svc/files/files.c, files_fs.c and
  * files_path.h (listing, write depth, queue, scope key), http/reply.h (error
  * bodies), fetch/client.h (SB_MAX_RESPONSE_HEAD), fetch/ipclass.h (CIDR
- * entries), authz/manifest.c (timeout, memory), obs/log.h (SB_LOGLINE_MAX),
+ * entries), authz/manifest.c (timeout, memory),
  * obs/audit.h (SB_AUDIT_BUFFER), obs/metrics.h and .c, and the shim's own
  * SB_SHIM_MAX_* in the headers of supervisor-shim/ (shared by its rooms). scripts/checksrc refuses
  * a cap a header defines and a file outside its folder uses, unless it is
@@ -111,6 +111,19 @@
 /* DNS answers per family that are read and validated (fetch/resolver.c); a reply with more is refused; the
    http.fetch handler (svc/fetch/) pins what they give */
 #define SB_MAX_DNS_ANSWERS 32
+/* the decider (svc/decide/, PROTOCOL.md section 5a): the call description sent, the answer read (the
+   parser and its fuzz harness bound it), the deny reason passed back to the guest, decisions kept per
+   worker for reuse, and the per-instance bound on calls waiting for a decision (the config's
+   decider.max_pending default) */
+#define SB_MAX_DECIDE_REQUEST 16384u
+#define SB_MAX_DECIDE_ANSWER 4096u
+#define SB_MAX_DECIDE_REASON 256u
+#define SB_MAX_DECIDE_CACHE 1024u
+#define SB_MAX_DECIDE_PENDING 4096u
+
+/* a log, audit or timeline line (obs/log.h writes them); the run timeline (store/timeline.c,
+   store_redis_timeline.c) keeps events of at most this size and refuses longer ones read back */
+#define SB_LOGLINE_MAX 2048
 
 /* the largest cap an sb_buf_t takes (buf.h; proto/buf.c): room for the NUL, and no sum or doubling
  * of sizes below it overflows */

@@ -24,6 +24,7 @@ typedef struct st_sb_shim_deno_t {
     const char *exe;         /* the Deno binary, found before (find_exe) */
     const char *runtime_url; /* sb_shim_runtime_url() */
     unsigned long memory_mb; /* V8 old-space cap; jailed, also the run's cgroup memory.max and RLIMIT_DATA */
+    unsigned timeout_ms;     /* jailed: the base of RLIMIT_CPU (jail.h); sb_shim_deno_run takes the run's */
     sb_shim_jail_t *jail;    /* sb_shim_jail_new(), made once at start-up; NULL or a jail that is off: none */
 } sb_shim_deno_t;
 
@@ -33,16 +34,52 @@ typedef struct st_sb_shim_deno_t {
  */
 char *sb_shim_runtime_url(void);
 
+/** a started guest, waiting for its init frame (sb_shim_deno_start) */
+typedef struct st_sb_shim_guest_t {
+    sb_shim_child_t child;
+    char workdir[256]; /* its private work directory ("" once removed) */
+    char home[270];
+    int started;
+    int reaped; /* the relay reaped it */
+} sb_shim_guest_t;
+
+/**
+ * Starts a guest: `deno run` with no permissions inside the jail (jail.h;
+ * `d->jail`), its HOME, DENO_DIR and TMPDIR in the scratch of its own root
+ * (with --jail=off: a fresh private directory under TMPDIR, removed after). The runtime prepares itself (guest/runtime.js,
+ * prepare()) and waits for its init frame, so a guest may be started before
+ * its run is known (serve's pool). The child wipes its copy of `scrub` (a run
+ * token, or NULL) before anything else. A spawn that fails because the jail
+ * could not be set up is counted (sb_shim_hook_jail_failure).
+ * @param err on SB_E_EXECUTION, what could not be set up: "failed to create sandbox work root[: <why>]"
+ *        or "failed to spawn sandbox subprocess: <why>" (a jail refusal: "<...>: jail: ...")
+ * @return SB_OK, or SB_E_EXECUTION (no guest runs; nothing is left behind)
+ */
+SB_WARN_UNUSED sb_status_t sb_shim_deno_start(const sb_shim_deno_t *d, void *scrub, size_t scrub_len, sb_shim_guest_t *g, char *err,
+                                              size_t errsz);
+
+/**
+ * Hands a started guest its run: the init frame, then the relay until the guest
+ * is gone (the run's timeout counts from here). Call sb_shim_deno_release after
+ * (serve answers first: the guest is already reaped).
+ * @param outcome receives the relay's outcome (new reference) on SB_OK
+ * @return SB_OK or SB_E_NOMEM
+ */
+SB_WARN_UNUSED sb_status_t sb_shim_deno_relay(sb_shim_guest_t *g, const sb_shim_config_t *cfg, const uint8_t *init, size_t init_len,
+                                              json_t **outcome);
+
+/** after sb_shim_deno_relay: the guest's directory is removed, the jail's uid and cgroup given back */
+void sb_shim_deno_release(sb_shim_guest_t *g);
+
+/** kills a started guest that gets no run (or gets no more of it), and releases what it holds */
+void sb_shim_deno_discard(sb_shim_guest_t *g);
+
 /** called once the guest has been started, before the relay runs */
 typedef void (*sb_shim_on_spawned_cb)(void *arg, const sb_shim_child_t *child);
 
 /**
- * Runs one guest: a fresh private work directory whose `home` (HOME, DENO_DIR,
- * TMPDIR) belongs to the guest's uid, `deno run` with no permissions inside
- * the jail (jail.h; `d->jail`), the relay until the guest is gone, then the
- * directory is removed and the jail's uid and cgroup given back. The child
- * wipes its copy of `cfg->token` before anything else. A spawn that fails
- * because the jail could not be set up is counted (sb_shim_hook_jail_failure).
+ * Runs one guest, cold: sb_shim_deno_start (wiping the child's copy of
+ * `cfg->token`), then sb_shim_deno_relay.
  * @param init the whole init frame (header included)
  * @param on_spawned may be NULL
  * @param outcome receives the relay's outcome (new reference) on SB_OK

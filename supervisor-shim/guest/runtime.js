@@ -496,17 +496,104 @@ function maskProcess() {
   }
 }
 
-function harden(init) {
+// Shared memory through WebAssembly: `new WebAssembly.Memory({shared: true})`
+// and a module that declares and exports a shared memory both hand out a
+// SharedArrayBuffer (and with it the constructor). The shim starts V8 with
+// --enable-sharedarraybuffer-per-context (guest/runner.c), which takes the
+// SharedArrayBuffer global out of every context (node:vm's too), but not the
+// buffers WebAssembly makes. So the Memory constructor refuses `shared`, and
+// every way a Memory hands out its buffer refuses a shared one. The
+// descriptor is read once, into a copy, so a getter cannot answer one thing
+// to the check and another to V8.
+function closeSharedWasmMemory() {
+  // this realm's SharedArrayBuffer.prototype, from a buffer made before the guard is up
+  const sabProto = Object.getPrototypeOf(new WebAssembly.Memory({ initial: 0, maximum: 0, shared: true }).buffer);
+  const sabLength = Object.getOwnPropertyDescriptor(sabProto, "byteLength").get;
+  const isShared = (b) => {
+    try { sabLength.call(b); return true; } catch (_) { return false; }
+  };
+  const refuse = () => new TypeError("shared WebAssembly memory is not available in the sandbox");
+  const RealMemory = WebAssembly.Memory;
+  const proto = RealMemory.prototype;
+  const Memory = function Memory(desc) {
+    if (new.target === undefined) throw new TypeError("WebAssembly.Memory must be invoked with 'new'");
+    if (desc === null || (typeof desc !== "object" && typeof desc !== "function")) return new RealMemory(desc);
+    const copy = {};
+    for (const k of ["initial", "maximum", "shared", "address", "index"]) {
+      const v = desc[k];
+      if (v !== undefined) copy[k] = v;
+    }
+    if (copy.shared) throw refuse();
+    return Reflect.construct(RealMemory, [copy], new.target === Memory ? RealMemory : new.target);
+  };
+  Object.defineProperty(Memory, "prototype", { value: proto, writable: false, configurable: false, enumerable: false });
+  Object.defineProperty(proto, "constructor", { value: Memory, writable: true, configurable: true, enumerable: false });
+  for (const name of ["buffer"]) {
+    const d = Object.getOwnPropertyDescriptor(proto, name);
+    if (d?.get === undefined) continue;
+    const get = d.get;
+    Object.defineProperty(proto, name, {
+      get() {
+        const b = get.call(this);
+        if (isShared(b)) throw refuse();
+        return b;
+      },
+      configurable: false,
+      enumerable: d.enumerable,
+    });
+  }
+  for (const name of ["toResizableBuffer", "toFixedLengthBuffer"]) {
+    const fn = proto[name];
+    if (typeof fn !== "function") continue;
+    Object.defineProperty(proto, name, {
+      value: function () {
+        const b = fn.call(this);
+        if (isShared(b)) throw refuse();
+        return b;
+      },
+      writable: false,
+      configurable: false,
+      enumerable: false,
+    });
+  }
+  Object.defineProperty(WebAssembly, "Memory", { value: Memory, writable: false, configurable: false, enumerable: false });
+}
+
+// What needs no run: everything here happens before the init frame arrives
+// (a pooled guest waits for its run in this state), so a run pays only for
+// its own module. Each step says why it is here.
+function prepare() {
+  // Storage that writes into DENO_DIR, outside any byte budget of Deno's own:
+  // the Cache API, localStorage, sessionStorage. Removed before they load.
+  for (const k of ["caches", "localStorage", "sessionStorage"]) delete globalThis[k];
+  // Deno's internals (core ops: one renames the process in the host's ps)
+  delete Deno[Deno.internal];
   // Some globals (timers, for one) load lazily from Deno's own code, which uses
   // Atomics; touch every global once so that the loads happen before it goes.
+  // Measured: this and the Node layer `process` pulls in are most of the start
+  // (about 60 ms of a cold run); a pooled guest pays it before its run.
   for (const k of Object.getOwnPropertyNames(globalThis)) {
     try { void globalThis[k]; } catch (_) { /* a getter that throws is left alone */ }
   }
+  closeSharedWasmMemory();
   // no threads or shared memory for the guest (PROTOCOL.md section 2, guest side)
   Object.defineProperty(globalThis, "Worker", { value: undefined, writable: false, configurable: false });
   delete globalThis.SharedArrayBuffer;
   delete globalThis.Atomics;
   maskProcess();
+  // uncaught errors in timers and stray rejections are logged instead of killing the run
+  globalThis.addEventListener("error", (ev) => {
+    ev.preventDefault();
+    capture("error", ["Uncaught", ev.error ?? ev.message]);
+  });
+  globalThis.addEventListener("unhandledrejection", (ev) => {
+    ev.preventDefault();
+    capture("error", ["Uncaught (in promise)", ev.reason]);
+  });
+}
+
+// What the run's init frame decides.
+function installRun(init) {
   // a run without bindings has no questpie; one without a broker keeps Deno's fetch, which --deny-net refuses
   if (init.bindings !== false)
     Object.defineProperty(globalThis, "questpie", { value: questpie, writable: false, configurable: false, enumerable: true });
@@ -519,15 +606,6 @@ function harden(init) {
     Object.freeze(secrets);
     Object.defineProperty(globalThis, "__secrets", { value: secrets, writable: true, configurable: true, enumerable: false });
   }
-  // uncaught errors in timers and stray rejections are logged instead of killing the run
-  globalThis.addEventListener("error", (ev) => {
-    ev.preventDefault();
-    capture("error", ["Uncaught", ev.error ?? ev.message]);
-  });
-  globalThis.addEventListener("unhandledrejection", (ev) => {
-    ev.preventDefault();
-    capture("error", ["Uncaught (in promise)", ev.reason]);
-  });
 }
 
 function base64Utf8(s) {
@@ -578,6 +656,7 @@ async function finish(ok, value) {
 }
 
 async function main() {
+  prepare();
   let init;
   try {
     init = await readFrame();
@@ -586,7 +665,7 @@ async function main() {
   }
   if (init === null || init.t !== "init") return finish(false, "the shim sent no init frame");
   replyLoop();
-  harden(init);
+  installRun(init);
   if (typeof init.source !== "string") return finish(false, "init frame carries no guest source");
   let mod;
   try {

@@ -109,6 +109,7 @@ typedef struct st_relay_t {
     /* outcome */
     int cancelled; /* cancel_fd or stop_fd hung up: the run was abandoned */
     int failed;
+    int denied; /* the run's error is the broker's denial of a call (cfg->mark_denial) */
     char error[2048];
     int timed_out;
     int have_result;
@@ -300,6 +301,8 @@ static void call_error(relay_t *r, call_t *c, const char *code, const char *mess
         conn_close(c->conn);
     c->conn = NULL;
     if (!r->cfg->denial_reply) {
+        if (!r->failed && (strcmp(code, "forbidden") == 0 || strcmp(code, "unauthorized") == 0))
+            r->denied = 1; /* this failure is the run's error: the first one wins */
         run_fail(r, 0, "binding call %s failed: %s", c->method, detail);
         return;
     }
@@ -1106,6 +1109,8 @@ static json_t *build_outcome(relay_t *r)
         json_object_set_new(o, "timedOut", json_true());
     json_object_set_new(o, "ms", json_integer(now_ms() - r->start));
     json_object_set_new(o, "calls", json_integer(r->ncalls));
+    if (r->cfg->mark_denial && r->denied && r->failed)
+        json_object_set_new(o, "denied", json_true());
     return o;
 }
 

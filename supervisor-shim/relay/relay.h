@@ -60,12 +60,17 @@ typedef struct st_sb_shim_config_t {
     const char *calls_refused;
     /* 1: stderr beyond SB_SHIM_MAX_STDERR ends the run ("sandbox output limit exceeded"); 0: it is dropped */
     int stderr_cap_fails;
+    /*
+     * 1 (serve): a run that the broker's denial of a call ended (forbidden or unauthorized, with
+     * denial_reply 0) has "denied":true in its outcome, for the caller to count and take out
+     */
+    int mark_denial;
 } sb_shim_config_t;
 
 /**
  * Runs the relay until the guest is gone.
  * @param init the whole init frame (header included) written to the guest first
- * @param out receives the outcome object {ok, output?, error?, logs, timedOut?, ms, calls} (new reference);
+ * @param out receives the outcome object {ok, output?, error?, logs, timedOut?, ms, calls, denied?} (new reference);
  *        a cancelled run (cancel_fd, stop_fd) has error "sandbox request cancelled"
  * @return SB_OK, or SB_E_NOMEM when the outcome could not be built
  */

@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -36,7 +37,9 @@
 #include "sb/mem.h"
 #include "serve/serve.h"
 #include "serve/serve_int.h"
+#include "serve/launcher.h"
 #include "relay/tls.h"
+#include "sb_build_info.h"
 
 #define EXIT_USAGE 2
 #define ADMISSION_HEADER "x-questpie-sandbox-host-admission"
@@ -54,14 +57,16 @@
 #define RUN_GRACE_MS 20000
 /* after SIGTERM, runs in flight get this long to finish */
 #define DRAIN_MS 45000
+/* /health starts Deno as a guest at most this often */
+#define HEALTH_EVERY_MS 1000
 
 #define MSG_DENIED "The workload is not authorized for this sandbox operation."
 
-static const char *const OUTCOMES[] = {"ok",           "failed", "timeout", "cancelled", "rejected", "egress_blocked",
-                                       "spawn_failed", "busy",   "denied",  "invalid",   "error",    NULL};
 static const double BUCKETS[] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60};
+/* from the request to the guest's first instruction (its init frame): milliseconds warm, more cold */
+static const double HANDOVER_BUCKETS[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
+#define NHANDOVER (sizeof(HANDOVER_BUCKETS) / sizeof(HANDOVER_BUCKETS[0]))
 #define NBUCKETS (sizeof(BUCKETS) / sizeof(BUCKETS[0]))
-#define NOUTCOMES (sizeof(OUTCOMES) / sizeof(OUTCOMES[0]) - 1)
 /* the /metrics text: a fixed set of counters, about 2 kB; past this the scrape is a 500, never a cut text */
 #define SERVE_METRICS_MAX 65536u
 
@@ -116,13 +121,30 @@ static struct {
     zombie_t *zombies;
 
     /* metrics */
-    unsigned long long outcomes[NOUTCOMES];
+    unsigned long long outcomes[SB_SERVE_OUT_COUNT];
     unsigned long long buckets[NBUCKETS], hist_count;
     double hist_sum;
     unsigned long long jail_failures;
+    unsigned long long handover_buckets[NHANDOVER], handover_count;
+    double handover_sum;
+
+    /* the launcher every run's process is forked from, and its pool (launcher.h) */
+    sb_serve_pool_conf_t pool;
+    sb_serve_launcher_t launcher;
+    uint64_t pool_failures_logged, pool_died_logged;
+    int launcher_down_logged;
+
+    /* operations */
+    const char *log_path;             /* --log-file, or NULL: stderr as it was given */
+    const char *adm_file, *mint_file; /* the secret files, re-read on SIGHUP */
+    int64_t health_at;                /* when the guest check behind /health last ran (0: never) */
+    int health_ok;
+    char health_err[512];
 } S;
 
-static volatile sig_atomic_t stop_requested;
+static volatile sig_atomic_t stop_requested, reopen_requested, reload_requested, other_signal;
+
+static int guest_deno_version(char *version, size_t vsz, char *err, size_t errsz);
 
 /* ---- logging: one JSON line per event on stderr (the broker's format) ---- */
 
@@ -187,22 +209,14 @@ static void send_json(h2o_req_t *req, int status, const char *reason, const char
 
 #define SEND_LIT(req, status, reason, lit) send_json(req, status, reason, H2O_STRLIT(lit))
 
-static int outcome_index(const char *name)
-{
-    for (size_t i = 0; i < NOUTCOMES; ++i)
-        if (strcmp(OUTCOMES[i], name) == 0)
-            return (int)i;
-    return (int)NOUTCOMES - 1; /* "error" */
-}
-
 /* counts and logs a /run request; `fields` (taken) may carry calls, timedOut and extras */
-static void account(const char *outcome, int status, int64_t ms, json_t *fields)
+static void account(sb_serve_outcome_t outcome, int status, int64_t ms, json_t *fields)
 {
     json_t *line = json_object(), *v;
     const char *k;
 
-    ++S.outcomes[outcome_index(outcome)];
-    json_object_set_new(line, "outcome", json_string(outcome));
+    ++S.outcomes[outcome < SB_SERVE_OUT_COUNT ? outcome : SB_SERVE_OUT_ERROR];
+    json_object_set_new(line, "outcome", json_string(sb_serve_outcome_name(outcome)));
     json_object_set_new(line, "status", json_integer(status));
     json_object_set_new(line, "ms", json_integer(ms));
     v = fields != NULL ? json_object_get(fields, "calls") : NULL;
@@ -221,7 +235,7 @@ static void account(const char *outcome, int status, int64_t ms, json_t *fields)
 }
 
 /* a run answered before any process: {ok:false, error, logs:[], ms} */
-static void answer_failure(h2o_req_t *req, const char *outcome, const char *error, int64_t started)
+static void answer_failure(h2o_req_t *req, sb_serve_outcome_t outcome, const char *error, int64_t started)
 {
     int64_t ms = sb_serve_now_ms() - started;
     json_t *o = json_pack("{s:b, s:s, s:[], s:I}", "ok", 0, "error", error, "logs", "ms", (json_int_t)ms);
@@ -277,14 +291,21 @@ static int admitted(h2o_req_t *req, int allow_bearer)
 
 /* ---- runs ---- */
 
-/* signals a run's process through its pidfd where there is one (it cannot name another process) */
+/*
+ * Signals a run's process through its pidfd, which cannot name another process. Never by pid: the
+ * process is the launcher's child, reaped there, so its pid may already be another's. (Without a
+ * pidfd, which the launcher's start checks the kernel has, the run still ends: its deadline and
+ * the client's hang-up reach it through its own descriptors.)
+ */
 static void signal_run(const run_t *r, int sig)
 {
 #ifdef SYS_pidfd_send_signal
-    if (r->pidfd >= 0 && syscall(SYS_pidfd_send_signal, r->pidfd, sig, NULL, 0) == 0)
-        return;
+    if (r->pidfd >= 0)
+        (void)syscall(SYS_pidfd_send_signal, r->pidfd, sig, NULL, 0);
+#else
+    (void)r;
+    (void)sig;
 #endif
-    (void)kill(r->pid, sig); /* not reaped yet: the pid is still that process's */
 }
 
 /*
@@ -369,6 +390,16 @@ static void observe(int64_t ms)
     S.hist_sum += s;
 }
 
+static void observe_handover(int64_t ms)
+{
+    double s = (double)ms / 1000.0;
+    for (size_t i = 0; i < NHANDOVER; ++i)
+        if (s <= HANDOVER_BUCKETS[i])
+            ++S.handover_buckets[i];
+    ++S.handover_count;
+    S.handover_sum += s;
+}
+
 /*
  * The run's answer, once: the body its process reported, or (when there is
  * none: the process died, its report was malformed, it overran its deadline)
@@ -381,7 +412,7 @@ static void run_answer(run_t *r, const char *why)
 {
     h2o_req_t *req = r->req;
     int64_t ms = sb_serve_now_ms() - r->started_ms;
-    const char *outcome = "error";
+    sb_serve_outcome_t outcome = SB_SERVE_OUT_ERROR;
     json_t *fields;
 
     if (r->answered)
@@ -397,13 +428,20 @@ static void run_answer(run_t *r, const char *why)
     if (r->have_result) {
         const char *o = json_string_value(json_object_get(r->meta, "outcome"));
         json_int_t jf = json_integer_value(json_object_get(r->meta, "jailFailures"));
-        outcome = o != NULL ? o : "error";
+        outcome = sb_serve_outcome_parse(o);
         json_object_set(fields, "calls", json_object_get(r->meta, "calls"));
         json_object_set(fields, "timedOut", json_object_get(r->meta, "timedOut"));
         if (json_object_get(r->meta, "revoke") != NULL)
             json_object_set(fields, "revoke", json_object_get(r->meta, "revoke"));
         if (json_object_get(r->meta, "revokeError") != NULL)
             json_object_set(fields, "revokeError", json_object_get(r->meta, "revokeError"));
+        json_object_set(fields, "pooled", json_object_get(r->meta, "pooled"));
+        if (json_is_integer(json_object_get(r->meta, "handoverMs"))) {
+            json_int_t h = json_integer_value(json_object_get(r->meta, "handoverMs"));
+            json_object_set_new(fields, "handoverMs", json_integer(h));
+            if (h >= 0)
+                observe_handover(h);
+        }
         if (jf > 0) {
             S.jail_failures += (unsigned long long)jf;
             json_object_set_new(fields, "jailFailures", json_integer(jf));
@@ -550,38 +588,29 @@ static int client_fd(h2o_req_t *req)
 static void start_run(h2o_req_t *req, sb_serve_job_t *job)
 {
     run_t *r = sb_mem_try_calloc(1, sizeof(*r)), **slot;
-    int sv[2] = {-1, -1}, cfd = client_fd(req);
+    int sv[2] = {-1, -1}, cfd = client_fd(req), pidfd = -1, pooled = 0;
     pid_t pid;
-    char e[160];
+    char e[300], why[240];
 
     if (r == NULL || socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
         snprintf(e, sizeof(e), "failed to spawn sandbox subprocess: %s", r == NULL ? "out of memory" : strerror(errno));
         sb_mem_free(r);
-        answer_failure(req, "spawn_failed", e, job->started_ms);
+        answer_failure(req, SB_SERVE_OUT_SPAWN_FAILED, e, job->started_ms);
         return;
     }
-    fflush(stderr);
-    if ((pid = fork()) < 0) {
-        snprintf(e, sizeof(e), "failed to spawn sandbox subprocess: fork: %s", strerror(errno));
+    /* the run's process is forked by the launcher, whose memory holds no other run's data (launcher.h) */
+    if (sb_serve_launcher_submit(&S.launcher, job, sv[1], cfd, &pid, &pidfd, &pooled, why, sizeof(why)) != SB_OK) {
+        snprintf(e, sizeof(e), "failed to spawn sandbox subprocess: %s", why);
         close(sv[0]);
         close(sv[1]);
         sb_mem_free(r);
-        answer_failure(req, "spawn_failed", e, job->started_ms);
+        answer_failure(req, SB_SERVE_OUT_SPAWN_FAILED, e, job->started_ms);
         return;
-    }
-    if (pid == 0) {
-        close(sv[0]);
-        sb_serve_run_main(job, sv[1], cfd);
     }
     close(sv[1]);
     (void)fcntl(sv[0], F_SETFL, O_NONBLOCK);
     r->pid = pid;
-    r->pidfd = -1;
-#ifdef SYS_pidfd_open
-    r->pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
-    if (r->pidfd >= 0)
-        (void)fcntl(r->pidfd, F_SETFD, FD_CLOEXEC);
-#endif
+    r->pidfd = pidfd;
     r->req = req;
     r->holds_slot = 1;
     ++S.active;
@@ -624,26 +653,26 @@ static void handle_run(h2o_req_t *req)
 
     if (req->entity.len > SB_SERVE_MAX_BODY) {
         SEND_LIT(req, 413, "Payload Too Large", "{\"ok\":false,\"error\":\"request body too large\",\"logs\":[]}");
-        account("invalid", 413, sb_serve_now_ms() - started, NULL);
+        account(SB_SERVE_OUT_INVALID, 413, sb_serve_now_ms() - started, NULL);
         return;
     }
     st = sb_serve_req_decode(req->entity.base, req->entity.len, &root);
     if (st == SB_E_BAD_ARGS) {
         SEND_LIT(req, 400, "Bad Request", "{\"ok\":false,\"error\":\"invalid JSON body\",\"logs\":[]}");
-        account("invalid", 400, sb_serve_now_ms() - started, NULL);
+        account(SB_SERVE_OUT_INVALID, 400, sb_serve_now_ms() - started, NULL);
         return;
     }
     /* too deep or too many values for any valid request: what upstream answers depends on the admission only */
     if (st != SB_OK ? !admitted(req, 0) : !sb_serve_req_is_host(root) || !admitted(req, 0)) {
         json_decref(root);
         SEND_LIT(req, 403, "Forbidden", "{\"ok\":false,\"error\":\"" MSG_DENIED "\",\"logs\":[]}");
-        account("denied", 403, sb_serve_now_ms() - started, NULL);
+        account(SB_SERVE_OUT_DENIED, 403, sb_serve_now_ms() - started, NULL);
         return;
     }
     if (st != SB_OK || sb_serve_req_validate(root, &run, &why) != SB_OK) {
         json_decref(root);
         SEND_LIT(req, 400, "Bad Request", "{\"ok\":false,\"error\":\"invalid sandbox request\",\"logs\":[]}");
-        account("invalid", 400, sb_serve_now_ms() - started, NULL);
+        account(SB_SERVE_OUT_INVALID, 400, sb_serve_now_ms() - started, NULL);
         return;
     }
 
@@ -655,7 +684,7 @@ static void handle_run(h2o_req_t *req)
     job.memory_mb = run.memory_mb;
     /* remote module imports would need a network grant for Deno itself: refused, as README.md says */
     if (run.imports != NULL && json_array_size(run.imports) != 0) {
-        answer_failure(req, "egress_blocked",
+        answer_failure(req, SB_SERVE_OUT_EGRESS_BLOCKED,
                        "egress blocked: remote module imports are not supported (capabilities.import must be empty)", started);
         goto Exit;
     }
@@ -664,20 +693,22 @@ static void handle_run(h2o_req_t *req)
         const char *uwhy = NULL;
         char e[SB_SERVE_MAX_URL + 128];
         if (!S.conf.have_broker) {
-            answer_failure(req, "rejected", "bindings rejected: sandbox broker URL is not configured", started);
+            answer_failure(req, SB_SERVE_OUT_REJECTED, "bindings rejected: sandbox broker URL is not configured", started);
             goto Exit;
         }
         if (strlen(run.url) != run.url_len || sb_shim_url_parse(run.url, &u, &uwhy) != SB_OK) {
             snprintf(e, sizeof(e), "bindings rejected: bindings.url is not a valid URL: %s", run.url);
-            answer_failure(req, "rejected", e, started);
+            answer_failure(req, SB_SERVE_OUT_REJECTED, e, started);
             goto Exit;
         }
         if (!sb_shim_url_equal(&u, &S.conf.broker)) {
-            answer_failure(req, "rejected", "bindings rejected: bindings.url does not match the configured broker URL", started);
+            answer_failure(req, SB_SERVE_OUT_REJECTED, "bindings rejected: bindings.url does not match the configured broker URL",
+                           started);
             goto Exit;
         }
         if (!sb_serve_token_ok(run.token, run.token_len)) {
-            answer_failure(req, "rejected", "bindings rejected: bindings.token cannot be sent in an HTTP header", started);
+            answer_failure(req, SB_SERVE_OUT_REJECTED, "bindings rejected: bindings.token cannot be sent in an HTTP header",
+                           started);
             goto Exit;
         }
         job.kind = SB_SERVE_BINDINGS;
@@ -686,7 +717,7 @@ static void handle_run(h2o_req_t *req)
     } else if (run.net != NULL && json_array_size(run.net) != 0) {
         /* the guest stays without sockets: its fetch is relayed under a token minted for the run */
         if (!S.conf.have_netmint || !S.conf.have_broker) {
-            answer_failure(req, "egress_blocked",
+            answer_failure(req, SB_SERVE_OUT_EGRESS_BLOCKED,
                            "egress blocked: network access for runs without bindings needs the broker's net-mint credential, "
                            "which this supervisor does not have",
                            started);
@@ -699,11 +730,11 @@ static void handle_run(h2o_req_t *req)
     }
     if (S.active >= S.max_runs) {
         SEND_LIT(req, 503, "Service Unavailable", "{\"ok\":false,\"error\":\"sandbox supervisor is at capacity\",\"logs\":[]}");
-        account("busy", 503, sb_serve_now_ms() - started, NULL);
+        account(SB_SERVE_OUT_BUSY, 503, sb_serve_now_ms() - started, NULL);
         goto Exit;
     }
     if (sb_serve_req_pack_init(&run, job.kind == SB_SERVE_BINDINGS, job.kind != SB_SERVE_COMPUTE, &job.init) != SB_OK) {
-        answer_failure(req, "invalid", "sandbox output limit exceeded", started);
+        answer_failure(req, SB_SERVE_OUT_INVALID, "sandbox output limit exceeded", started);
         goto Exit;
     }
     start_run(req, &job);
@@ -714,11 +745,37 @@ Exit:
 
 /* ---- health and metrics ---- */
 
+/*
+ * GET /health: whether a run can start now, as the broker's /readyz says whether a call can be
+ * served. Deno is started as a guest (guest_deno_version: the spawn path, the jail, a free guest
+ * uid), at most once per HEALTH_EVERY_MS whatever the number of probes; a removed or unreachable
+ * Deno, no free guest uid, or a jail the kernel now refuses answers 503 with the reason.
+ * The check blocks the loop for the time Deno takes to print its version (about 20 ms).
+ */
 static void handle_health(h2o_req_t *req)
 {
-    char body[160];
-    int n = snprintf(body, sizeof(body), "{\"ok\":true,\"runtime\":\"deno\",\"version\":\"%s\"}", S.deno_version);
-    send_json(req, 200, "OK", body, (size_t)n);
+    char body[900], version[64];
+    int64_t now = sb_serve_now_ms();
+    json_t *o;
+    char *text;
+
+    if (S.health_at == 0 || now - S.health_at >= HEALTH_EVERY_MS) {
+        S.health_ok = guest_deno_version(version, sizeof(version), S.health_err, sizeof(S.health_err)) == 0;
+        S.health_at = sb_serve_now_ms();
+    }
+    if (S.health_ok) {
+        int n = snprintf(body, sizeof(body), "{\"ok\":true,\"runtime\":\"deno\",\"version\":\"%s\"}", S.deno_version);
+        send_json(req, 200, "OK", body, (size_t)n);
+        return;
+    }
+    o = json_pack("{s:b, s:s, s:s, s:s}", "ok", 0, "runtime", "deno", "version", S.deno_version, "error", S.health_err);
+    text = o != NULL ? json_dumps(o, JSON_COMPACT) : NULL;
+    if (text != NULL)
+        send_json(req, 503, "Service Unavailable", text, strlen(text));
+    else
+        SEND_LIT(req, 503, "Service Unavailable", "{\"ok\":false,\"runtime\":\"deno\"}");
+    sb_mem_free_foreign(text);
+    json_decref(o);
 }
 
 static void handle_metrics(h2o_req_t *req)
@@ -735,8 +792,9 @@ static void handle_metrics(h2o_req_t *req)
     /* the first append that fails sticks: the scrape gets the whole text or a 500, never a cut one */
     sb_buf_init(&t, SERVE_METRICS_MAX);
     st = sb_buf_append_str(&t, "# HELP sb_serve_runs_total POST /run requests by outcome.\n# TYPE sb_serve_runs_total counter\n");
-    for (size_t i = 0; i < NOUTCOMES && st == SB_OK; ++i)
-        st = sb_buf_printf(&t, "sb_serve_runs_total{outcome=\"%s\"} %llu\n", OUTCOMES[i], S.outcomes[i]);
+    for (unsigned i = 0; i < SB_SERVE_OUT_COUNT && st == SB_OK; ++i)
+        st = sb_buf_printf(&t, "sb_serve_runs_total{outcome=\"%s\"} %llu\n", sb_serve_outcome_name((sb_serve_outcome_t)i),
+                           S.outcomes[i]);
     if (st == SB_OK)
         st = sb_buf_append_str(&t, "# HELP sb_serve_run_duration_seconds Wall time of runs that got a process.\n"
                                    "# TYPE sb_serve_run_duration_seconds histogram\n");
@@ -754,6 +812,36 @@ static void handle_metrics(h2o_req_t *req)
                            "# TYPE sb_serve_jail_setup_failures_total counter\nsb_serve_jail_setup_failures_total %llu\n"
                            "# HELP sb_serve_max_runs The --max-runs cap.\n# TYPE sb_serve_max_runs gauge\nsb_serve_max_runs %u\n",
                            S.hist_count, S.hist_sum, S.hist_count, S.nruns, S.guests, S.jail_failures, S.max_runs);
+    if (st == SB_OK)
+        st = sb_buf_append_str(
+            &t, "# HELP sb_serve_handover_seconds From the request to the guest's first instruction (its init frame).\n"
+                "# TYPE sb_serve_handover_seconds histogram\n");
+    for (size_t i = 0; i < NHANDOVER && st == SB_OK; ++i)
+        st = sb_buf_printf(&t, "sb_serve_handover_seconds_bucket{le=\"%g\"} %llu\n", HANDOVER_BUCKETS[i], S.handover_buckets[i]);
+    if (st == SB_OK) {
+        sb_serve_pool_stats_t ps;
+        sb_serve_launcher_stats(&S.launcher, &ps);
+        st = sb_buf_printf(
+            &t,
+            "sb_serve_handover_seconds_bucket{le=\"+Inf\"} %llu\nsb_serve_handover_seconds_sum %.6f\n"
+            "sb_serve_handover_seconds_count %llu\n"
+            "# HELP sb_serve_pool_runs_total Runs by how their guest started: pooled (a hit) or cold.\n"
+            "# TYPE sb_serve_pool_runs_total counter\n"
+            "sb_serve_pool_runs_total{start=\"pooled\"} %llu\nsb_serve_pool_runs_total{start=\"cold\"} %llu\n"
+            "# HELP sb_serve_pool_misses_total Runs of a pooled memory class that found no guest ready (started cold).\n"
+            "# TYPE sb_serve_pool_misses_total counter\nsb_serve_pool_misses_total %llu\n"
+            "# HELP sb_serve_pool_started_total Pooled guests started and ready.\n"
+            "# TYPE sb_serve_pool_started_total counter\nsb_serve_pool_started_total %llu\n"
+            "# HELP sb_serve_pool_start_failures_total Pooled guests that could not be started.\n"
+            "# TYPE sb_serve_pool_start_failures_total counter\nsb_serve_pool_start_failures_total %llu\n"
+            "# HELP sb_serve_pool_died_total Pooled guests that died while waiting for a run (replaced).\n"
+            "# TYPE sb_serve_pool_died_total counter\nsb_serve_pool_died_total %llu\n"
+            "# HELP sb_serve_pool_guests Pooled guests now, by state.\n# TYPE sb_serve_pool_guests gauge\n"
+            "sb_serve_pool_guests{state=\"ready\"} %llu\nsb_serve_pool_guests{state=\"starting\"} %llu\n",
+            S.handover_count, S.handover_sum, S.handover_count, (unsigned long long)ps.hits, (unsigned long long)ps.cold,
+            (unsigned long long)ps.misses, (unsigned long long)ps.refills, (unsigned long long)ps.refill_failures,
+            (unsigned long long)ps.died, (unsigned long long)ps.idle, (unsigned long long)ps.starting);
+    }
     if (st != SB_OK) {
         sb_buf_free(&t);
         SEND_LIT(req, 500, "Internal Server Error", "{\"ok\":false,\"error\":\"out of memory\",\"logs\":[]}");
@@ -897,24 +985,32 @@ static char *trim(char *s)
     return s;
 }
 
-/* a secret from a file, or from the environment (then scrubbed from it, as the token is in `run`) */
-static int read_secret(const char *file, const char *env, char *out, size_t outsz, const char *what)
+/*
+ * A secret from a file, or from the environment (then scrubbed from it, as the token is in `run`).
+ * Messages name where it came from and never carry it.
+ * @return 0 (out is "" when neither gave one), or -1 with `err` set
+ */
+static int read_secret(const char *file, const char *env, char *out, size_t outsz, const char *what, char *err, size_t errsz)
 {
     char buf[MAX_SECRET + 2];
     size_t n = 0;
+    int rc = -1;
 
     out[0] = '\0';
     if (file != NULL) {
         int fd = open(file, O_RDONLY | O_CLOEXEC);
         ssize_t r;
-        if (fd < 0)
-            return fail_usage("cannot open the %s file", what);
+        if (fd < 0) {
+            snprintf(err, errsz, "cannot open the %s file %s: %s", what, file, strerror(errno));
+            return -1;
+        }
         while (n < sizeof(buf) - 1 && (r = read(fd, buf + n, sizeof(buf) - 1 - n)) != 0) {
             if (r < 0 && errno == EINTR)
                 continue;
             if (r < 0) {
+                snprintf(err, errsz, "cannot read the %s file %s: %s", what, file, strerror(errno));
                 close(fd);
-                return fail_usage("cannot read the %s file", what);
+                goto Exit;
             }
             n += (size_t)r;
         }
@@ -930,84 +1026,166 @@ static int read_secret(const char *file, const char *env, char *out, size_t outs
         explicit_bzero(v, n);
         (void)unsetenv(env);
         if (n >= sizeof(buf)) {
-            explicit_bzero(buf, sizeof(buf));
-            return fail_usage("the %s is longer than 1024 bytes", what);
+            snprintf(err, errsz, "%s: the %s is longer than 1024 bytes", env, what);
+            goto Exit;
         }
     }
     {
         char *t = trim(buf);
         size_t tl = strlen(t);
         if (tl >= outsz || tl > MAX_SECRET) {
-            explicit_bzero(buf, sizeof(buf));
-            return fail_usage("the %s is longer than 1024 bytes", what);
+            snprintf(err, errsz, "%s%s: the %s is longer than 1024 bytes", file != NULL ? "the file " : "",
+                     file != NULL ? file : env, what);
+            goto Exit;
         }
         for (size_t i = 0; i < tl; ++i) {
             if ((unsigned char)t[i] < 0x20 || (unsigned char)t[i] == 0x7f) {
-                explicit_bzero(buf, sizeof(buf));
-                return fail_usage("the %s holds control characters", what);
+                snprintf(err, errsz, "%s%s: the %s holds control characters", file != NULL ? "the file " : "",
+                         file != NULL ? file : env, what);
+                goto Exit;
             }
         }
         memcpy(out, t, tl + 1);
     }
+    rc = 0;
+Exit:
     explicit_bzero(buf, sizeof(buf));
-    return 0;
+    return rc;
 }
 
-/* `deno --version`, run once at start: /health reports the version of the Deno that runs the guests */
-static int probe_deno(const char *exe, char *version, size_t vsz)
+/* the admission secret's own rule, with the name of where it came from */
+static int check_admission(const char *secret, const char *file, char *err, size_t errsz)
 {
-    int p[2];
-    pid_t pid;
-    char out[4096];
+    if (strlen(secret) >= MIN_ADMISSION_SECRET)
+        return 0;
+    if (file != NULL)
+        snprintf(err, errsz, "--admission-secret-file %s must hold at least 32 bytes; refusing to start without host admission",
+                 file);
+    else
+        snprintf(err, errsz,
+                 "SANDBOX_HOST_ADMISSION_SECRET (or --admission-secret-file) must hold at least 32 bytes; "
+                 "refusing to start without host admission");
+    return -1;
+}
+
+/*
+ * Deno as a guest meets it: `deno --version` started through the spawn path every guest takes
+ * (child.c with the service's jail: the guests' uid, their view of the files, their limits), so
+ * that a binary the guests cannot reach, a jail the kernel refuses, or no free guest uid shows here
+ * rather than in a failed run. At start-up (and --check-config) and behind /health.
+ * @return 0 with the version; -1 with `err` saying what is wrong: "spawn: <why>" when no guest
+ *         started (child.c's reason: "jail: ..." or "cannot execute ..."), else what Deno answered
+ */
+static int guest_deno_version(char *version, size_t vsz, char *err, size_t errsz)
+{
+    char *argv[] = {"deno", "--version", NULL};
+    char *envp[] = {"NO_COLOR=1", "DENO_NO_UPDATE_CHECK=1", "HOME=/nonexistent", NULL};
+    sb_shim_spawn_t sp;
+    sb_shim_child_t c;
+    char out[4096], why[400];
     size_t n = 0;
     int64_t deadline = sb_serve_now_ms() + 20000;
     int status = 0;
     const char *v;
 
-    if (pipe2(p, O_CLOEXEC) != 0)
-        return -1;
-    if ((pid = fork()) < 0) {
-        close(p[0]);
-        close(p[1]);
+    memset(&sp, 0, sizeof(sp));
+    sp.path = S.conf.deno.exe;
+    sp.argv = argv;
+    sp.envp = envp;
+    sp.cwd = "/";
+    sp.nofile = SB_SHIM_GUEST_NOFILE;
+    sp.jail = S.conf.deno.jail;
+    if (sb_shim_child_spawn(&sp, &c, why, sizeof(why)) != SB_OK) {
+        snprintf(err, errsz, "spawn: %s", why);
         return -1;
     }
-    if (pid == 0) {
-        char *argv[] = {"/runtime/deno", "--version", NULL};
-        char *envp[] = {"NO_COLOR=1", "DENO_NO_UPDATE_CHECK=1", "HOME=/nonexistent", NULL};
-        if (dup2(p[1], 1) < 0)
-            _exit(127);
-        execve(exe, argv, envp);
-        _exit(127);
-    }
-    close(p[1]);
+    close(c.in_fd);
+    c.in_fd = -1;
     for (;;) {
-        struct pollfd pf = {p[0], POLLIN, 0};
+        struct pollfd pf = {c.out_fd, POLLIN, 0};
         int64_t left = deadline - sb_serve_now_ms();
         ssize_t r;
         if (left <= 0 || poll(&pf, 1, (int)left) <= 0)
             break;
-        if ((r = read(p[0], out + n, sizeof(out) - 1 - n)) <= 0)
+        r = read(c.out_fd, out + n, sizeof(out) - 1 - n);
+        if (r < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        if (r <= 0)
             break;
         n += (size_t)r;
         if (n == sizeof(out) - 1)
             break;
     }
-    close(p[0]);
-    (void)kill(pid, SIGKILL);
-    (void)waitpid(pid, &status, 0);
+    sb_shim_child_signal(&c, SIGKILL);
+    while (waitpid(c.pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    c.pid = -1; /* reaped: close gives the uid back */
+    sb_shim_child_close(&c);
     out[n] = '\0';
-    if (strncmp(out, "deno ", 5) != 0)
+    if (strncmp(out, "deno ", 5) != 0) {
+        snprintf(err, errsz, "%s --version did not answer like Deno (%s)", S.conf.deno.exe,
+                 n == 0 ? "no output" : "its first line is not \"deno VERSION\"");
         return -1;
+    }
     v = out + 5;
     n = 0;
     while (n + 1 < vsz &&
            ((v[n] >= '0' && v[n] <= '9') || (v[n] >= 'a' && v[n] <= 'z') || v[n] == '.' || v[n] == '-' || v[n] == '+'))
         ++n;
-    if (n == 0)
+    if (n == 0) {
+        snprintf(err, errsz, "%s --version did not answer like Deno (no version)", S.conf.deno.exe);
         return -1;
+    }
     memcpy(version, v, n);
     version[n] = '\0';
     return 0;
+}
+
+/*
+ * Finds Deno and starts it once as a guest would (guest_deno_version). `src` names where the value
+ * came from ("--deno", "DENO_BIN", or NULL: the default, deno on PATH), for the message.
+ */
+static int check_deno(const char *deno, const char *src, const sb_shim_jail_config_t *jc, char *err, size_t errsz)
+{
+    char what[360], why[512];
+    struct stat st;
+
+    if (src == NULL)
+        snprintf(what, sizeof(what), "deno (looked up on PATH)");
+    else if (strcmp(src, "--deno") == 0)
+        snprintf(what, sizeof(what), "--deno %.320s", deno);
+    else
+        snprintf(what, sizeof(what), "%s=%.320s", src, deno);
+    if ((S.conf.deno.exe = sb_shim_find_exe(deno)) == NULL) {
+        const char *path = getenv("PATH");
+        snprintf(err, errsz, "%s: not found at PATH=%.300s; install Deno (2.9) or name it with --deno PATH or DENO_BIN", what,
+                 path != NULL ? path : "(unset: /usr/local/bin:/usr/bin:/bin)");
+        return -1;
+    }
+    if (stat(S.conf.deno.exe, &st) != 0) {
+        snprintf(err, errsz, "%s: not found at %.300s (%s); install Deno there or name another with --deno PATH or DENO_BIN", what,
+                 S.conf.deno.exe, strerror(errno));
+        return -1;
+    }
+    if (guest_deno_version(S.deno_version, sizeof(S.deno_version), why, sizeof(why)) == 0)
+        return 0;
+    if (strncmp(why, "spawn: cannot execute", 21) == 0) {
+        char uids[96];
+        if (!sb_shim_jail_enabled(S.conf.deno.jail) || !sb_shim_jail_privileged(S.conf.deno.jail))
+            snprintf(uids, sizeof(uids), "serve's own uid %u", (unsigned)geteuid());
+        else
+            snprintf(uids, sizeof(uids), "uids of their own (--jail-uid-base %lu and up)", jc->uid_base);
+        snprintf(err, errsz,
+                 "%s: a guest cannot start it (%s): the guests run as %s, so the file and every directory above it must be "
+                 "readable and executable by them; install Deno where they can reach it (e.g. /usr/local/bin), not under a "
+                 "0700 home directory",
+                 what, why + 7, uids);
+    } else if (strncmp(why, "spawn: ", 7) == 0) {
+        snprintf(err, errsz, "%s: a guest cannot be started: %s", what, why + 7);
+    } else {
+        snprintf(err, errsz, "%s: %s", what, why);
+    }
+    return -1;
 }
 
 static void usage(FILE *f)
@@ -1023,31 +1201,65 @@ static void usage(FILE *f)
           "  --deno PATH                   the Deno binary (else DENO_BIN, else deno on PATH)\n"
           "  --max-runs N                  runs at once (default: online CPUs x 2); beyond it 503\n"
           "  --max-connections N           open client connections (default 256)\n"
+          "  --pool-size N                 guests kept started per memory class, waiting for a run (default 2; 0: none)\n"
+          "  --pool-memory-mb LIST         the memory classes of the pool, memoryMb values (default 128)\n"
+          "  --log-file F                  append the log to F instead of stderr (reopened on SIGUSR1 and SIGHUP)\n"
           "  --jail on|off                 the kernel jail around every guest (default on; off is logged)\n"
           "  --jail-uid-base N, --jail-slots N, --jail-nproc N, --jail-fsize-mb N, --jail-cgroup DIR,\n"
-          "  --jail-lock-file F            as for `sandbox-shim run` (supervisor-shim/README.md, \"The jail\")\n",
+          "  --jail-lock-file F            as for `sandbox-shim run` (supervisor-shim/README.md, \"The jail\")\n"
+          "  --check-config                check everything start-up checks (Deno started once as a guest), print\n"
+          "                                \"configuration OK\" and exit 0; 2 when something is wrong\n"
+          "Signals: SIGTERM and SIGINT drain the runs in flight and stop; SIGUSR1 reopens --log-file; SIGHUP\n"
+          "reopens it and re-reads the secret files (everything else needs a restart, and the log says so);\n"
+          "SIGUSR2 and SIGALRM are logged and ignored.\n",
           f);
 }
 
-static int configure(int argc, char **argv, char *admission, size_t admsz)
+/* --log-file: the path opened for appending onto descriptor 2, where every line goes */
+static int log_open(const char *path, char *err, size_t errsz)
+{
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY, 0600);
+
+    if (fd < 0) {
+        snprintf(err, errsz, "cannot open the log file %s: %s", path, strerror(errno));
+        return -1;
+    }
+    fflush(stderr);
+    if (fd != 2 && dup2(fd, 2) < 0) {
+        snprintf(err, errsz, "cannot open the log file %s: dup2: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    if (fd != 2)
+        close(fd);
+    return 0;
+}
+
+static int configure(int argc, char **argv, char *admission, size_t admsz, int *check_only)
 {
     const char *listen = NULL, *broker = NULL, *ca = NULL, *admin = NULL, *deno = NULL, *adm_file = NULL, *mint_file = NULL;
-    const char *why = NULL, *env;
+    const char *why = NULL, *env, *broker_src = "--broker-url", *admin_src = "--broker-admin-url", *deno_src = "--deno";
     unsigned long v;
     long cpus;
-    char lbuf[32], err[512];
+    char lbuf[32], err[2048];
     sb_shim_jail_config_t jc;
-    int rc;
 
     cpus = sysconf(_SC_NPROCESSORS_ONLN);
     S.max_runs = cpus > 0 && cpus < 4096 ? (unsigned)cpus * 2u : 2u;
     S.max_connections = DEFAULT_MAX_CONNECTIONS;
+    S.pool.size = SB_SERVE_POOL_DEFAULT_SIZE;
+    S.pool.nclasses = 1;
+    S.pool.class_mb[0] = SB_SERVE_DEFAULT_MEMORY_MB;
     sb_shim_jail_config_init(&jc);
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
             return -1;
+        }
+        if (strcmp(a, "--check-config") == 0) {
+            *check_only = 1;
+            continue;
         }
         if (strncmp(a, "--jail=", 7) == 0) {
             if (sb_shim_jail_config_option(&jc, a, NULL, &why) < 0)
@@ -1071,10 +1283,19 @@ static int configure(int argc, char **argv, char *admission, size_t admsz)
             mint_file = val;
         else if (strcmp(a, "--deno") == 0)
             deno = val;
+        else if (strcmp(a, "--log-file") == 0)
+            S.log_path = val;
         else if (strcmp(a, "--max-runs") == 0) {
             if (parse_uint(val, 1, 4096, &v) != 0)
                 return fail_usage("--max-runs wants 1..4096, not \"%s\"", val);
             S.max_runs = (unsigned)v;
+        } else if (strcmp(a, "--pool-size") == 0) {
+            if (parse_uint(val, 0, SB_SERVE_POOL_MAX_SIZE, &v) != 0)
+                return fail_usage("--pool-size wants 0..64, not \"%s\"", val);
+            S.pool.size = (unsigned)v;
+        } else if (strcmp(a, "--pool-memory-mb") == 0) {
+            if (sb_serve_pool_parse_classes(val, &S.pool, &why) != 0)
+                return fail_usage("%s", why);
         } else if (strcmp(a, "--max-connections") == 0) {
             if (parse_uint(val, 1, 100000, &v) != 0)
                 return fail_usage("--max-connections wants 1..100000, not \"%s\"", val);
@@ -1089,15 +1310,13 @@ static int configure(int argc, char **argv, char *admission, size_t admsz)
     }
 
     /* the admission secret first: no other mistake may leave it in the environment */
-    if ((rc = read_secret(adm_file, "SANDBOX_HOST_ADMISSION_SECRET", admission, admsz, "host admission secret")) != 0)
-        return rc;
-    if (strlen(admission) < MIN_ADMISSION_SECRET)
-        return fail_usage("SANDBOX_HOST_ADMISSION_SECRET (or --admission-secret-file) must hold at least 32 bytes%s; "
-                          "refusing to start without host admission",
-                          "");
-    if ((rc = read_secret(mint_file, "SANDBOX_NET_MINT_SECRET", S.conf.netmint.secret, sizeof(S.conf.netmint.secret),
-                          "net-mint secret")) != 0)
-        return rc;
+    if (read_secret(adm_file, "SANDBOX_HOST_ADMISSION_SECRET", admission, admsz, "host admission secret", err, sizeof(err)) != 0 ||
+        check_admission(admission, adm_file, err, sizeof(err)) != 0 ||
+        read_secret(mint_file, "SANDBOX_NET_MINT_SECRET", S.conf.netmint.secret, sizeof(S.conf.netmint.secret), "net-mint secret",
+                    err, sizeof(err)) != 0)
+        return fail_usage("%s", err);
+    S.adm_file = adm_file;
+    S.mint_file = mint_file;
 
     if (listen == NULL) {
         const char *port = getenv("PORT");
@@ -1109,17 +1328,22 @@ static int configure(int argc, char **argv, char *admission, size_t admsz)
     if (parse_listen(listen, &S.listen_addr, &S.listen_len) != 0)
         return fail_usage("--listen wants HOST:PORT with a numeric host, not \"%s\"", listen);
 
-    if (broker == NULL && (env = getenv("SANDBOX_BROKER_URL")) != NULL && *env != '\0')
+    if (broker == NULL && (env = getenv("SANDBOX_BROKER_URL")) != NULL && *env != '\0') {
         broker = env;
+        broker_src = "SANDBOX_BROKER_URL";
+    }
     if (broker != NULL) {
         char *dup = sb_mem_try_strdup(broker), *b = dup != NULL ? trim(dup) : NULL;
         if (b == NULL || sb_shim_url_parse(b, &S.conf.broker, &why) != SB_OK) {
+            snprintf(err, sizeof(err), "%s: %s", broker_src, why != NULL ? why : "out of memory");
             sb_mem_free(dup);
-            return fail_usage("SANDBOX_BROKER_URL: %s", why != NULL ? why : "out of memory");
+            return fail_usage("%s", err);
         }
         sb_mem_free(dup);
-        if (sb_shim_url_resolve(&S.conf.broker, &S.conf.broker_addr, &S.conf.broker_addr_len, &why) != SB_OK)
-            return fail_usage("cannot resolve the broker host: %s", why);
+        if (sb_shim_url_resolve(&S.conf.broker, &S.conf.broker_addr, &S.conf.broker_addr_len, &why) != SB_OK) {
+            snprintf(err, sizeof(err), "%s: cannot resolve the broker host: %s", broker_src, why);
+            return fail_usage("%s", err);
+        }
         if (S.conf.broker.https && (S.conf.tls = sb_shim_tls_ctx_new(ca, err, sizeof(err))) == NULL)
             return fail_usage("%s", err);
         S.conf.have_broker = 1;
@@ -1127,35 +1351,37 @@ static int configure(int argc, char **argv, char *admission, size_t admsz)
     if (ca != NULL && (broker == NULL || !S.conf.broker.https))
         return fail_usage("--ca-file needs an https:// broker URL%s", "");
 
-    if (admin == NULL && (env = getenv("SANDBOX_BROKER_ADMIN_URL")) != NULL && *env != '\0')
+    if (admin == NULL && (env = getenv("SANDBOX_BROKER_ADMIN_URL")) != NULL && *env != '\0') {
         admin = env;
+        admin_src = "SANDBOX_BROKER_ADMIN_URL";
+    }
     if (admin != NULL) {
         sb_shim_netmint_t *nm = &S.conf.netmint;
-        if (sb_shim_url_parse(admin, &nm->url, &why) != SB_OK)
-            return fail_usage("SANDBOX_BROKER_ADMIN_URL: %s", why);
-        if (nm->url.https || strcmp(nm->url.target, "/") != 0)
-            return fail_usage("SANDBOX_BROKER_ADMIN_URL must be http://HOST:PORT (the admin listener is plain HTTP, "
-                              "on a private address), not \"%s\"",
-                              admin);
-        if (sb_shim_url_resolve(&nm->url, &nm->addr, &nm->addr_len, &why) != SB_OK)
-            return fail_usage("cannot resolve the broker admin host: %s", why);
+        if (sb_shim_url_parse(admin, &nm->url, &why) != SB_OK) {
+            snprintf(err, sizeof(err), "%s: %s", admin_src, why);
+            return fail_usage("%s", err);
+        }
+        if (nm->url.https || strcmp(nm->url.target, "/") != 0) {
+            snprintf(err, sizeof(err),
+                     "%s must be http://HOST:PORT (the admin listener is plain HTTP, on a private address), not \"%s\"", admin_src,
+                     admin);
+            return fail_usage("%s", err);
+        }
+        if (sb_shim_url_resolve(&nm->url, &nm->addr, &nm->addr_len, &why) != SB_OK) {
+            snprintf(err, sizeof(err), "%s: cannot resolve the broker admin host: %s", admin_src, why);
+            return fail_usage("%s", err);
+        }
         if (nm->secret[0] == '\0')
-            return fail_usage("SANDBOX_BROKER_ADMIN_URL needs SANDBOX_NET_MINT_SECRET (or --net-mint-secret-file)%s", "");
+            return fail_usage("%s needs SANDBOX_NET_MINT_SECRET (or --net-mint-secret-file)", admin_src);
         if (!S.conf.have_broker)
-            return fail_usage("SANDBOX_BROKER_ADMIN_URL needs SANDBOX_BROKER_URL: network tokens are used there%s", "");
+            return fail_usage("%s needs SANDBOX_BROKER_URL (or --broker-url): network tokens are used there", admin_src);
         S.conf.have_netmint = 1;
     } else if (S.conf.netmint.secret[0] != '\0') {
-        return fail_usage("SANDBOX_NET_MINT_SECRET is given without SANDBOX_BROKER_ADMIN_URL%s", "");
+        return fail_usage(mint_file != NULL
+                              ? "--net-mint-secret-file is given without SANDBOX_BROKER_ADMIN_URL (or --broker-admin-url)%s"
+                              : "SANDBOX_NET_MINT_SECRET is given without SANDBOX_BROKER_ADMIN_URL (or --broker-admin-url)%s",
+                          "");
     }
-
-    if (deno == NULL && (env = getenv("DENO_BIN")) != NULL && *env != '\0')
-        deno = env;
-    if ((S.conf.deno.exe = sb_shim_find_exe(deno != NULL ? deno : "deno")) == NULL)
-        return fail_usage("cannot find deno (use --deno PATH or DENO_BIN)%s", "");
-    if (probe_deno(S.conf.deno.exe, S.deno_version, sizeof(S.deno_version)) != 0)
-        return fail_usage("%s --version did not answer like Deno", S.conf.deno.exe);
-    if ((S.conf.deno.runtime_url = sb_shim_runtime_url()) == NULL)
-        return fail_usage("out of memory%s", "");
 
     /*
      * The jail, once for every run (runner.c puts it around each guest): the seccomp filter is
@@ -1168,13 +1394,126 @@ static int configure(int argc, char **argv, char *admission, size_t admsz)
                               ? "%s; serve does not start"
                               : "%s; serve does not start (--jail=off runs the guests without the jail)",
                           err);
+
+    /* Deno, started once as every guest will be: in the jail, as a guest's uid */
+    if (deno == NULL && (env = getenv("DENO_BIN")) != NULL && *env != '\0') {
+        deno = env;
+        deno_src = "DENO_BIN";
+    }
+    if (check_deno(deno != NULL ? deno : "deno", deno != NULL ? deno_src : NULL, &jc, err, sizeof(err)) != 0)
+        return fail_usage("%s; serve does not start", err);
+    if ((S.conf.deno.runtime_url = sb_shim_runtime_url()) == NULL)
+        return fail_usage("out of memory%s", "");
     return 0;
 }
 
 static void on_signal(int sig)
 {
-    (void)sig;
-    stop_requested = 1;
+    switch (sig) {
+    case SIGTERM:
+    case SIGINT:
+        stop_requested = 1;
+        break;
+    case SIGUSR1:
+        reopen_requested = 1;
+        break;
+    case SIGHUP:
+        reload_requested = 1;
+        break;
+    default:
+        other_signal = sig;
+        break;
+    }
+}
+
+/* SIGUSR1 and SIGHUP: the log again at its path, for rotation; the line goes to the new file */
+static void reopen_log(void)
+{
+    char err[PATH_MAX + 128];
+
+    if (S.log_path == NULL) {
+        log_event("info", "reopen", json_pack("{s:s, s:s}", "log", "stderr", "msg", "no --log-file: nothing to reopen"));
+        return;
+    }
+    if (log_open(S.log_path, err, sizeof(err)) != 0) {
+        log_event("error", "reopen.failed", json_pack("{s:s, s:s}", "reason", err, "msg", "the log stays open as it was"));
+        return;
+    }
+    log_event("info", "reopened", json_pack("{s:s}", "log", S.log_path));
+}
+
+#define RESTART_ONLY "listen, broker and admin URLs, Deno, the jail, max-runs, max-connections, log-file"
+
+/* the secret files again, checked as at start-up; -1 with `err` when one is not acceptable */
+static int reread_secrets(char *adm, size_t admsz, char *mint, size_t mintsz, char *err, size_t errsz)
+{
+    if (S.adm_file != NULL && (read_secret(S.adm_file, NULL, adm, admsz, "host admission secret", err, errsz) != 0 ||
+                               check_admission(adm, S.adm_file, err, errsz) != 0))
+        return -1;
+    if (S.mint_file != NULL && read_secret(S.mint_file, NULL, mint, mintsz, "net-mint secret", err, errsz) != 0)
+        return -1;
+    if (S.mint_file != NULL && mint[0] == '\0') {
+        snprintf(err, errsz, "the net-mint secret file %s is empty", S.mint_file);
+        return -1;
+    }
+    return 0;
+}
+
+/*
+ * SIGHUP: what serve can take without a restart is its secrets, when they are files: the host
+ * admission secret and the net-mint secret are read again, checked as at start-up, and take effect
+ * for the next request (a run already going keeps its token). Everything else is read once at
+ * start. One line says what happened: reload.applied, reload.rejected (the old secrets stay) or
+ * reload.unsupported (nothing here can be reloaded, and why).
+ */
+static void reload(void)
+{
+    char adm[MAX_SECRET + 1], mint[sizeof(S.conf.netmint.secret)], err[PATH_MAX + 256];
+    char what[96] = "";
+
+    if (S.adm_file == NULL && S.mint_file == NULL) {
+        log_event("warn", "reload.unsupported",
+                  json_pack("{s:s, s:s}", "reason",
+                            "the secrets came from the environment, which a running process cannot re-read, and every other "
+                            "setting is read once at start",
+                            "msg", "restart serve to apply changes (SIGTERM drains the runs in flight)"));
+        return;
+    }
+    if (reread_secrets(adm, sizeof(adm), mint, sizeof(mint), err, sizeof(err)) != 0) {
+        log_event("error", "reload.rejected", json_pack("{s:s, s:s}", "reason", err, "msg", "the running secrets stay"));
+        explicit_bzero(adm, sizeof(adm));
+        explicit_bzero(mint, sizeof(mint));
+        return;
+    }
+    if (S.adm_file != NULL) {
+        sha256(adm, strlen(adm), S.admission_hash);
+        snprintf(what, sizeof(what), "the host admission secret");
+    }
+    if (S.mint_file != NULL) {
+        memcpy(S.conf.netmint.secret, mint, sizeof(mint));
+        snprintf(what + strlen(what), sizeof(what) - strlen(what), "%sthe net-mint secret", what[0] != '\0' ? ", " : "");
+    }
+    explicit_bzero(adm, sizeof(adm));
+    explicit_bzero(mint, sizeof(mint));
+    log_event("info", "reload.applied", json_pack("{s:s, s:s}", "reloaded", what, "restartOnly", RESTART_ONLY));
+}
+
+static void handle_signals(void)
+{
+    if (reopen_requested) {
+        reopen_requested = 0;
+        reopen_log();
+    }
+    if (reload_requested) {
+        reload_requested = 0;
+        reopen_log();
+        reload();
+    }
+    if (other_signal != 0) {
+        int sig = other_signal;
+        other_signal = 0;
+        log_event("info", "signal.ignored", json_pack("{s:s}", "signal", sig == SIGUSR2 ? "SIGUSR2" : "SIGALRM"));
+    }
 }
 
 static int bind_listener(void)
@@ -1208,6 +1547,29 @@ static int bind_listener(void)
     return fd;
 }
 
+/* the pool's failures, said once each time they rise (the launcher only counts) */
+static void pool_housekeeping(void)
+{
+    sb_serve_pool_stats_t ps;
+
+    sb_serve_launcher_stats(&S.launcher, &ps);
+    if (ps.refill_failures > S.pool_failures_logged) {
+        log_event("warn", "pool.start_failed",
+                  json_pack("{s:I, s:I}", "failures", (json_int_t)(ps.refill_failures - S.pool_failures_logged), "total",
+                            (json_int_t)ps.refill_failures));
+        S.pool_failures_logged = ps.refill_failures;
+    }
+    if (ps.died > S.pool_died_logged) {
+        log_event("warn", "pool.guest_died",
+                  json_pack("{s:I, s:I}", "died", (json_int_t)(ps.died - S.pool_died_logged), "total", (json_int_t)ps.died));
+        S.pool_died_logged = ps.died;
+    }
+    if (!S.launcher_down_logged && !sb_serve_launcher_alive(&S.launcher) && S.launcher.pid > 0) {
+        log_event("error", "launcher.down", json_pack("{s:s}", "effect", "every run fails to spawn until serve is restarted"));
+        S.launcher_down_logged = 1;
+    }
+}
+
 /* timers the loop checks on each turn: reaping and run deadlines */
 static void housekeeping(void)
 {
@@ -1215,6 +1577,7 @@ static void housekeeping(void)
     run_t *r = S.runs;
 
     reap_zombies();
+    pool_housekeeping();
     while (r != NULL) {
         run_t *next = r->next;
         if (now >= r->deadline_ms)
@@ -1225,31 +1588,55 @@ static void housekeeping(void)
 
 int sb_shim_serve_main(int argc, char **argv)
 {
-    char admission[MAX_SECRET + 1];
+    char admission[MAX_SECRET + 1], err[PATH_MAX + 128];
     h2o_hostconf_t *host;
     h2o_pathconf_t *path;
     h2o_handler_t *handler;
     struct sigaction sa;
-    int fd, rc;
+    int fd, rc, check_only = 0, shared_uid;
     int64_t drain_until = 0;
 
     memset(&S, 0, sizeof(S));
-    if ((rc = configure(argc, argv, admission, sizeof(admission))) != 0) {
+    if ((rc = configure(argc, argv, admission, sizeof(admission), &check_only)) != 0 || check_only) {
         explicit_bzero(admission, sizeof(admission));
         explicit_bzero(S.conf.netmint.secret, sizeof(S.conf.netmint.secret));
+        if (rc == 0) {
+            /* --check-config: everything start-up checks passed; nothing was bound or logged */
+            printf("configuration OK: Deno %s started as a guest; %s; broker %s; net-mint %s\n", S.deno_version,
+                   sb_shim_jail_describe(S.conf.deno.jail), S.conf.have_broker ? S.conf.broker.host_header : "none (compute only)",
+                   S.conf.have_netmint ? "configured" : "none");
+        }
+        SSL_CTX_free(S.conf.tls);
+        sb_mem_free((char *)S.conf.deno.exe);
+        sb_mem_free((char *)S.conf.deno.runtime_url);
         sb_shim_jail_free(S.conf.deno.jail);
         return rc < 0 ? 0 : rc;
     }
     sha256(admission, strlen(admission), S.admission_hash);
     explicit_bzero(admission, sizeof(admission));
+    if (S.log_path != NULL && log_open(S.log_path, err, sizeof(err)) != 0) {
+        fail_usage("%s", err);
+        return EXIT_USAGE;
+    }
+    /* before the listener exists: the launcher's memory holds the configuration and no request */
+    if (sb_serve_launcher_start(&S.launcher, &S.conf, &S.pool, err, sizeof(err)) != SB_OK) {
+        fail_usage("%s; serve does not start", err);
+        explicit_bzero(S.conf.netmint.secret, sizeof(S.conf.netmint.secret));
+        sb_shim_jail_free(S.conf.deno.jail);
+        return EXIT_USAGE;
+    }
 
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    /* every signal an operator or logrotate may send is taken, never its default action (the end of the runs) */
+    sigaction(SIGHUP, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
+    sigaction(SIGUSR2, &sa, NULL);
+    sigaction(SIGALRM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
-    signal(SIGHUP, SIG_IGN); /* nothing to reload: a stray SIGHUP must not end the runs in flight */
 
     h2o_config_init(&S.gc);
     S.gc.max_request_entity_size = H2O_ENTITY_CAP;
@@ -1271,13 +1658,36 @@ int sb_shim_serve_main(int argc, char **argv)
     log_event(
         sb_shim_jail_enabled(S.conf.deno.jail) ? "info" : "warn", "jail",
         json_pack("{s:b, s:s}", "on", sb_shim_jail_enabled(S.conf.deno.jail), "describe", sb_shim_jail_describe(S.conf.deno.jail)));
-    log_event("info", "started",
-              json_pack("{s:s, s:b, s:b, s:i, s:s, s:b}", "deno", S.deno_version, "broker", S.conf.have_broker, "netMint",
-                        S.conf.have_netmint, "maxRuns", (int)S.max_runs, "brokerOrigin",
-                        S.conf.have_broker ? S.conf.broker.host_header : "", "jail", sb_shim_jail_enabled(S.conf.deno.jail)));
+    /*
+     * Unprivileged, every guest runs as serve's own uid: guests of different tenants could read each
+     * other's files and signal each other. Said in the start-up line, as a warning.
+     */
+    shared_uid = sb_shim_jail_enabled(S.conf.deno.jail) && !sb_shim_jail_privileged(S.conf.deno.jail);
+    {
+        json_t *f =
+            json_pack("{s:s, s:s, s:s, s:b, s:b, s:i, s:s, s:b, s:b, s:s}", "version", SB_VERSION, "commit", SB_GIT_COMMIT, "deno",
+                      S.deno_version, "broker", S.conf.have_broker, "netMint", S.conf.have_netmint, "maxRuns", (int)S.max_runs,
+                      "brokerOrigin", S.conf.have_broker ? S.conf.broker.host_header : "", "jail",
+                      sb_shim_jail_enabled(S.conf.deno.jail), "uidPerGuest", sb_shim_jail_enabled(S.conf.deno.jail) && !shared_uid,
+                      "log", S.log_path != NULL ? S.log_path : "stderr");
+        if (f != NULL && shared_uid)
+            json_object_set_new(
+                f, "warning",
+                json_string("not root: every guest runs as serve's own uid, so guests of different tenants can read "
+                            "each other's files and signal each other; run serve as root (the unit in "
+                            "deploy/systemd) for a uid per guest"));
+        log_event(shared_uid ? "warn" : "info", "started", f);
+    }
+    {
+        json_t *classes = json_array();
+        for (unsigned i = 0; i < S.pool.nclasses; ++i)
+            json_array_append_new(classes, json_integer(S.pool.class_mb[i]));
+        log_event("info", "pool", json_pack("{s:i, s:o}", "size", (int)S.pool.size, "memoryMb", classes));
+    }
 
     for (;;) {
         h2o_evloop_run(S.loop, 100);
+        handle_signals();
         housekeeping();
         if (stop_requested && drain_until == 0) {
             /* stop taking requests; the runs in flight finish and are answered */
@@ -1293,6 +1703,8 @@ int sb_shim_serve_main(int argc, char **argv)
     }
     while (S.runs != NULL)
         run_finish(S.runs, "the supervisor stopped");
+    /* the pooled guests go; the runs' processes are over or killed above */
+    sb_serve_launcher_stop(&S.launcher, 5000);
     /* let the last answers leave */
     for (int i = 0; i < 5; ++i)
         h2o_evloop_run(S.loop, 10);
@@ -1302,6 +1714,7 @@ int sb_shim_serve_main(int argc, char **argv)
         (void)reap_run(z->pid, 1);
         sb_mem_free(z);
     }
+    handle_signals();
     log_event("info", "stopped", NULL);
     SSL_CTX_free(S.conf.tls);
     explicit_bzero(S.conf.netmint.secret, sizeof(S.conf.netmint.secret));

@@ -1,13 +1,14 @@
 /*
  * sandbox-shim serve: the process of one run (see serve_int.h).
  *
- * Forked from the service, it keeps three descriptors of the service's: the
- * report socket, the client's connection, only to notice the client hanging
- * up (relay.c's cancel_fd), and the jail's cgroup directory when there is one.
- * Everything else it inherited is closed first, so no other client's
- * connection is held open by it, and the guest (started by runner.c, exactly
- * as `run` starts it, in the jail the service made at start-up) inherits
- * nothing at all.
+ * Forked from the launcher (launcher.h), never from the service, it holds
+ * three descriptors besides its guest's: the report socket, the client's
+ * connection, only to notice the client hanging up (relay.c's cancel_fd), and
+ * the jail's cgroup directory when there is one (launcher.c arranges them as
+ * SB_SERVE_REPORT_FD, SB_SERVE_CANCEL_FD, SB_SERVE_JAIL_FD and closes the
+ * rest). The guest (started by runner.c, exactly as `run` starts it, in the
+ * jail the service made at start-up; before the run for a pooled one)
+ * inherits nothing at all.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -16,16 +17,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 #include "sb/mem.h"
 #include "jail/hooks.h"
 #include "serve/serve_int.h"
+#include "serve/launcher.h"
 
-#define REPORT_FD 3
-#define CANCEL_FD 4
-#define JAIL_FD 5 /* the jail's cgroup directory, when it has one (sb_shim_jail_move_fd) */
+#define REPORT_FD SB_SERVE_REPORT_FD
+#define CANCEL_FD SB_SERVE_CANCEL_FD
 
 /* the write end of the stop pipe (relay.c's stop_fd): SIGTERM from the service closes it */
 static volatile sig_atomic_t stop_w = -1;
@@ -91,47 +93,52 @@ static void on_spawned(void *arg, const sb_shim_child_t *child)
     record(SB_SERVE_REC_GUEST, pid, sizeof(pid), NULL, 0);
 }
 
-/*
- * Keeps the report socket and the client's connection as REPORT_FD and CANCEL_FD, and the jail's
- * descriptor as JAIL_FD (both of ours first move above every fixed number, so that no move
- * overwrites another); closes the rest.
- */
-static int keep_only(int report_fd, int cancel_fd, sb_shim_jail_t *jail)
-{
-    int r = fcntl(report_fd, F_DUPFD, 16), c = cancel_fd >= 0 ? fcntl(cancel_fd, F_DUPFD, 16) : -1, j;
+#define SB_SERVE_OUTCOME_NAME(id, name) name,
+static const char *const OUTCOME_NAMES[] = {SB_SERVE_OUTCOMES(SB_SERVE_OUTCOME_NAME)};
+#undef SB_SERVE_OUTCOME_NAME
 
-    if (r < 0 || (cancel_fd >= 0 && c < 0) || (j = sb_shim_jail_move_fd(jail, JAIL_FD)) < 0 || dup2(r, REPORT_FD) != REPORT_FD)
-        return -1;
-    if (c >= 0 && dup2(c, CANCEL_FD) != CANCEL_FD)
-        return -1;
-    if (c < 0)
-        (void)close(CANCEL_FD);
-    if (j == 0)
-        (void)close(JAIL_FD);
-#ifdef SYS_close_range
-    if (syscall(SYS_close_range, (unsigned)JAIL_FD + 1, ~0u, 0u) != 0)
-#endif
-    {
-        for (int fd = JAIL_FD + 1; fd < 65536; ++fd)
-            (void)close(fd);
-    }
-    (void)fcntl(REPORT_FD, F_SETFD, FD_CLOEXEC);
-    if (c >= 0)
-        (void)fcntl(CANCEL_FD, F_SETFD, FD_CLOEXEC);
-    return 0;
+const char *sb_serve_outcome_name(sb_serve_outcome_t o)
+{
+    return (unsigned)o < SB_SERVE_OUT_COUNT ? OUTCOME_NAMES[o] : OUTCOME_NAMES[SB_SERVE_OUT_ERROR];
 }
 
-static const char *classify(const json_t *answer)
+sb_serve_outcome_t sb_serve_outcome_parse(const char *name)
+{
+    for (unsigned i = 0; name != NULL && i < SB_SERVE_OUT_COUNT; ++i)
+        if (strcmp(OUTCOME_NAMES[i], name) == 0)
+            return (sb_serve_outcome_t)i;
+    return SB_SERVE_OUT_ERROR;
+}
+
+/* a run whose guest started: what its answer says (the relay marks a broker denial, relay.h) */
+static sb_serve_outcome_t classify(const json_t *answer, int denied)
 {
     const char *e = json_string_value(json_object_get(answer, "error"));
 
     if (json_is_true(json_object_get(answer, "ok")))
-        return "ok";
+        return SB_SERVE_OUT_OK;
     if (json_is_true(json_object_get(answer, "timedOut")))
-        return "timeout";
+        return SB_SERVE_OUT_TIMEOUT;
     if (e != NULL && strcmp(e, "sandbox request cancelled") == 0)
-        return "cancelled";
-    return "failed";
+        return SB_SERVE_OUT_CANCELLED;
+    return denied ? SB_SERVE_OUT_CALL_DENIED : SB_SERVE_OUT_FAILED;
+}
+
+/*
+ * A pooled guest was started with the longest run's RLIMIT_CPU (it did not know its run): the
+ * hand-over lowers it to this run's, plus what its start may have used (SB_SERVE_POOL_START_CPU_S).
+ * Lowering a hard limit needs no privilege. Should the kernel refuse, the guest keeps the longest
+ * run's limit, which still bounds it, and the run's wall clock kills it first in any case.
+ */
+static void lower_cpu_limit(const sb_shim_guest_t *g, int64_t timeout_ms)
+{
+    unsigned long long lim = sb_shim_jail_cpu_limit((unsigned)timeout_ms);
+    struct rlimit rl;
+
+    if (lim == 0 || g->child.pid <= 0 || !sb_shim_jail_enabled(g->child.jail))
+        return;
+    rl.rlim_cur = rl.rlim_max = (rlim_t)(lim + SB_SERVE_POOL_START_CPU_S);
+    (void)prlimit(g->child.pid, RLIMIT_CPU, &rl, NULL);
 }
 
 static json_t *failure(const char *error)
@@ -139,27 +146,24 @@ static json_t *failure(const char *error)
     return json_pack("{s:b, s:s, s:[]}", "ok", 0, "error", error, "logs");
 }
 
-__attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, int report_fd, int cancel_fd)
+__attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, sb_shim_guest_t *pre)
 {
     const sb_serve_conf_t *conf = job->conf;
     static sb_shim_config_t cfg; /* 8 KiB of token: not on the stack */
+    static sb_shim_guest_t cold;
+    sb_shim_guest_t *guest = NULL; /* released after the answer: it is reaped by then */
     json_t *outcome = NULL, *answer = NULL, *meta;
-    const char *outcome_kind = NULL, *revoke = NULL;
+    sb_serve_outcome_t outcome_kind = SB_SERVE_OUT_COUNT; /* COUNT: not decided yet */
+    const char *revoke = NULL;
+    int denied = 0;
     char err[512], revoke_err[256] = "", token[65] = "";
     char *body = NULL, *line = NULL;
     long long calls = 0;
-    int spawned = 0;
-    pid_t parent = getppid();
+    int spawned = 0, cancel = fcntl(CANCEL_FD, F_GETFD) >= 0;
+    int64_t handover_ms = -1;
     struct sigaction sa;
     int stop[2];
 
-    /* the service's handlers are not ours; a lost service means nobody waits for this run */
-    signal(SIGTERM, SIG_DFL);
-    signal(SIGINT, SIG_DFL);
-    signal(SIGHUP, SIG_DFL);
-    signal(SIGCHLD, SIG_DFL);
-    if (keep_only(report_fd, cancel_fd, conf->deno.jail) != 0 || prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
-        _exit(1);
     /*
      * SIGTERM from the service (its client went away) cancels the run like a hang-up of the
      * client's connection: the guest is killed at once, and this process still cleans up after it
@@ -180,9 +184,10 @@ __attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, int 
     cfg.call_timeout_ms = SB_SERVE_CALL_TIMEOUT_MS;
     cfg.max_calls = SB_SHIM_DEFAULT_MAX_CALLS;
     cfg.max_inflight = SB_SHIM_DEFAULT_MAX_INFLIGHT;
-    cfg.cancel_fd = cancel_fd >= 0 ? CANCEL_FD : -1;
+    cfg.cancel_fd = cancel ? CANCEL_FD : -1;
     cfg.stop_fd = stop[0];
     cfg.stderr_cap_fails = 1;
+    cfg.mark_denial = 1;
     switch (job->kind) {
     case SB_SERVE_COMPUTE:
         cfg.calls_refused = "binding call refused: this run has no bindings";
@@ -196,7 +201,9 @@ __attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, int 
             char e[600];
             snprintf(e, sizeof(e), "egress blocked: %s", err);
             outcome = failure(e);
-            outcome_kind = "egress_blocked";
+            outcome_kind = SB_SERVE_OUT_EGRESS_BLOCKED;
+            if (pre != NULL)
+                sb_shim_deno_discard(pre);
             goto Answer;
         }
         memcpy(cfg.token, token, sizeof(token));
@@ -211,19 +218,36 @@ __attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, int 
     }
     {
         sb_shim_deno_t d = conf->deno;
+        sb_status_t st;
         d.memory_mb = job->memory_mb;
-        switch (sb_shim_deno_run(&d, &cfg, (const uint8_t *)job->init.data, job->init.size, on_spawned, NULL, &outcome, err,
-                                 sizeof(err))) {
+        d.timeout_ms = (unsigned)job->timeout_ms;
+        if (pre != NULL) {
+            guest = pre;
+            /* a pooled guest: started before this run, it has waited for its init frame since */
+            lower_cpu_limit(pre, job->timeout_ms);
+            on_spawned(NULL, &pre->child);
+            handover_ms = sb_serve_now_ms() - job->started_ms;
+            st = sb_shim_deno_relay(pre, &cfg, (const uint8_t *)job->init.data, job->init.size, &outcome);
+        } else {
+            st = sb_shim_deno_start(&d, (void *)cfg.token, sizeof(cfg.token), &cold, err, sizeof(err));
+            if (st == SB_OK) {
+                guest = &cold;
+                on_spawned(NULL, &cold.child);
+                handover_ms = sb_serve_now_ms() - job->started_ms;
+                st = sb_shim_deno_relay(&cold, &cfg, (const uint8_t *)job->init.data, job->init.size, &outcome);
+            }
+        }
+        switch (st) {
         case SB_OK:
             spawned = 1;
             break;
         case SB_E_EXECUTION:
             outcome = failure(err);
-            outcome_kind = "spawn_failed";
+            outcome_kind = SB_SERVE_OUT_SPAWN_FAILED;
             break;
         default:
             outcome = failure("sandbox IO error: out of memory");
-            outcome_kind = "failed";
+            outcome_kind = SB_SERVE_OUT_FAILED;
             break;
         }
     }
@@ -241,6 +265,8 @@ Answer:
         outcome = failure("sandbox IO error: out of memory");
     calls = json_integer_value(json_object_get(outcome, "calls"));
     json_object_del(outcome, "calls");
+    denied = json_is_true(json_object_get(outcome, "denied"));
+    json_object_del(outcome, "denied");
     json_object_set_new(outcome, "ms", json_integer(sb_serve_now_ms() - job->started_ms));
     answer = outcome;
     body = json_dumps(answer, JSON_COMPACT);
@@ -250,13 +276,17 @@ Answer:
         answer = json_pack("{s:b, s:s, s:[], s:I}", "ok", 0, "error", "sandbox output limit exceeded", "logs", "ms",
                            (json_int_t)(sb_serve_now_ms() - job->started_ms));
         body = answer != NULL ? json_dumps(answer, JSON_COMPACT) : NULL;
-        if (outcome_kind == NULL)
-            outcome_kind = "failed";
+        if (outcome_kind == SB_SERVE_OUT_COUNT)
+            outcome_kind = SB_SERVE_OUT_FAILED;
     }
-    if (outcome_kind == NULL)
-        outcome_kind = classify(answer);
-    meta = json_pack("{s:s, s:I, s:b, s:I}", "outcome", outcome_kind, "calls", (json_int_t)calls, "timedOut",
-                     json_is_true(json_object_get(answer, "timedOut")), "jailFailures", (json_int_t)sb_shim_hook_jail_failures());
+    if (outcome_kind == SB_SERVE_OUT_COUNT)
+        outcome_kind = classify(answer, denied);
+    meta = json_pack("{s:s, s:I, s:b, s:I, s:b}", "outcome", sb_serve_outcome_name(outcome_kind), "calls", (json_int_t)calls,
+                     "timedOut", json_is_true(json_object_get(answer, "timedOut")), "jailFailures",
+                     (json_int_t)sb_shim_hook_jail_failures(), "pooled", pre != NULL);
+    /* from the request to the guest's first instruction: the init frame is written next */
+    if (meta != NULL && handover_ms >= 0)
+        json_object_set_new(meta, "handoverMs", json_integer(handover_ms));
     if (meta != NULL && revoke != NULL) {
         json_object_set_new(meta, "revoke", json_string(revoke));
         if (revoke_err[0] != '\0')
@@ -268,5 +298,141 @@ Answer:
         line[ln] = '\n'; /* json_dumps' NUL becomes the separator; the length below counts it */
         record(SB_SERVE_REC_RESULT, line, ln + 1, body, strlen(body));
     }
+    /* answered: the guest is reaped; its directory, uid and cgroup go now, off the run's latency */
+    if (guest != NULL)
+        sb_shim_deno_release(guest);
     _exit(0);
+}
+
+/* ---- the job, from the service to its run process (launcher.h) ---- */
+
+#define JOB_MAGIC "SBJ1"
+#define JOB_HEAD 37u                      /* magic 4, kind 1, memory 4, timeout 8, started 8, three lengths 4 each */
+#define JOB_MAX_INIT (8u * 1024u * 1024u) /* an init frame is far smaller: source, input and secrets are capped */
+#define JOB_MAX_NET (256u * 1024u)        /* capabilities.net: at most SB_SERVE_MAX_HOSTS short names */
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+    put32(p, (uint32_t)(v >> 32));
+    put32(p + 4, (uint32_t)v);
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+    return (uint64_t)get32(p) << 32 | get32(p + 4);
+}
+
+static int write_fd_all(int fd, const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    while (n > 0) {
+        ssize_t w = write(fd, b, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        b += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int read_fd_all(int fd, void *p, size_t n)
+{
+    uint8_t *b = p;
+    while (n > 0) {
+        ssize_t r = read(fd, b, n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        b += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+sb_status_t sb_serve_job_write(int fd, const sb_serve_job_t *job)
+{
+    uint8_t head[JOB_HEAD];
+    size_t token_len = job->kind == SB_SERVE_BINDINGS ? strnlen(job->token, sizeof(job->token)) : 0;
+    char *net = job->net != NULL ? json_dumps(job->net, JSON_COMPACT) : NULL;
+    size_t net_len = net != NULL ? strlen(net) : 0;
+    sb_status_t st = SB_E_EXECUTION;
+
+    if ((job->net != NULL && net == NULL) || job->init.size > JOB_MAX_INIT || net_len > JOB_MAX_NET)
+        goto Exit;
+    memcpy(head, JOB_MAGIC, 4);
+    head[4] = (uint8_t)job->kind;
+    put32(head + 5, job->memory_mb);
+    put64(head + 9, (uint64_t)job->timeout_ms);
+    put64(head + 17, (uint64_t)job->started_ms);
+    put32(head + 25, (uint32_t)token_len);
+    put32(head + 29, (uint32_t)job->init.size);
+    put32(head + 33, (uint32_t)net_len);
+    if (write_fd_all(fd, head, sizeof(head)) == 0 && write_fd_all(fd, job->token, token_len) == 0 &&
+        write_fd_all(fd, job->init.data, job->init.size) == 0 && write_fd_all(fd, net, net_len) == 0)
+        st = SB_OK;
+Exit:
+    sb_mem_free_foreign(net);
+    return st;
+}
+
+sb_status_t sb_serve_job_read(int fd, const sb_serve_conf_t *conf, sb_serve_job_t *job)
+{
+    uint8_t head[JOB_HEAD];
+    uint32_t token_len, init_len, net_len;
+    char *net = NULL;
+
+    memset(job, 0, sizeof(*job));
+    msgpack_sbuffer_init(&job->init);
+    job->conf = conf;
+    if (lseek(fd, 0, SEEK_SET) != 0 || read_fd_all(fd, head, sizeof(head)) != 0 || memcmp(head, JOB_MAGIC, 4) != 0)
+        return SB_E_EXECUTION;
+    token_len = get32(head + 25);
+    init_len = get32(head + 29);
+    net_len = get32(head + 33);
+    if (head[4] > SB_SERVE_NET || token_len > SB_SHIM_MAX_TOKEN || init_len == 0 || init_len > JOB_MAX_INIT ||
+        net_len > JOB_MAX_NET || (head[4] == SB_SERVE_NET) != (net_len != 0) || (head[4] == SB_SERVE_BINDINGS) != (token_len != 0))
+        return SB_E_EXECUTION;
+    job->kind = (sb_serve_kind_t)head[4];
+    job->memory_mb = get32(head + 5);
+    job->timeout_ms = (int64_t)get64(head + 9);
+    job->started_ms = (int64_t)get64(head + 17);
+    if (job->memory_mb < SB_SERVE_MIN_MEMORY_MB || job->memory_mb > SB_SERVE_MAX_MEMORY_MB ||
+        job->timeout_ms < SB_SERVE_MIN_TIMEOUT_MS || job->timeout_ms > SB_SERVE_MAX_TIMEOUT_MS)
+        return SB_E_EXECUTION;
+    if (read_fd_all(fd, job->token, token_len) != 0)
+        return SB_E_EXECUTION;
+    job->token[token_len] = '\0';
+    if ((job->init.data = sb_mem_try_alloc(init_len)) == NULL)
+        return SB_E_NOMEM;
+    job->init.alloc = init_len;
+    if (read_fd_all(fd, job->init.data, init_len) != 0)
+        return SB_E_EXECUTION;
+    job->init.size = init_len;
+    if (net_len != 0) {
+        if ((net = sb_mem_try_alloc(net_len)) == NULL)
+            return SB_E_NOMEM;
+        if (read_fd_all(fd, net, net_len) != 0 || (job->net = json_loadb(net, net_len, 0, NULL)) == NULL ||
+            !json_is_array(job->net)) {
+            sb_mem_free(net);
+            return SB_E_EXECUTION;
+        }
+        sb_mem_free(net);
+    }
+    return SB_OK;
 }

@@ -2,7 +2,10 @@
 # RPC throughput benchmark: wrk against a raw h2o fixed-reply baseline and
 # against the broker's RPC route (granted call -> 501, denied call -> 403),
 # with the memory and the Redis token store, with per-call logging on (the
-# default) and off, alternating the cases round by round in one run.
+# default) and off, alternating the cases round by round in one run. The
+# *-decide cases make the same granted call under a manifest with a decide
+# axis whose rules do not name it (PROTOCOL.md section 5a): what a call that
+# matches no rule pays, against the same case without the axis.
 # See tests/bench/README.md for what it measures and how to read it.
 #
 # Environment (all optional):
@@ -29,7 +32,7 @@ CONNS=${BENCH_CONNS:-32}
 THREADS=${BENCH_THREADS:-1}
 BUILD_DIR=${BENCH_BUILD_DIR:-$ROOT/build/bench}
 SECRET="bench-admin-secret-$$-0123456789abcdef"
-ALL_CASES="baseline mem-granted mem-denied mem-granted-nolog mem-denied-nolog redis-granted redis-denied redis-granted-nolog redis-denied-nolog"
+ALL_CASES="baseline mem-granted mem-denied mem-granted-nolog mem-denied-nolog redis-granted redis-denied redis-granted-nolog redis-denied-nolog mem-granted-decide mem-granted-nolog-decide"
 CASES=${BENCH_CASES:-$ALL_CASES}
 
 say() { printf '%s\n' "$*" >&2; }
@@ -141,8 +144,10 @@ start_broker() {
 # mint SERVER RUNID: prints a fresh token. Every measurement gets its own run, because the broker
 # counts calls per run (quota_calls, at most 1,000,000 per run when raised at mint); the concurrency
 # quota is raised above wrk's connection count. A broker without quotas gets the plain request.
+# a decide axis naming other calls than the one measured (services.svc.fn): it must cost nothing
+DECIDE_CAPS='"capabilities":{"services":["svc"],"decide":{"methods":["collections.posts.delete","store.*.create","tools.call"],"fetch":["pay.example",{"host":"*.stripe.example","methods":["POST"],"paths":["/v1/**"]}]}}'
 mint() {
-    local srv=$1 run=$2 body tok caps='"capabilities":{"services":["svc"]}'
+    local srv=$1 run=$2 body tok caps=${3:-'"capabilities":{"services":["svc"]}'}
     for extra in ',"quotas":{"calls":1000000,"concurrent":1024}' ''; do
         body=$(curl -s -X POST -H "Authorization: Bearer $SECRET" -H 'Content-Type: application/json' \
             -d "{\"runId\":\"$run\",\"ttlMs\":3600000$extra,$caps}" \
@@ -178,7 +183,8 @@ start_broker redis "redis://127.0.0.1:$REDIS_PORT" true
 start_broker redis-nolog "redis://127.0.0.1:$REDIS_PORT" false
 
 # case -> server, method, expected status
-case_server() { case $1 in baseline) echo baseline ;; mem-*nolog) echo mem-nolog ;; mem-*) echo mem ;; redis-*nolog) echo redis-nolog ;; *) echo redis ;; esac; }
+case_server() { case $1 in baseline) echo baseline ;; mem-*nolog*) echo mem-nolog ;; mem-*) echo mem ;; redis-*nolog*) echo redis-nolog ;; *) echo redis ;; esac; }
+case_caps() { case $1 in *-decide) echo "$DECIDE_CAPS" ;; *) echo '"capabilities":{"services":["svc"]}' ;; esac; }
 case_method() { case $1 in *denied*) echo services.other.fn ;; *) echo services.svc.fn ;; esac; }
 case_expect() { case $1 in *denied*) echo 403 ;; *) echo 501 ;; esac; }
 
@@ -216,7 +222,7 @@ for c in $CASES; do
     case " $ALL_CASES " in *" $c "*) ;; *) die "unknown case $c (cases: $ALL_CASES)" ;; esac
     srv=$(case_server "$c")
     tok=$(printf '%064d' 0)
-    if [ "$srv" != baseline ]; then tok=$(mint "$srv" "bench-check-$c-$$") || exit 1; fi
+    if [ "$srv" != baseline ]; then tok=$(mint "$srv" "bench-check-$c-$$" "$(case_caps "$c")") || exit 1; fi
     got=$(curl -s -o /dev/null -w '%{http_code}' -X POST -H 'Content-Type: application/json' \
         -H "x-questpie-sandbox-token: $tok" -d "{\"method\":\"$(case_method "$c")\",\"args\":{}}" \
         "http://127.0.0.1:${PORT[$srv]}/api/sandbox/rpc")
@@ -249,7 +255,7 @@ run_wrk() {
     srv=$(case_server "$c")
     # the baseline ignores the token; it gets one of the same length so every request has the same size
     tok=$(printf '%064d' 0)
-    if [ "$srv" != baseline ]; then tok=$(mint "$srv" "bench-$c-r$round-$$") || exit 1; fi
+    if [ "$srv" != baseline ]; then tok=$(mint "$srv" "bench-$c-r$round-$$" "$(case_caps "$c")") || exit 1; fi
     write_lua "$c" "$tok"
     cpu0=$(server_cpu_ns "$c")
     # in the background, so a signal is handled at once rather than after wrk finishes
@@ -326,11 +332,24 @@ END {
         target("mem-granted", "log_calls=true, the default")
         if ("mem-granted-nolog" in n) target("mem-granted-nolog", "log_calls=false")
     }
+    vs("mem-granted-decide", "mem-granted")
+    vs("mem-granted-nolog-decide", "mem-granted-nolog")
     if (base > 0 && ("redis-granted" in n)) {
         if (!("mem-granted" in n)) printf "\n"
         redis_target("redis-granted", "log_calls=true, the default")
         if ("redis-granted-nolog" in n) redis_target("redis-granted-nolog", "log_calls=false")
     }
+}
+# a decide axis that names other calls: the paired req/s ratio against the same case without it, and the CPU cost ratio
+function vs(c, ref,   k, m, i, j, t, v, kr) {
+    if (!(c in n) || !(ref in n)) return
+    m = 0
+    for (k in rounds) if (((c, k) in byround) && ((ref, k) in byround) && byround[ref, k] > 0) v[++m] = byround[c, k] / byround[ref, k]
+    if (m == 0) return
+    for (i = 2; i <= m; ++i) for (j = i; j > 1 && v[j - 1] > v[j]; --j) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
+    kr = (req[c] > 0 && req[ref] > 0 && cpu[c] > 0) ? (cpu[ref] / req[ref]) / (cpu[c] / req[c]) : 0
+    printf "decide axis, no rule matching (%s vs %s): %.3fx req/s paired, %.3fx by CPU cost\n", c, ref,
+        (m % 2) ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2, kr
 }
 # the Redis store: >= 0.50x by CPU cost (the broker plus redis-server) and >= 0.60x in req/s, on the paired ratio
 function redis_target(c, what,   r, k) {

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Instructions per RPC: the broker under callgrind (memory token store by default, one worker), N calls of each
 # case sent one after another on one kept-alive connection; the counters are zeroed before a case and
-# dumped after it, so each figure is the broker's own instructions for N calls divided by N. Unlike
+# dumped after it, so each figure is the broker's own instructions for N calls divided by N. The
+# *-decide cases make the same calls under a manifest with a decide axis whose rules name other
+# families (PROTOCOL.md section 5a): what a call that matches no rule pays; *-decide-family adds a
+# rule on another service, so the call's own family is searched and not matched. Unlike
 # req/s, it does not move with other load on the machine, so two builds compare within one run.
 # Not a pass/fail test (tests/bench/README.md).
 #
@@ -75,12 +78,25 @@ for broker in "$@"; do
         -d '{"runId":"instr","ttlMs":3600000,"quotas":{"calls":1000000,"concurrent":1024},"capabilities":{"services":["svc"]}}' \
         "http://127.0.0.1:$admin/admin/v1/tokens" | sed -n 's/.*"token":"\([0-9a-f]\{64\}\)".*/\1/p')
     [ -n "$tok" ] || { echo "rpc_instr.sh: no token from $broker" >&2; exit 1; }
+    # decide rules on other families only, and rules that include the called family (another service)
+    mint_caps() {
+        curl -s -X POST -H "Authorization: Bearer $SECRET" -H 'Content-Type: application/json' \
+            -d "{\"runId\":\"$1\",\"ttlMs\":3600000,\"quotas\":{\"calls\":1000000,\"concurrent\":1024},\"capabilities\":$2}" \
+            "http://127.0.0.1:$admin/admin/v1/tokens" | sed -n 's/.*"token":"\([0-9a-f]\{64\}\)".*/\1/p'
+    }
+    rules='"collections.posts.delete","store.*.create","tools.call"'
+    fetch='"fetch":["pay.example",{"host":"*.stripe.example","methods":["POST"],"paths":["/v1/**"]}]'
+    dtok=$(mint_caps instd "{\"services\":[\"svc\"],\"decide\":{\"methods\":[$rules],$fetch}}")
+    ftok=$(mint_caps instf "{\"services\":[\"svc\"],\"decide\":{\"methods\":[$rules,\"services.other.*\"],$fetch}}")
+    [ -n "$dtok" ] && [ -n "$ftok" ] || { echo "rpc_instr.sh: no decide token from $broker (a build without the decide axis?)" >&2; exit 1; }
     /usr/bin/python3 "$WORK/client.py" "$port" "$tok" services.svc.fn 50 json 501 >/dev/null # warm-up
-    for c in "granted-json json services.svc.fn 501" "denied-json json services.other.fn 403" \
-        "granted-msgpack msgpack services.svc.fn 501" "denied-msgpack msgpack services.other.fn 403"; do
+    for c in "granted-json json services.svc.fn 501 $tok" "denied-json json services.other.fn 403 $tok" \
+        "granted-msgpack msgpack services.svc.fn 501 $tok" "denied-msgpack msgpack services.other.fn 403 $tok" \
+        "granted-json-decide json services.svc.fn 501 $dtok" "granted-msgpack-decide msgpack services.svc.fn 501 $dtok" \
+        "granted-json-decide-family json services.svc.fn 501 $ftok"; do
         set -- $c
         callgrind_control -z "$VPID" >/dev/null 2>&1
-        bad=$(/usr/bin/python3 "$WORK/client.py" "$port" "$tok" "$3" "$N" "$2" "$4")
+        bad=$(/usr/bin/python3 "$WORK/client.py" "$port" "$5" "$3" "$N" "$2" "$4")
         [ "$bad" = 0 ] || { echo "rpc_instr.sh: $1: $bad calls had another status than $4" >&2; exit 1; }
         callgrind_control -d "$1" "$VPID" >/dev/null 2>&1
         f=

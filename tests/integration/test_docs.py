@@ -187,7 +187,8 @@ def documented_sub_keys():
     ("files.root", "collections.<n>.table", "egress.dns_tries"), and the keys of its targets example."""
     text = read("docs/config.md")
     targets = text[text.index("## `targets.<name>`"):text.index("## `egress` (http.fetch)")]
-    egress = text[text.index("## `egress` (http.fetch)"):text.index("## Reloading")]
+    egress = text[text.index("## `egress` (http.fetch)"):text.index("## `decider`")]
+    decider = text[text.index("## `decider`"):text.index("## Reloading")]
     rows = set()
     for cell in re.findall(r"^\| (`[^|]*`) \|", targets, re.M):
         names = re.findall(r"`([^`]+)`", cell)
@@ -196,6 +197,7 @@ def documented_sub_keys():
         for other in names[1:]:
             rows.add(other if "." in other else names[0].rsplit(".", 1)[0] + "." + other)
     rows |= {"egress." + k for k in re.findall(r"^\| `([a-z_]+)` \|", egress, re.M) if k != "key"}
+    rows |= {"decider." + k for k in re.findall(r"^\| `([a-z_]+)` \|", decider, re.M) if k != "key"}
     rows.discard("key")
     example = json.loads("{" + re.search(r"```json\n(\"targets\".*?)\n```", targets, re.S).group(1) + "}")
     in_example = set()
@@ -238,6 +240,8 @@ def loader_sub_keys():
     with open(os.path.join(ROOT, "broker", "fetch", "conf.c")) as f:
         body = re.search(r"static const char \*known\[\] = \{([^}]*)\}", f.read()).group(1)
     out |= {"egress." + k for k in re.findall(r'"([a-z_]+)"', body)}
+    with open(os.path.join(ROOT, "broker", "svc", "decide", "decide.c")) as f:
+        out |= {"decider." + k for k in re.findall(r'strcmp\(key, "([a-z_]+)"\) == 0', f.read())}
     return out
 
 
@@ -250,12 +254,12 @@ class SubKeys(sbtest.BrokerTestCase):
         leaf = {parts[-1]: 1}
         for part in reversed(parts[:-1]):
             leaf = {"n" if part == "<n>" else part: leaf}
-        cfg = leaf if parts[0] == "egress" else {"targets": {"t": leaf}}
+        cfg = leaf if parts[0] in ("egress", "decider") else {"targets": {"t": leaf}}
         with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
             json.dump(cfg, f)
             f.flush()
             rc, out, err = sbtest.run_broker_once(["--check-config", "--offline", "--config", f.name], sbtest.base_env())
-        where = ("" if parts[0] == "egress" else "targets.t.") + path.replace("<n>", "n")
+        where = ("" if parts[0] in ("egress", "decider") else "targets.t.") + path.replace("<n>", "n")
         return rc, err, where
 
     def test_every_documented_sub_key_is_accepted(self):
@@ -263,6 +267,7 @@ class SubKeys(sbtest.BrokerTestCase):
         self.assertIn("files.max_entries", rows)
         self.assertIn("collections.<n>.max_limit", rows)
         self.assertIn("egress.dns_tries", rows)
+        self.assertIn("decider.reuse_ms", rows)
         # the example shows nothing the tables leave unexplained
         self.assertLessEqual(in_example, rows)
         for path in sorted(rows):

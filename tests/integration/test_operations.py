@@ -38,6 +38,16 @@ def read_lines(path):
     return [json.loads(l) for l in data.splitlines()]
 
 
+def audit_calls(path):
+    """The call records of an audit file, without the chain's own records (docs/audit.md)."""
+    return [l for l in read_lines(path) if l["event"] == "audit"]
+
+
+def audit_verify(*paths):
+    p = subprocess.run([sbtest.BROKER_BIN, "audit-verify"] + list(paths), capture_output=True, text=True, timeout=60)
+    return p.returncode, p.stdout + p.stderr
+
+
 class Environment(sbtest.BrokerTestCase):
     def run_broker(self, args=(), env=None):
         return sbtest.run_broker_once(list(args), sbtest.base_env(env))
@@ -240,7 +250,7 @@ class Rotation(sbtest.BrokerTestCase):
 
     def wait_audit_lines(self, path, n):
         """The audit writer is a thread of its own: wait until n lines are on disk."""
-        self.assertTrue(sbtest.poll(lambda: len(read_lines(path)) >= n, 10), read_lines(path))
+        self.assertTrue(sbtest.poll(lambda: len(audit_calls(path)) >= n, 10), read_lines(path))
 
     def calls(self, b, token, phase, n):
         for _ in range(n):
@@ -259,7 +269,11 @@ class Rotation(sbtest.BrokerTestCase):
         self.calls(b, token, "three", 40)
         self.proc.send_signal(signal.SIGTERM)
         self.assertEqual(self.proc.wait(30), 0)
-        old, new = read_lines(self.audit + ".1"), read_lines(self.audit)
+        old, new = audit_calls(self.audit + ".1"), audit_calls(self.audit)
+        # the chain goes on across the reopen (SIGUSR1: "rotate", SIGHUP: "reload")
+        rc, out = audit_verify(self.audit + ".1", self.audit)
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(read_lines(self.audit + ".1")[-1]["reason"], "rotate" if sig == signal.SIGUSR1 else "reload")
         methods = [l["method"] for l in old + new]
         # none lost, none twice
         self.assertEqual(sorted(methods), sorted(["services.one.fn"] * 40 + ["services.two.fn"] * 40 +
@@ -293,17 +307,22 @@ class Rotation(sbtest.BrokerTestCase):
         self.calls(b, token, "b", 5)
         self.proc.send_signal(signal.SIGTERM)
         self.assertEqual(self.proc.wait(30), 0)
-        self.assertEqual([l["method"] for l in read_lines(self.audit + ".1")], ["services.b.fn"] * 5)
+        self.assertEqual([l["method"] for l in audit_calls(self.audit + ".1")], ["services.b.fn"] * 5)
 
     @unittest.skipUnless(os.path.exists(LOGROTATE), "logrotate is not installed")
     def test_the_shipped_logrotate_file(self):
-        """deploy/logrotate/sandbox-broker, run by logrotate for real; only its paths, the owner of the
-        new files and the way the signal reaches the process (no systemd here) are rewritten."""
+        """deploy/logrotate/sandbox-broker, run by logrotate for real, through its branch for a machine without
+        systemd; only its paths, the owner of the new files and the user whose brokers get the signal are
+        rewritten."""
         with open(os.path.join(DEPLOY, "logrotate", "sandbox-broker")) as f:
             conf = f.read()
-        post = re.search(r"^\s*systemctl kill --kill-whom=main --signal=SIGUSR1 'sandbox-broker\*\.service'.*$",
-                         conf, re.M)
-        self.assertIsNotNone(post, "the postrotate command sends SIGUSR1 to the unit's main process")
+        self.assertRegex(conf, r"(?m)^\s*if \[ -d /run/systemd/system \]; then\n\s*systemctl kill --kill-whom=main "
+                               r"--signal=SIGUSR1 'sandbox-broker\*\.service' .*\n\s*else\n",
+                         "with systemd, the postrotate command sends SIGUSR1 to the units' main processes")
+        self.assertFalse(os.path.isdir("/run/systemd/system"), "this test takes the branch without systemd")
+        # without systemd: to the service user's brokers; here the one this test started (as root)
+        post = re.search(r"^\s*pkill -USR1 -x -u sandbox-broker sandbox-broker .*$", conf, re.M)
+        self.assertIsNotNone(post, "without systemd, the postrotate command signals the service user's brokers")
         self.assertIn("/var/log/sandbox-broker/*.log {", conf)
         b = self.start()
         token = b.mint_ok("lr-run", {"services": ["before", "after"]})
@@ -324,7 +343,8 @@ class Rotation(sbtest.BrokerTestCase):
         self.proc.send_signal(signal.SIGTERM)
         self.assertEqual(self.proc.wait(30), 0)
         # delaycompress: the rotated files are .1, uncompressed; the new ones were created by logrotate
-        old, new = read_lines(self.audit + ".1"), read_lines(self.audit)
+        old, new = audit_calls(self.audit + ".1"), audit_calls(self.audit)
+        self.assertEqual(audit_verify(self.audit + ".1", self.audit)[0], 0)
         self.assertEqual([l["method"] for l in old], ["services.before.fn"] * 10)
         self.assertEqual([l["method"] for l in new], ["services.after.fn"] * 10)
         self.assertIn("started", [e["event"] for e in self.log_events(".1")])
@@ -368,7 +388,7 @@ class Inspection(sbtest.BrokerTestCase):
         subcommands = set(re.findall(r'strcmp\(argv\[1\], "([a-z-]+)"\)', src))
         self.assertTrue({"--config", "--check-config", "--offline", "--version", "--help", "-h",
                          "--print-config-keys"} <= flags, flags)
-        self.assertEqual(subcommands, {"egress-check"})
+        self.assertEqual(subcommands, {"egress-check", "audit-verify", "audit-pubkey"})
         described = [l.strip() for l in out.splitlines() if l.startswith("  ")]
         for name in flags | subcommands:
             with self.subTest(name=name):

@@ -481,14 +481,14 @@ class Auth(Base):
         self.assertEqual((rc, out.strip()), (0, "configuration OK"), err)
         where = "127.0.0.1:%d" % n.port
         rc, out, err = self.check(n.url, SANDBOX_BROKER_REDIS_PASSWORD="not-the-password")
-        self.assertEqual(rc, 1, out)
+        self.assertEqual(rc, 4, out)  # credentials refused: the status a wrong database password gets too
         self.assertIn("token store: %s: AUTH refused: WRONGPASS" % where, err)
         self.assertNotIn("not-the-password", err + out)
         rc, out, err = self.check(n.url + "/99", SANDBOX_BROKER_REDIS_PASSWORD="check-password-0123")
         self.assertEqual(rc, 1, out)
         self.assertIn("token store: %s: SELECT refused: ERR DB index is out of range" % where, err)
         rc, out, err = self.check("redis://127.0.0.1:%d" % sbtest.closed_port())
-        self.assertEqual(rc, 1, out)
+        self.assertEqual(rc, 3, out)  # down now: valid, the broker would start and say so on /readyz
         self.assertIn(": connect failed: Connection refused", err)
         rep = self.node(replicaof=n.port, password="check-password-0123")
         rc, out, err = self.check(rep.url, SANDBOX_BROKER_REDIS_PASSWORD="check-password-0123")

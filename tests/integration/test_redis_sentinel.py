@@ -272,19 +272,20 @@ class CheckConfig(sbtest.BrokerTestCase):
             self.assertEqual((rc, out.strip()), (0, "configuration OK"), err)
             env["SANDBOX_BROKER_REDIS_SENTINEL_PASSWORD_FILE"] = redisfix.write_secret(d, "s2", "wrong-sentinel-pw")
             rc, out, err = sbtest.run_broker_once(["--check-config"], sbtest.base_env(env))
-            self.assertEqual(rc, 1, out)
+            self.assertEqual(rc, 4, out)  # a refused password: "credentials refused"
+            self.assertIn("sandbox-broker: credentials refused: token store: ", err)
             self.assertIn("no sentinel named the primary: %s (sentinel): connect failed: Connection refused; "
                           "%s (sentinel): AUTH refused: WRONGPASS" % (dead, s.addr), err)
             self.assertNotIn("wrong-sentinel-pw", err)
             env["SANDBOX_BROKER_REDIS_SENTINEL_PASSWORD_FILE"] = redisfix.write_secret(d, "s3", SENTINEL_PW)
             env["SANDBOX_BROKER_REDIS_PASSWORD_FILE"] = redisfix.write_secret(d, "d2", "wrong-data-pw")
             rc, out, err = sbtest.run_broker_once(["--check-config"], sbtest.base_env(env))
-            self.assertEqual(rc, 1, out)
+            self.assertEqual(rc, 4, out)
             self.assertIn("127.0.0.1:%d: AUTH refused: WRONGPASS" % p.port, err)
             env["SANDBOX_BROKER_TOKEN_STORE"] = "redis-sentinel://%s/othermaster" % s.addr
             env["SANDBOX_BROKER_REDIS_PASSWORD_FILE"] = redisfix.write_secret(d, "d3", DATA_PW)
             rc, out, err = sbtest.run_broker_once(["--check-config"], sbtest.base_env(env))
-            self.assertEqual(rc, 1, out)
+            self.assertEqual(rc, 1, out)  # the configuration's mistake
             self.assertIn('%s (sentinel): does not know master "othermaster"' % s.addr, err)
         finally:
             s.cleanup()

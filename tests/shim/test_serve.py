@@ -792,7 +792,7 @@ def observe_guest(serve, src="export default async () => { await new Promise(r =
                 try:
                     st = status_fields(pid)
                     seen = {"pid": pid, "status": st, "ns": {n: os.readlink("/proc/%d/ns/%s" % (pid, n))
-                                                             for n in ("user", "pid", "net", "ipc", "uts")}}
+                                                             for n in ("user", "mnt", "pid", "net", "ipc", "uts")}}
                 except OSError:
                     seen = {}
                 break
@@ -808,7 +808,7 @@ def t_jailed():
     status, mine = g["status"], {n: os.readlink("/proc/self/ns/" + n) for n in g["ns"]}
     check(status["NoNewPrivs"] == "1" and status["Seccomp"] == "2", "no_new_privs and a seccomp filter", status)
     check(status["CapEff"] == "0000000000000000" and status["CapBnd"] == "0000000000000000", "no capabilities", status)
-    check(all(g["ns"][n] != mine[n] for n in g["ns"]), "user, pid, net, ipc and uts namespaces of its own", g["ns"], mine)
+    check(all(g["ns"][n] != mine[n] for n in g["ns"]), "user, mount, pid, net, ipc and uts namespaces of its own", g["ns"], mine)
     uid = int(status["Uid"].split()[0])
     if os.geteuid() == 0:
         check(UID_BASE <= uid < UID_BASE + 1024, "a uid of its own from the jail's range", status["Uid"])
@@ -832,7 +832,7 @@ def t_jailed():
         s2.stop()
 
 
-MSG_USERNS = ("jail: the kernel refused new user, pid, network, ipc and uts namespaces (clone: Operation not permitted); "
+MSG_USERNS = ("jail: the kernel refused new user, mount, pid, network, ipc and uts namespaces (clone: Operation not permitted); "
               "refusing to start the guest (--jail=off runs it without the jail); serve does not start")
 
 
@@ -875,8 +875,9 @@ def t_jail_failure_counted():
             s2.stop()
         return
     lock = os.path.join(TMP, "uids.lock")
+    # no pool: its guests would hold the one slot (t_pool covers pooled guests and slots)
     s2 = Serve(args=["--jail-slots", "1", "--jail-uid-base", str(UID_BASE + 61000), "--jail-lock-file", lock,
-                     "--max-runs", "4"], env={"TMPDIR": TMP})
+                     "--max-runs", "4", "--pool-size", "0"], env={"TMPDIR": TMP})
     try:
         res = {}
         slow = {"source": "export default async () => { await new Promise(r => setTimeout(r, 2000)); return 'held'; }"}
@@ -907,7 +908,7 @@ def t_cancel_cleans_up():
     """A client that goes away: the run's process is told to cancel, and cleans up after its guest."""
     tmp = tempfile.mkdtemp(prefix="tmpdir-", dir=TMP)
     os.chmod(tmp, 0o711)
-    s2 = Serve(env={"TMPDIR": tmp})
+    s2 = Serve(env={"TMPDIR": tmp}, args=["--pool-size", "0"])  # one directory per run, none pooled
     try:
         body = json.dumps({"mode": "host", "capabilities": CAPS, "source":
                            "export default async () => { await new Promise(r => setTimeout(r, 5000)); return 1; }"}).encode()
@@ -918,7 +919,8 @@ def t_cancel_cleans_up():
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline and s2.metrics()["sb_serve_guests_alive"] < 1:
             time.sleep(0.02)
-        check(len(os.listdir(tmp)) == 1, "the run's work directory", os.listdir(tmp))
+        check(os.listdir(tmp) == [], "no work directory on the host (the guest's scratch is its own tmpfs)",
+              os.listdir(tmp))
         c.close()
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and (s2.metrics()["sb_serve_runs_in_flight"] != 0 or os.listdir(tmp)):
@@ -938,13 +940,32 @@ def t_cancel_cleans_up():
         while time.monotonic() < deadline and not guest:
             guest = [(p, pp) for p, (pp, a) in descendants(s2.proc.pid).items() if a and a[0] == b"/runtime/deno"]
             time.sleep(0.02)
-        check(len(guest) == 1 and len(os.listdir(tmp)) == 1, "one guest, one work directory", guest, os.listdir(tmp))
+        check(len(guest) == 1 and os.listdir(tmp) == [], "one guest, no work directory", guest, os.listdir(tmp))
         os.kill(guest[0][1], signal.SIGTERM)
         th.join(10)
         st, o = res["r"]
         check(st == 200 and o == {"ok": False, "error": "sandbox request cancelled", "logs": [], "ms": o.get("ms")},
               "the run's process cancelled the run and answered", o)
-        check(os.listdir(tmp) == [], "and removed its guest's work directory", os.listdir(tmp))
+        check(os.listdir(tmp) == [], "and nothing is left on the host", os.listdir(tmp))
+        # a run's process killed outright: its guest dies with it (PR_SET_PDEATHSIG, set again after
+        # the guest's uid change), not at the end of its timeoutMs
+        th = threading.Thread(target=lambda: res.update(r=s2.run({"source": "export default async () => "
+                                                                  "{ await new Promise(r => setTimeout(r, 25000)); return 1; }",
+                                                                  "capabilities": dict(CAPS, timeoutMs=30000)})))
+        th.start()
+        guest = []
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not guest:
+            guest = [(p, pp) for p, (pp, a) in descendants(s2.proc.pid).items() if a and a[0] == b"/runtime/deno"]
+            time.sleep(0.02)
+        check(len(guest) == 1, "one guest", guest)
+        os.kill(guest[0][1], signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and os.path.exists("/proc/%d" % guest[0][0]):
+            time.sleep(0.02)
+        check(not os.path.exists("/proc/%d" % guest[0][0]), "the guest died with its run's process", guest)
+        th.join(30)
+        check(os.listdir(tmp) == [], "nothing left on the host", os.listdir(tmp))
     finally:
         s2.stop()
         os.rmdir(tmp)
@@ -974,8 +995,8 @@ def t_systemd_unit():
     """serve as deploy/systemd/sandbox-shim-serve.service starts it, under the unit's own sandbox
     (tests/integration/unitjail.py: its capability bounding set, no_new_privs, system call filter,
     namespace and address-family restrictions, read-only file system): the start-up probe passes,
-    guests are jailed, a bindings run reaches the broker, a bomb leaves it healthy, and the work
-    directories of guests running under other uids are removed without CAP_DAC_OVERRIDE."""
+    guests are jailed, a bindings run reaches the broker, a bomb leaves it healthy, and nothing of
+    the guests is left under TMPDIR (they write only their own scratch)."""
     creds = tempfile.mkdtemp(prefix="creds-", dir=TMP)
     for name, value in (("admission-secret", SECRET), ("net-mint-secret", "n" * 40)):
         with open(os.path.join(creds, name), "w") as f:
@@ -989,7 +1010,7 @@ def t_systemd_unit():
     s2 = Serve(env=env, secret=None, wrap=["/usr/bin/python3", UNITJAIL, UNIT, "--"], argv=argv)
     try:
         st = status_fields(s2.proc.pid)
-        want = sum(1 << n for n in (0, 5, 6, 7))  # CAP_CHOWN, CAP_KILL, CAP_SETGID, CAP_SETUID
+        want = sum(1 << n for n in (5, 6, 7))  # CAP_KILL, CAP_SETGID, CAP_SETUID
         if os.geteuid() == 0:
             check(int(st["CapEff"], 16) == want and int(st["CapBnd"], 16) == want, "the unit's capabilities only", st)
         check(st["NoNewPrivs"] == "1" and st["Seccomp"] == "2", "the unit's filters", st)
@@ -1006,11 +1027,249 @@ def t_systemd_unit():
         check(code == 200 and o["ok"] is False and not o.get("timedOut"), "the bomb fails its run", o)
         code, raw, _ = s2.request("GET", "/health")
         check(code == 200 and json.loads(raw)["ok"], "healthy", raw)
-        check(os.listdir(tmp) == [], "every work directory removed", os.listdir(tmp))
     finally:
         rc = s2.stop()
     check(rc == 0, "a clean stop", rc, s2.log())
+    # the pool's waiting guests keep theirs until the service stops, which discards them
+    check(os.listdir(tmp) == [], "every work directory removed", os.listdir(tmp))
     check("does not start" not in s2.log(), "no refusal", s2.log())
+
+
+# ---- the launcher and the pool (serve/launcher.h) ----
+
+def wait_pool_ready(s2, n, timeout=30):
+    deadline = time.monotonic() + timeout
+    m = s2.metrics()
+    while time.monotonic() < deadline and m.get('sb_serve_pool_guests{state="ready"}') != n:
+        time.sleep(0.05)
+        m = s2.metrics()
+    check(m.get('sb_serve_pool_guests{state="ready"}') == n, "%d pooled guests ready" % n, m)
+    return m
+
+
+def guests_of(s2):
+    return {pid for pid, (_, argv) in descendants(s2.proc.pid).items() if argv and argv[0] == b"/runtime/deno"}
+
+
+def t_pool_hits_and_classes():
+    """A run of a pooled memory class takes a started guest; another class starts cold; the pool refills."""
+    s2 = Serve(args=["--pool-size", "2", "--pool-memory-mb", "128,64"])
+    try:
+        check(s2.events("pool")[0]["size"] == 2 and s2.events("pool")[0]["memoryMb"] == [128, 64], "the start-up line",
+              s2.events("pool"))
+        wait_pool_ready(s2, 4)
+        check(len(guests_of(s2)) == 4, "four guests waiting", guests_of(s2))
+        st, o = s2.run({"source": "export default (i) => i.n * 2", "input": {"n": 21}})
+        check(st == 200 and o["ok"] and o["output"] == 42, "a pooled run", o)
+        st, o = s2.run({"source": "export default () => 'small'", "capabilities": dict(CAPS, memoryMb=64)})
+        check(st == 200 and o["output"] == "small", "the other class", o)
+        st, o = s2.run({"source": "export default () => 'big'", "capabilities": dict(CAPS, memoryMb=256)})
+        check(st == 200 and o["output"] == "big", "a class the pool does not keep starts cold", o)
+        m = wait_pool_ready(s2, 4)
+        check(m['sb_serve_pool_runs_total{start="pooled"}'] == 2 and m['sb_serve_pool_runs_total{start="cold"}'] == 1 and
+              m["sb_serve_pool_misses_total"] == 0, "two pooled, one cold, no miss", m)
+        check(m["sb_serve_pool_started_total"] >= 6 and m["sb_serve_handover_seconds_count"] == 3, "refilled; handovers", m)
+        ev = s2.events()
+        check([e["pooled"] for e in ev] == [True, True, False] and all(isinstance(e["handoverMs"], int) for e in ev),
+              "each run's line says how it started", ev)
+    finally:
+        check(s2.stop() == 0, "a clean stop")
+
+
+def t_pool_miss():
+    """More runs at once than the pool holds: the rest start cold, counted as misses."""
+    s2 = Serve(args=["--pool-size", "1", "--max-runs", "4"])
+    try:
+        wait_pool_ready(s2, 1)
+        slow = {"source": "export default async () => { await new Promise(r => setTimeout(r, 800)); return 'x'; }"}
+        res = []
+        ths = [threading.Thread(target=lambda: res.append(s2.run(slow))) for _ in range(3)]
+        for th in ths:
+            th.start()
+        for th in ths:
+            th.join(60)
+        check(len(res) == 3 and all(st == 200 and o["output"] == "x" for st, o in res), "every run answered", res)
+        m = s2.metrics()
+        pooled, cold = m['sb_serve_pool_runs_total{start="pooled"}'], m['sb_serve_pool_runs_total{start="cold"}']
+        check(pooled + cold == 3 and cold >= 1 and m["sb_serve_pool_misses_total"] == cold, "misses started cold", m)
+    finally:
+        s2.stop()
+
+
+def t_pool_no_state_crosses_runs():
+    """One process per run: a global, a timer and a patched builtin of one run are never seen by the next."""
+    s2 = Serve(args=["--pool-size", "1"])
+    try:
+        wait_pool_ready(s2, 1)
+        st, o = s2.run({"source": "export default () => { globalThis.leak = 'run-1'; JSON.stringify = () => 'patched';"
+                                  " setInterval(() => console.log('tick from run 1'), 10); return 1; }"})
+        check(st == 200 and o["output"] == 1, "run 1", o)
+        wait_pool_ready(s2, 1)
+        st, o = s2.run({"source": "export default async () => { await new Promise(r => setTimeout(r, 100));"
+                                  " return [typeof globalThis.leak, JSON.stringify({a: 1})]; }"})
+        check(st == 200 and o["output"] == ["undefined", '{"a":1}'] and o["logs"] == [], "run 2 sees none of it", o)
+    finally:
+        s2.stop()
+
+
+def t_pool_timeout_from_handover():
+    """The run's timeout starts when the run is handed to its guest, not when the guest was started."""
+    s2 = Serve(args=["--pool-size", "1"])
+    try:
+        wait_pool_ready(s2, 1)
+        time.sleep(1.5)  # the pooled guest has now waited longer than the run's whole timeout
+        st, o = s2.run({"source": "export default async () => { await new Promise(r => setTimeout(r, 300)); return 'in time'; }",
+                        "capabilities": dict(CAPS, timeoutMs=1000)})
+        check(st == 200 and o["ok"] and o["output"] == "in time" and "timedOut" not in o, "not timed out", o)
+        check(s2.events()[-1]["pooled"] is True, "it was a pooled guest", s2.events())
+        st, o = s2.run({"source": "export default () => { for (;;) {} }", "capabilities": dict(CAPS, timeoutMs=300)})
+        check(st == 200 and o["ok"] is False and o.get("timedOut") is True, "a spinning run still times out", o)
+        # RLIMIT_CPU: a pooled guest waits with the longest run's; the hand-over lowers it to its run's
+        # (CPUs x timeout rounded up to seconds + 5 s, jail.h), plus 2 s for its start (launcher.h)
+        wait_pool_ready(s2, 1)
+        cpus = os.cpu_count()
+
+        def cpu_limits():
+            out = {}
+            for pid in guests_of(s2):
+                try:
+                    with open("/proc/%d/limits" % pid) as f:
+                        out[pid] = int(next(ln for ln in f if ln.startswith("Max cpu time")).split()[3])
+                except (OSError, StopIteration, ValueError):
+                    pass
+            return out
+
+        idle = cpu_limits()
+        check(list(idle.values()) == [cpus * 30 + 5], "the waiting guest has the longest run's limit", idle)
+        res = {}
+        th = threading.Thread(target=lambda: res.update(r=s2.run(
+            {"source": "export default async () => { await new Promise(r => setTimeout(r, 1500)); return 1; }",
+             "capabilities": dict(CAPS, timeoutMs=3000)})))
+        th.start()
+        deadline, running = time.monotonic() + 10, []
+        while time.monotonic() < deadline and not running:
+            running = [v for p, v in cpu_limits().items() if p in idle]
+            running = [v for v in running if v != cpus * 30 + 5]
+            time.sleep(0.05)
+        th.join(30)
+        check(running == [cpus * 3 + 5 + 2], "its run lowered it", running, res)
+    finally:
+        s2.stop()
+
+
+def t_pool_guest_dies():
+    """A pooled guest that dies while waiting is replaced, counted and logged; runs go on."""
+    s2 = Serve(args=["--pool-size", "2"])
+    try:
+        wait_pool_ready(s2, 2)
+        victim = sorted(guests_of(s2))[0]
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and s2.metrics()["sb_serve_pool_died_total"] < 1:
+            time.sleep(0.05)
+        m = wait_pool_ready(s2, 2)
+        check(m["sb_serve_pool_died_total"] == 1, "counted once", m)
+        check(victim not in guests_of(s2), "replaced by another process", victim, guests_of(s2))
+        check(s2.events("pool.guest_died") and s2.events("pool.guest_died")[0]["died"] == 1, "logged", s2.log())
+        st, o = s2.run({"source": "export default () => 'after'"})
+        check(st == 200 and o["output"] == "after", "runs go on", o)
+    finally:
+        s2.stop()
+
+
+def t_pool_drain_kills_pooled():
+    """SIGTERM: the pooled guests are killed, the run in flight is answered, serve exits 0."""
+    s2 = Serve(args=["--pool-size", "2"])
+    wait_pool_ready(s2, 2)
+    res = {}
+    th = threading.Thread(target=lambda: res.update(r=s2.run(
+        {"source": "export default async () => { await new Promise(r => setTimeout(r, 700)); return 'drained'; }"})))
+    th.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and s2.metrics()["sb_serve_runs_in_flight"] < 1:
+        time.sleep(0.02)
+    seen = guests_of(s2)
+    check(len(seen) >= 2, "pooled guests and the run's", seen)
+    rc = s2.stop()
+    th.join(30)
+    check(rc == 0 and res["r"][0] == 200 and res["r"][1]["output"] == "drained", "drained", rc, res)
+    alive = [p for p in seen if os.path.exists("/proc/%d" % p)]
+    check(alive == [], "no guest outlives the service", alive)
+
+
+def process_holds(pid, needle):
+    """1 when `needle` is in the process's readable memory (root reads /proc/<pid>/mem of a non-dumpable
+    process with CAP_SYS_PTRACE)."""
+    try:
+        with open("/proc/%d/maps" % pid) as f:
+            maps = f.read().splitlines()
+        fd = os.open("/proc/%d/mem" % pid, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        for line in maps:
+            parts = line.split()
+            if len(parts) < 2 or parts[1][0] != "r" or (len(parts) > 5 and parts[5] in ("[vvar]", "[vsyscall]", "[vvar_vclock]")):
+                continue
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            if hi - lo > 256 * 1024 * 1024:
+                continue
+            try:
+                if needle in os.pread(fd, hi - lo, lo):
+                    return True
+            except OSError:
+                continue
+    finally:
+        os.close(fd)
+    return False
+
+
+def t_clean_launcher():
+    """A run's processes hold that run's data and nothing else: while run 1 (with a secret) is in flight,
+    the launcher, the pooled processes and run 2's process hold none of its bytes."""
+    if os.geteuid() != 0:
+        return  # reading other processes' memory needs root; CI runs as root (SB_TEST_NO_SKIP holds there)
+    s2 = Serve(args=["--pool-size", "2"])
+    try:
+        wait_pool_ready(s2, 2)
+        secret1 = "run-one-secret-" + "%032x" % int.from_bytes(os.urandom(16), "big")
+        secret2 = "run-two-secret-" + "%032x" % int.from_bytes(os.urandom(16), "big")
+        sleep = "export default async () => { await new Promise(r => setTimeout(r, %d)); return __secrets.K.length; }"
+        res = {}
+        t1 = threading.Thread(target=lambda: res.update(r1=s2.run({"source": sleep % 4000, "secrets": {"K": secret1}})))
+        t1.start()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and s2.metrics()["sb_serve_runs_in_flight"] < 1:
+            time.sleep(0.02)
+        t2 = threading.Thread(target=lambda: res.update(r2=s2.run({"source": sleep % 2500, "secrets": {"K": secret2}})))
+        t2.start()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and s2.metrics()["sb_serve_runs_in_flight"] < 2:
+            time.sleep(0.02)
+        time.sleep(0.3)
+        procs = {pid: argv for pid, (_, argv) in descendants(s2.proc.pid).items() if argv and argv[0] != b"/runtime/deno"}
+        holders1 = [pid for pid in procs if process_holds(pid, secret1.encode())]
+        holders2 = [pid for pid in procs if process_holds(pid, secret2.encode())]
+        check(len(procs) >= 4, "the launcher, two runs' processes and the refilled pool", procs)
+        check(len(holders1) == 1 and len(holders2) == 1 and holders1 != holders2,
+              "each secret is in exactly one process below the service: its own run's", holders1, holders2)
+        t1.join(30)
+        t2.join(30)
+        check(res["r1"][1]["output"] == len(secret1) and res["r2"][1]["output"] == len(secret2), "both runs ran", res)
+    finally:
+        s2.stop()
+
+
+def t_pool_usage():
+    e = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_")}
+    e["SANDBOX_HOST_ADMISSION_SECRET"] = SECRET
+    for flags, needle in ((["--pool-size", "65"], "--pool-size wants 0..64"),
+                          (["--pool-memory-mb", "8"], "--pool-memory-mb wants memoryMb values from 16 to 1024"),
+                          (["--pool-memory-mb", "128,128"], "--pool-memory-mb names a class twice"),
+                          (["--pool-memory-mb", "128,"], "--pool-memory-mb wants memoryMb values from 16 to 1024"),
+                          (["--pool-memory-mb", "16,32,48,64,80,96,112,128,144"], "--pool-memory-mb takes at most 8 classes")):
+        p = subprocess.run([SHIM, "serve", "--deno", DENO] + flags, env=e, capture_output=True, text=True, timeout=60)
+        check(p.returncode == 2 and needle in p.stderr, "usage: " + needle, p.returncode, p.stderr)
 
 
 tap.case("GET /health: the real Deno version", t_health)
@@ -1037,12 +1296,20 @@ tap.case("--max-runs: 503 beyond it, no queue", t_capacity)
 tap.case("metrics behind the admission secret", t_metrics)
 tap.case("one JSON log line per run, nothing private", t_log_lines)
 tap.case("start-up refusals", t_startup_refusals)
+tap.case("pool: hits per memory class, cold starts, refill", t_pool_hits_and_classes)
+tap.case("pool: more runs than guests start cold (misses)", t_pool_miss)
+tap.case("pool: no state crosses runs", t_pool_no_state_crosses_runs)
+tap.case("pool: the timeout starts at the hand-over", t_pool_timeout_from_handover)
+tap.case("pool: a pooled guest that dies is replaced and counted", t_pool_guest_dies)
+tap.case("pool: a drain kills the pooled guests", t_pool_drain_kills_pooled)
+tap.case("launcher: a run's processes hold no other run's data", t_clean_launcher)
+tap.case("pool: usage errors", t_pool_usage)
 tap.case("PORT and --admission-secret-file", t_port_env_and_file_secret)
 tap.case("SIGTERM drains the runs in flight", t_drain_on_sigterm)
 tap.case("jail: serve's guests are jailed, seen from outside; --jail=off is logged and runs them unjailed", t_jailed)
 tap.case("jail: serve refuses to start on a kernel refusing it; --jail=off serves there", t_jail_fail_closed)
 tap.case("jail: a guest the jail refuses fails its run and is counted in /metrics", t_jail_failure_counted)
-tap.case("a cancelled run's process removes its guest's work directory", t_cancel_cleans_up)
+tap.case("a cancelled or killed run's process: no guest, nothing on the host", t_cancel_cleans_up)
 tap.case("the systemd unit: serve under the unit's sandbox jails its guests", t_systemd_unit)
 rc = S.stop()
 check(rc == 0, "serve exits 0")

@@ -589,25 +589,25 @@ static void test_fetch_rules(void)
     expect(m, "http.fetch", "{\"url\": \"https://api.test/repos/acme/../other\"}",
            FORBIDDEN("http.fetch path is not allowed for host \"api.test:443\" (net paths rule)"));
     /* encodings a server may decode before routing are refused whatever the glob says */
-    expect(
-        m, "http.fetch", "{\"url\": \"https://api.test/repos/acme/..%2Fother\"}",
-        FORBIDDEN("http.fetch path for host \"api.test:443\" has an encoded '/', '\\', '.' or '%', a ';', or a dot segment (net paths rule)"));
-    expect(
-        m, "http.fetch", "{\"url\": \"https://api.test/repos/acme/%2e%2e/x\"}",
-        FORBIDDEN("http.fetch path for host \"api.test:443\" has an encoded '/', '\\', '.' or '%', a ';', or a dot segment (net paths rule)"));
-    expect(
-        m, "http.fetch", "{\"url\": \"https://api.test/repos/acme/a%5cb\"}",
-        FORBIDDEN("http.fetch path for host \"api.test:443\" has an encoded '/', '\\', '.' or '%', a ';', or a dot segment (net paths rule)"));
-    expect(
-        m, "http.fetch", "{\"url\": \"https://api.test/repos/acme/a%2fb\"}",
-        FORBIDDEN("http.fetch path for host \"api.test:443\" has an encoded '/', '\\', '.' or '%', a ';', or a dot segment (net paths rule)"));
+    expect(m, "http.fetch", "{\"url\": \"https://api.test/repos/acme/..%2Fother\"}",
+           FORBIDDEN("http.fetch path for host \"api.test:443\" has an encoded '/', '\\', '.' or '%', a ';', or a dot segment (net "
+                     "paths rule)"));
+    expect(m, "http.fetch", "{\"url\": \"https://api.test/repos/acme/%2e%2e/x\"}",
+           FORBIDDEN("http.fetch path for host \"api.test:443\" has an encoded '/', '\\', '.' or '%', a ';', or a dot segment (net "
+                     "paths rule)"));
+    expect(m, "http.fetch", "{\"url\": \"https://api.test/repos/acme/a%5cb\"}",
+           FORBIDDEN("http.fetch path for host \"api.test:443\" has an encoded '/', '\\', '.' or '%', a ';', or a dot segment (net "
+                     "paths rule)"));
+    expect(m, "http.fetch", "{\"url\": \"https://api.test/repos/acme/a%2fb\"}",
+           FORBIDDEN("http.fetch path for host \"api.test:443\" has an encoded '/', '\\', '.' or '%', a ';', or a dot segment (net "
+                     "paths rule)"));
     /* path parameters (servlet containers strip them before resolving "..;") and an encoded '%' (decoded twice) */
-    expect(
-        m, "http.fetch", "{\"url\": \"https://api.test/repos/acme/..;/other\"}",
-        FORBIDDEN("http.fetch path for host \"api.test:443\" has an encoded '/', '\\', '.' or '%', a ';', or a dot segment (net paths rule)"));
-    expect(
-        m, "http.fetch", "{\"url\": \"https://api.test/repos/acme/%252e%252e/other\"}",
-        FORBIDDEN("http.fetch path for host \"api.test:443\" has an encoded '/', '\\', '.' or '%', a ';', or a dot segment (net paths rule)"));
+    expect(m, "http.fetch", "{\"url\": \"https://api.test/repos/acme/..;/other\"}",
+           FORBIDDEN("http.fetch path for host \"api.test:443\" has an encoded '/', '\\', '.' or '%', a ';', or a dot segment (net "
+                     "paths rule)"));
+    expect(m, "http.fetch", "{\"url\": \"https://api.test/repos/acme/%252e%252e/other\"}",
+           FORBIDDEN("http.fetch path for host \"api.test:443\" has an encoded '/', '\\', '.' or '%', a ';', or a dot segment (net "
+                     "paths rule)"));
     /* other percent-encodings are ordinary bytes */
     expect(m, "http.fetch", "{\"url\": \"https://api.test/repos/acme/a%20b\"}", OK_);
     /* entries for one host add up: PUT anywhere, or anything under /public/ */
@@ -719,6 +719,79 @@ static void test_reason_buffer(const sb_manifest_t *m)
     msgpack_zone_destroy(&zone);
 }
 
+/* decide rules: which granted calls need the decider (PROTOCOL.md section 5a); they never change the check */
+static int needs(const sb_manifest_t *m, const char *method, const char *args_json)
+{
+    sb_method_t meth;
+    sb_call_t call;
+    msgpack_zone zone;
+    int r;
+
+    if (sb_method_parse(method, strlen(method), &meth) != SB_OK)
+        return -1;
+    msgpack_zone_init(&zone, 1024);
+    (void)sb_call_decode(&call, &meth, method, strlen(method), args(args_json), 0, &zone);
+    r = sb_authz_needs_decision(m, &call);
+    msgpack_zone_destroy(&zone);
+    return r;
+}
+
+static void test_decide(void)
+{
+    sb_manifest_t *m =
+        manifest("{\"data\": {\"collections\": {\"posts\": [\"read\", \"delete\"]}, \"stores\": {\"notes\": [\"read\", "
+                 "\"write\"]}}, \"net\": [\"pay.test\", \"api.test\"], \"tools\": [\"*\"],"
+                 " \"decide\": {\"methods\": [\"collections.posts.delete\", \"store.*.create\", \"tools.call\"],"
+                 " \"fetch\": [{\"host\": \"pay.test\", \"methods\": [\"POST\"], \"paths\": [\"/v1/**\"]}]}}");
+    sb_manifest_t *plain = manifest("{\"data\": {\"collections\": {\"posts\": [\"read\", \"delete\"]}}}");
+    sb_manifest_t *all_fetch = manifest("{\"net\": [\"api.test\"], \"decide\": {\"methods\": [\"http.fetch\"]}}");
+    sb_url_t u;
+    const char *why;
+
+    ok(sb_authz_has_decide(m) && !sb_authz_has_decide(plain) && !sb_authz_has_decide(NULL), "has_decide");
+    is_int(needs(m, "collections.posts.delete", "{\"where\": {\"id\": 1}}"), 1, "collections.posts.delete needs a decision");
+    is_int(needs(m, "collections.posts.find", "{}"), 0, "collections.posts.find does not");
+    is_int(needs(m, "collections.comments.delete", "{}"), 0, "another collection's delete does not");
+    is_int(needs(m, "store.notes.create", "{\"data\": {\"a\": 1}}"), 1, "store.*.create matches store.notes.create");
+    is_int(needs(m, "store.notes.update", "{\"data\": {\"a\": 1}}"), 0, "store.notes.update does not");
+    is_int(needs(m, "collections.document_store.create", "{\"store\": \"notes\", \"data\": {\"a\": 1}}"), 1,
+           "the document store's other name is held by the store.* rule");
+    is_int(needs(m, "tools.call", "{\"name\": \"x\"}"), 1, "tools.call");
+    is_int(needs(m, "tools.list", "{}"), 0, "tools.list does not");
+    is_int(needs(m, "http.fetch", "{\"url\": \"https://pay.test/v1/charges\", \"method\": \"POST\"}"), 1,
+           "POST to a decide.fetch path");
+    is_int(needs(m, "http.fetch", "{\"url\": \"https://pay.test/v1/charges\"}"), 0, "GET is not in the rule's methods");
+    is_int(needs(m, "http.fetch", "{\"url\": \"https://pay.test/v2/x\", \"method\": \"POST\"}"), 0, "a path outside the rule");
+    is_int(needs(m, "http.fetch", "{\"url\": \"https://pay.test/v1/%2e%2e/v2\", \"method\": \"POST\"}"), 1,
+           "an ambiguous path under a paths rule needs a decision");
+    is_int(needs(m, "http.fetch", "{\"url\": \"https://api.test/v1/x\", \"method\": \"POST\"}"), 0, "another host");
+    is_int(needs(plain, "collections.posts.delete", "{}"), 0, "no decide rules: nothing needs a decision");
+    {
+        sb_manifest_t *ds = manifest("{\"data\": {\"stores\": {\"notes\": [\"write\"]}},"
+                                     " \"decide\": {\"methods\": [\"collections.document_store.create\"]}}");
+        is_int(needs(ds, "store.notes.create", "{\"data\": {\"a\": 1}}"), 1,
+               "a collections.document_store rule holds the store.<ns> name too");
+        is_int(needs(ds, "store.notes.update", "{\"data\": {\"a\": 1}}"), 0, "another op is not held");
+        is_int(needs(ds, "tools.call", "{\"name\": \"x\"}"), 0, "a family no rule names");
+        sb_manifest_free(ds);
+    }
+    is_int(needs(all_fetch, "http.fetch", "{\"url\": \"https://api.test/\"}"), 1, "decide.methods http.fetch holds every fetch");
+    /* a rule never grants: the check still refuses what the manifest does not grant */
+    expect(m, "collections.drafts.delete", "{}", FORBIDDEN("collection \"drafts\" does not grant \"delete\""));
+    expect(m, "collections.posts.delete", "{}", OK_);
+    /* a redirect hop */
+    if (sb_url_parse("https://pay.test/v1/refunds", 27, &u, &why) == SB_OK) {
+        ok(sb_authz_fetch_needs_decision(m, &u, "POST"), "a redirect hop to a decide.fetch path");
+        ok(!sb_authz_fetch_needs_decision(m, &u, "GET"), "a GET hop is not held");
+        ok(!sb_authz_fetch_needs_decision(plain, &u, "POST"), "no rules: no hop is held");
+    } else {
+        ok(0, "test URL parses");
+    }
+    sb_manifest_free(m);
+    sb_manifest_free(plain);
+    sb_manifest_free(all_fetch);
+}
+
 int main(void)
 {
     sb_manifest_t *m = manifest(full_manifest);
@@ -739,6 +812,8 @@ int main(void)
                " \"stores\": {}}, \"services\": [], \"jobs\": [], \"workflows\": [], \"tools\": []}");
     free_args();
     test_omitted_axes();
+    free_args();
+    test_decide();
     free_args();
     return done_testing();
 }

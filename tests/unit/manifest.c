@@ -194,6 +194,38 @@ static const struct {
     {"{\"memoryMb\": 15}", "capabilities.memoryMb: must be an integer from 16 to 65536"},
     {"{\"memoryMb\": 65537}", "capabilities.memoryMb: must be an integer from 16 to 65536"},
     {"{\"memoryMb\": [256]}", "capabilities.memoryMb: must be an integer from 16 to 65536"},
+    /* decide: method patterns and fetch entries (the net grammar) */
+    {"{\"decide\": {}}", NULL},
+    {"{\"decide\": {\"methods\": [\"collections.posts.delete\", \"tools.call\", \"store.*.create\", \"collections.*.*\","
+     " \"services.*.*\", \"jobs.enqueue.*\", \"http.fetch\", \"files.*\", \"collections.document_store.delete\"]}}",
+     NULL},
+    {"{\"decide\": {\"fetch\": [\"pay.test\", {\"host\": \"*.stripe.test\", \"methods\": [\"POST\"], \"paths\": [\"/v1/**\"]}]}}",
+     NULL},
+    {"{\"decide\": []}", "capabilities.decide: must be an object"},
+    {"{\"decide\": {\"method\": []}}", "capabilities.decide.method: unknown key"},
+    {"{\"decide\": {\"methods\": \"tools.call\"}}", "capabilities.decide.methods: must be an array"},
+    {"{\"decide\": {\"methods\": [1]}}", "capabilities.decide.methods[0]: must be a string"},
+    {"{\"decide\": {\"methods\": [\"\"]}}",
+     "capabilities.decide.methods[0]: invalid method pattern: expected a method pattern of at most 256 bytes"},
+    {"{\"decide\": {\"methods\": [\"*.posts.delete\"]}}",
+     "capabilities.decide.methods[0]: invalid method pattern: the first segment names the method family"},
+    {"{\"decide\": {\"methods\": [\"collections.posts.remove\"]}}",
+     "capabilities.decide.methods[0]: invalid method pattern: matches no method"},
+    {"{\"decide\": {\"methods\": [\"colections.posts.delete\"]}}",
+     "capabilities.decide.methods[0]: invalid method pattern: matches no method"},
+    {"{\"decide\": {\"methods\": [\"collections.posts\"]}}",
+     "capabilities.decide.methods[0]: invalid method pattern: matches no method"},
+    {"{\"decide\": {\"methods\": [\"collections.posts.delete.x\"]}}",
+     "capabilities.decide.methods[0]: invalid method pattern: a method has at most 3 segments"},
+    {"{\"decide\": {\"methods\": [\"collections.po*.delete\"]}}",
+     "capabilities.decide.methods[0]: invalid method pattern: each segment is a name or \"*\""},
+    {"{\"decide\": {\"methods\": [\"collections..delete\"]}}",
+     "capabilities.decide.methods[0]: invalid method pattern: each segment is a name or \"*\""},
+    {"{\"decide\": {\"methods\": [\"jobs.*\"]}}",
+     "capabilities.decide.methods[0]: invalid method pattern: matches no method"},
+    {"{\"decide\": {\"fetch\": [\"a b\"]}}", "capabilities.decide.fetch[0]: whitespace or control character"},
+    {"{\"decide\": {\"fetch\": [{\"host\": \"a.test\", \"methods\": [\"post\"]}]}}",
+     "capabilities.decide.fetch[0].methods[0]: expected an uppercase HTTP method"},
 };
 
 static sb_status_t parse_text(const char *text, sb_manifest_t **m, char *err, size_t errsz)
@@ -383,19 +415,25 @@ static void test_to_json(void)
         {"{\"net\": [], \"files\": {\"read\": []}, \"data\": {\"collections\": {}}, \"tools\": []}", "{}"},
         {"{\"net\": [\"Example.COM:443\", \"*.Example.com\", \"*.x.org:8443\", \"[0:0::1]:8080\", \"::1\", \"example.com.\"]}",
          "{\"net\":[\"example.com:443\",\"*.example.com\",\"*.x.org:8443\",\"[::1]:8080\",\"[::1]\",\"example.com\"]}"},
-        {"{\"files\": {\"read\": [\"./a//b/**\"], \"write\": [\"out/*\"]}}", "{\"files\":{\"read\":[\"a/b/**\"],\"write\":[\"out/*\"]}}"},
+        {"{\"files\": {\"read\": [\"./a//b/**\"], \"write\": [\"out/*\"]}}",
+         "{\"files\":{\"read\":[\"a/b/**\"],\"write\":[\"out/*\"]}}"},
         {"{\"data\": {\"collections\": {\"posts\": [\"delete\", \"read\", \"read\"], \"empty\": []},"
          " \"globals\": {\"site\": [\"write\", \"read\"]}}}",
          "{\"data\":{\"collections\":{\"empty\":[],\"posts\":[\"read\",\"delete\"]},\"globals\":{\"site\":[\"read\",\"write\"]}}}"},
         {"{\"services\": [\"b\"], \"jobs\": [\"j\"], \"workflows\": [\"w\"], \"tools\": [\"gh.*\"], \"import\": [\"deno.land\"],"
          " \"timeoutMs\": 5000, \"memoryMb\": 64}",
-         "{\"import\":[\"deno.land\"],\"jobs\":[\"j\"],\"memoryMb\":64,\"services\":[\"b\"],\"timeoutMs\":5000,\"tools\":[\"gh.*\"],"
+         "{\"import\":[\"deno.land\"],\"jobs\":[\"j\"],\"memoryMb\":64,\"services\":[\"b\"],\"timeoutMs\":5000,\"tools\":[\"gh.*\"]"
+         ","
          "\"workflows\":[\"w\"]}"},
         /* an entry with rules keeps its object form; one without is a string */
         {"{\"net\": [{\"host\": \"API.test:8443\", \"paths\": [\"/a/**\"], \"methods\": [\"GET\", \"HEAD\"]},"
          " {\"host\": \"B.test\"}, {\"host\": \"[::1]\", \"paths\": [\"/x\"]}], \"secrets\": [\"gh\", \"a.b\"]}",
          "{\"net\":[{\"host\":\"api.test:8443\",\"methods\":[\"GET\",\"HEAD\"],\"paths\":[\"/a/**\"]},\"b.test\","
          "{\"host\":\"[::1]\",\"paths\":[\"/x\"]}],\"secrets\":[\"gh\",\"a.b\"]}"},
+        {"{\"decide\": {\"fetch\": [\"Pay.test\", {\"host\": \"api.test\", \"methods\": [\"POST\"]}], \"methods\": "
+         "[\"tools.call\"]}}",
+         "{\"decide\":{\"fetch\":[\"pay.test\",{\"host\":\"api.test\",\"methods\":[\"POST\"]}],\"methods\":[\"tools.call\"]}}"},
+        {"{\"decide\": {\"methods\": [], \"fetch\": []}}", "{}"},
     };
     size_t i;
 
@@ -440,7 +478,7 @@ static int url_allowed(const sb_manifest_t *m, const char *url)
 }
 
 #define TYPICAL                                                                                                                    \
-    "{\"data\": {\"collections\": {\"posts\": [\"read\", \"create\"], \"comments\": [\"read\"]}}, \"files\": {\"read\": "         \
+    "{\"data\": {\"collections\": {\"posts\": [\"read\", \"create\"], \"comments\": [\"read\"]}}, \"files\": {\"read\": "          \
     "[\"uploads/**\"]}, \"net\": [\"api.example.com:443\"], \"timeoutMs\": 60000}"
 
 static void test_intern_share(void)
@@ -455,12 +493,14 @@ static void test_intern_share(void)
                    "{\"collections\": {\"posts\": [\"read\", \"create\"], \"comments\": [\"read\"]}}}");
     ok(c == a, "  the same axes in another key order are the same object");
     /* verbs are a set: their order and repetition do not matter either */
-    d = must_parse("{\"data\": {\"collections\": {\"posts\": [\"create\", \"read\", \"read\"], \"comments\": [\"read\"]}}, \"files\": "
-                   "{\"read\": [\"uploads/**\"]}, \"net\": [\"api.example.com:443\"], \"timeoutMs\": 60000}");
+    d = must_parse(
+        "{\"data\": {\"collections\": {\"posts\": [\"create\", \"read\", \"read\"], \"comments\": [\"read\"]}}, \"files\": "
+        "{\"read\": [\"uploads/**\"]}, \"net\": [\"api.example.com:443\"], \"timeoutMs\": 60000}");
     ok(d == a, "  the same verbs in another order are the same object");
     /* a normalised glob is what is compared */
-    e = must_parse("{\"data\": {\"collections\": {\"posts\": [\"read\", \"create\"], \"comments\": [\"read\"]}}, \"files\": {\"read\": "
-                   "[\"./uploads//**\"]}, \"net\": [\"API.example.com:443\"], \"timeoutMs\": 60000}");
+    e = must_parse(
+        "{\"data\": {\"collections\": {\"posts\": [\"read\", \"create\"], \"comments\": [\"read\"]}}, \"files\": {\"read\": "
+        "[\"./uploads//**\"]}, \"net\": [\"API.example.com:443\"], \"timeoutMs\": 60000}");
     ok(e == a, "  globs and hosts are compared in their normalised form");
     is_int(sb_manifest_interned_count(), base + 1, "  still one interned manifest");
 
