@@ -58,6 +58,9 @@
 #define SB_MAX_METHOD_LEN 256u
 /* nesting of any decoded value (msgpack-c cannot go deeper) */
 #define SB_MAX_DEPTH 32u
+/* "and"/"or" levels of a collection's where (broker/call/where.h checks it; the decider's call
+ * description, broker/svc/decide, writes a where back within it) */
+#define SB_MAX_WHERE_DEPTH 8u
 /* nodes (scalars + containers) of any decoded request value */
 #define SB_MAX_NODES 100000u
 /* correlation ids: ^[\w-]{1,128}$ */
