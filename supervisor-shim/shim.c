@@ -563,6 +563,8 @@ int main(int argc, char **argv)
         sp.path = exe;
         sp.argv = o.cmd;
         sp.envp = env;
+        sp.root_system = 1; /* jailed: the host's /usr and the files named in the command, read-only */
+        sp.timeout_ms = (unsigned)cfg.timeout_ms;
         if (sb_shim_child_spawn(&sp, &child, err, sizeof(err)) != SB_OK) {
             rc = fail_usage("%s", err);
             goto Exit;

@@ -69,53 +69,10 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
     return 0;
 }
 
-static _Thread_local int unreadable_seen;
-
-/* a directory of the guest's becomes ours again, 0700, so that it can be emptied without CAP_DAC_OVERRIDE */
-static int take_back(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+/* Removes the --jail=off work directory, which only this process and its unjailed guest wrote. */
+static void remove_workdir(const char *workdir)
 {
-    (void)ftw;
-    if (flag != FTW_D && flag != FTW_DNR)
-        return 0;
-    if (sb->st_uid != geteuid() || sb->st_gid != getegid())
-        (void)lchown(path, geteuid(), getegid());
-    if ((sb->st_mode & 07777) != 0700)
-        (void)chmod(path, 0700); /* FTW_PHYS: a directory, not a link to one; its guest is gone */
-    if (flag == FTW_DNR)
-        unreadable_seen = 1;
-    return 0;
-}
-
-/*
- * Removes the work directory. Called once the guest and everything it started are gone and before
- * the jail gives its uid back (sb_shim_child_close), so no process of that uid can change the tree
- * under us. The directories the guest made are taken back first, a level deeper on each pass for
- * those it had made unreadable.
- */
-static void remove_workdir(const char *workdir, const char *home)
-{
-    for (int pass = 0; pass < 16; ++pass) {
-        unreadable_seen = 0;
-        (void)nftw(home, take_back, 16, FTW_PHYS | FTW_MOUNT);
-        if (!unreadable_seen)
-            break;
-    }
     (void)nftw(workdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
-}
-
-/* 1 when a guest running as another uid can traverse `dir` and every directory above it */
-static int reachable(const char *dir)
-{
-    char walk[256];
-    struct stat st;
-
-    snprintf(walk, sizeof(walk), "%s", dir);
-    for (char *slash = walk + strlen(walk); slash > walk; slash = strrchr(walk, '/')) {
-        *slash = '\0';
-        if (stat(walk[0] != '\0' ? walk : "/", &st) != 0 || (st.st_mode & S_IXOTH) == 0)
-            return 0;
-    }
-    return 1;
 }
 
 sb_status_t sb_shim_deno_start(const sb_shim_deno_t *d, void *scrub, size_t scrub_len, sb_shim_guest_t *g, char *err, size_t errsz)
@@ -130,31 +87,29 @@ sb_status_t sb_shim_deno_start(const sb_shim_deno_t *d, void *scrub, size_t scru
 
     memset(g, 0, sizeof(*g));
     g->child.pid = -1;
-    if (base == NULL || base[0] != '/' || strlen(base) > 200)
-        base = "/tmp";
-    /* jailed, the guest runs as another uid: it must reach its home through every parent */
-    if (jailed && !reachable(base)) {
-        snprintf(err, errsz, "failed to create sandbox work root: the guest cannot reach %s (every parent needs o+x; set TMPDIR)",
-                 base);
-        return SB_E_EXECUTION;
-    }
-    snprintf(g->workdir, sizeof(g->workdir), "%s/sb-shim-XXXXXX", base);
-    if (mkdtemp(g->workdir) == NULL) {
-        g->workdir[0] = '\0';
-        snprintf(err, errsz, "failed to create sandbox work root");
-        return SB_E_EXECUTION;
-    }
     /*
-     * The directory stays ours: 0700, or only searchable (0711) when jailed; `home` inside it is
-     * the guest's HOME, DENO_DIR and TMPDIR, handed to the guest's uid when it is spawned
-     * (sb_shim_spawn_t.home). The runtime is on the command line, so nothing else is in it.
+     * Jailed, the guest's HOME, DENO_DIR and TMPDIR are in /work, the scratch tmpfs of its own root
+     * (jail/mounts.c), which goes with it: nothing is made on the host. Only --jail=off still needs a
+     * private directory on the host, 0700 and removed afterwards.
      */
-    snprintf(g->home, sizeof(g->home), "%s/home", g->workdir);
-    if (mkdir(g->home, 0700) != 0 || (jailed && chmod(g->workdir, 0711) != 0)) {
-        snprintf(err, errsz, "failed to create sandbox work root");
-        remove_workdir(g->workdir, g->home);
-        g->workdir[0] = '\0';
-        return SB_E_EXECUTION;
+    if (!jailed) {
+        if (base == NULL || base[0] != '/' || strlen(base) > 200)
+            base = "/tmp";
+        snprintf(g->workdir, sizeof(g->workdir), "%s/sb-shim-XXXXXX", base);
+        if (mkdtemp(g->workdir) == NULL) {
+            g->workdir[0] = '\0';
+            snprintf(err, errsz, "failed to create sandbox work root");
+            return SB_E_EXECUTION;
+        }
+        snprintf(g->home, sizeof(g->home), "%s/home", g->workdir);
+        if (mkdir(g->home, 0700) != 0) {
+            snprintf(err, errsz, "failed to create sandbox work root");
+            remove_workdir(g->workdir);
+            g->workdir[0] = '\0';
+            return SB_E_EXECUTION;
+        }
+    } else {
+        snprintf(g->home, sizeof(g->home), "/work");
     }
     /*
      * The heap cap, and no SharedArrayBuffer global in any context (the guest's, a node:vm
@@ -188,7 +143,7 @@ sb_status_t sb_shim_deno_start(const sb_shim_deno_t *d, void *scrub, size_t scru
     argv[a++] = (char *)d->runtime_url;
     argv[a] = NULL;
     snprintf(e_home, sizeof(e_home), "HOME=%s", g->home);
-    snprintf(e_denodir, sizeof(e_denodir), "DENO_DIR=%s/deno", g->home);
+    snprintf(e_denodir, sizeof(e_denodir), "DENO_DIR=%s/%s", g->home, jailed ? ".deno" : "deno");
     snprintf(e_tmp, sizeof(e_tmp), "TMPDIR=%s", g->home);
     envp[e++] = e_home;
     envp[e++] = e_denodir;
@@ -203,11 +158,14 @@ sb_status_t sb_shim_deno_start(const sb_shim_deno_t *d, void *scrub, size_t scru
     sp.path = d->exe;
     sp.argv = argv;
     sp.envp = envp;
-    sp.cwd = "/";
+    sp.cwd = jailed ? "/work" : "/"; /* Deno.cwd() reads /work either way (runtime.js), as upstream's guest */
     sp.nofile = SB_SHIM_GUEST_NOFILE;
     sp.jail = d->jail;
     sp.memory_mb = (unsigned)d->memory_mb;
-    sp.home = g->home;
+    sp.root_exe = "/runtime/deno"; /* argv[0], and what Deno.execPath() reads */
+    /* RLIMIT_CPU's base; a guest started before its run gets the longest, lowered at the hand-over */
+    sp.timeout_ms = d->timeout_ms;
+    sp.threads_only = 1; /* Deno runs with --deny-run: a process of its own would be a second RLIMIT_DATA */
     /* the child's copy of our memory is wiped of the token first (its own copy: ours stays) */
     sp.scrub = scrub;
     sp.scrub_len = scrub_len;
@@ -218,7 +176,8 @@ sb_status_t sb_shim_deno_start(const sb_shim_deno_t *d, void *scrub, size_t scru
             sb_shim_hook_jail_failure();
         snprintf(err, errsz, "failed to spawn sandbox subprocess: %s", why);
         g->child.pid = -1;
-        remove_workdir(g->workdir, g->home);
+        if (g->workdir[0] != '\0')
+            remove_workdir(g->workdir);
         g->workdir[0] = '\0';
         return SB_E_EXECUTION;
     }
@@ -228,8 +187,8 @@ sb_status_t sb_shim_deno_start(const sb_shim_deno_t *d, void *scrub, size_t scru
 
 /*
  * The guest and everything it started are gone (`reaped`: the relay reaped it), or are killed and
- * reaped now; then its directory goes, before the jail gives its uid and cgroup back
- * (sb_shim_child_close), so that no process of that uid can change the tree under us.
+ * reaped now; a jailed one took its PID and mount namespaces, and so its scratch, with it. Then the
+ * --jail=off directory goes, and the jail gives its uid and cgroup back (sb_shim_child_close).
  */
 static void guest_release(sb_shim_guest_t *g, int reaped)
 {
@@ -239,7 +198,7 @@ static void guest_release(sb_shim_guest_t *g, int reaped)
             ;
     }
     if (g->workdir[0] != '\0')
-        remove_workdir(g->workdir, g->home);
+        remove_workdir(g->workdir);
     g->workdir[0] = '\0';
     if (g->started)
         sb_shim_child_close(&g->child);
@@ -273,8 +232,11 @@ sb_status_t sb_shim_deno_run(const sb_shim_deno_t *d, const sb_shim_config_t *cf
     sb_shim_guest_t g;
     sb_status_t st;
 
+    sb_shim_deno_t dd = *d;
+
     *outcome = NULL;
-    if ((st = sb_shim_deno_start(d, (void *)cfg->token, sizeof(cfg->token), &g, err, errsz)) != SB_OK)
+    dd.timeout_ms = (unsigned)cfg->timeout_ms;
+    if ((st = sb_shim_deno_start(&dd, (void *)cfg->token, sizeof(cfg->token), &g, err, errsz)) != SB_OK)
         return st;
     if (on_spawned != NULL)
         on_spawned(arg, &g.child);

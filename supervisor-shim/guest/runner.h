@@ -24,6 +24,7 @@ typedef struct st_sb_shim_deno_t {
     const char *exe;         /* the Deno binary, found before (find_exe) */
     const char *runtime_url; /* sb_shim_runtime_url() */
     unsigned long memory_mb; /* V8 old-space cap; jailed, also the run's cgroup memory.max and RLIMIT_DATA */
+    unsigned timeout_ms;     /* jailed: the base of RLIMIT_CPU (jail.h); sb_shim_deno_run takes the run's */
     sb_shim_jail_t *jail;    /* sb_shim_jail_new(), made once at start-up; NULL or a jail that is off: none */
 } sb_shim_deno_t;
 
@@ -43,9 +44,9 @@ typedef struct st_sb_shim_guest_t {
 } sb_shim_guest_t;
 
 /**
- * Starts a guest: a fresh private work directory whose `home` (HOME, DENO_DIR,
- * TMPDIR) belongs to the guest's uid, `deno run` with no permissions inside
- * the jail (jail.h; `d->jail`). The runtime prepares itself (guest/runtime.js,
+ * Starts a guest: `deno run` with no permissions inside the jail (jail.h;
+ * `d->jail`), its HOME, DENO_DIR and TMPDIR in the scratch of its own root
+ * (with --jail=off: a fresh private directory under TMPDIR, removed after). The runtime prepares itself (guest/runtime.js,
  * prepare()) and waits for its init frame, so a guest may be started before
  * its run is known (serve's pool). The child wipes its copy of `scrub` (a run
  * token, or NULL) before anything else. A spawn that fails because the jail

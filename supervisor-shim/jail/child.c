@@ -25,8 +25,9 @@ typedef struct st_child_args_t {
     const sb_shim_spawn_t *sp;
     const sb_shim_jail_run_t *run; /* NULL: no jail */
     int in_r, out_w, err_w;
-    int errpipe; /* child -> parent: an sb_shim_jail_fail_t on failure; EOF on exec */
-    int sync;    /* jailed: socket to the parent; "r" when ready, then waits for "g" */
+    int errpipe;     /* child -> parent: an sb_shim_jail_fail_t on failure; EOF on exec */
+    int sync;        /* jailed: socket to the parent; "r" when ready, then waits for "g"; its hang-up means the parent died */
+    const char *exe; /* what to execve: sp->path, or its path inside the jailed guest's root */
     pid_t parent;
 } child_args_t;
 
@@ -67,7 +68,7 @@ static void child_exec(const child_args_t *a)
             _exit(127);
         if (read(a->sync, &c, 1) != 1 || c != 'g')
             _exit(127); /* the parent failed (and says why) or died */
-        close(a->sync);
+        /* a->sync stays open (close-on-exec): sb_shim_jail_enter checks its peer after the uid change */
         if (prctl(PR_SET_DUMPABLE, 0) != 0)
             child_fail(a, SB_SHIM_JAIL_STAGE_HANDSHAKE, errno);
     } else {
@@ -85,7 +86,7 @@ static void child_exec(const child_args_t *a)
 #endif
     {
         for (int fd = 3; fd < 65536; ++fd)
-            if (fd != a->errpipe)
+            if (fd != a->errpipe && fd != a->sync)
                 (void)close(fd);
     }
     /* an ignored SIGPIPE survives exec; the guest gets the default dispositions and an empty mask */
@@ -94,13 +95,16 @@ static void child_exec(const child_args_t *a)
             (void)signal(s, SIG_DFL);
     sigemptyset(&all);
     (void)sigprocmask(SIG_SETMASK, &all, NULL);
-    if (sp->cwd != NULL && chdir(sp->cwd) != 0)
-        child_fail(a, SB_SHIM_JAIL_STAGE_SETUP, errno);
     if (a->run != NULL) {
         sb_shim_jail_fail_t f;
+        /* the cwd is taken inside the guest's own root, once it is there */
         if (sb_shim_jail_enter(sp->jail, a->run, sp->nofile, &f) != 0)
             child_fail(a, f.stage, f.err);
+        if (chdir(sp->cwd != NULL ? sp->cwd : "/work") != 0)
+            child_fail(a, SB_SHIM_JAIL_STAGE_CWD, errno);
     } else {
+        if (sp->cwd != NULL && chdir(sp->cwd) != 0)
+            child_fail(a, SB_SHIM_JAIL_STAGE_SETUP, errno);
         rl.rlim_cur = rl.rlim_max = 0;
         if (setrlimit(RLIMIT_CORE, &rl) != 0)
             child_fail(a, SB_SHIM_JAIL_STAGE_SETUP, errno);
@@ -110,9 +114,9 @@ static void child_exec(const child_args_t *a)
                 child_fail(a, SB_SHIM_JAIL_STAGE_SETUP, errno);
         }
     }
-    if (sp->path == NULL)
+    if (a->exe == NULL)
         _exit(0); /* sb_shim_jail_probe: everything is in place */
-    execve(sp->path, sp->argv, sp->envp);
+    execve(a->exe, sp->argv, sp->envp);
     child_fail(a, 0, errno);
 }
 
@@ -131,7 +135,7 @@ static int read_fail(int fd, sb_shim_jail_fail_t *f)
  * namespace), then, once the child has said it is ready, write its id maps and cgroup from here,
  * where we hold the privilege, and let it go on.
  */
-static pid_t clone_jailed(child_args_t *a, sb_shim_child_t *out, char *err, size_t errsz)
+static pid_t clone_jailed(child_args_t *a, sb_shim_child_t *out, int *keep, char *err, size_t errsz)
 {
     int sv[2] = {-1, -1};
     pid_t pid;
@@ -143,13 +147,15 @@ static pid_t clone_jailed(child_args_t *a, sb_shim_child_t *out, char *err, size
         return -1;
     }
     a->sync = sv[1];
+    out->jail_run.parent_fd = sv[1]; /* the child's copy of the run names it */
     pid = (pid_t)syscall(SYS_clone, sb_shim_jail_clone_flags() | SIGCHLD, NULL, NULL, NULL, NULL);
     if (pid == 0)
         child_exec(a);
+    out->jail_run.parent_fd = -1;
     close(sv[1]);
     if (pid < 0) {
         snprintf(err, errsz,
-                 "jail: the kernel refused new user, pid, network, ipc and uts namespaces (clone: %s); refusing to "
+                 "jail: the kernel refused new user, mount, pid, network, ipc and uts namespaces (clone: %s); refusing to "
                  "start the guest (--jail=off runs it without the jail)",
                  strerror(errno));
         close(sv[0]);
@@ -168,7 +174,7 @@ static pid_t clone_jailed(child_args_t *a, sb_shim_child_t *out, char *err, size
         snprintf(err, errsz, "jail: the guest died while starting");
         goto Kill;
     }
-    close(sv[0]);
+    *keep = sv[0]; /* open until the guest has exec'd: it checks we are alive after its uid change */
     return pid;
 Kill:
     close(sv[0]);
@@ -179,8 +185,8 @@ Kill:
 
 sb_status_t sb_shim_child_spawn(const sb_shim_spawn_t *sp, sb_shim_child_t *out, char *err, size_t errsz)
 {
-    int in_p[2] = {-1, -1}, out_p[2] = {-1, -1}, err_p[2] = {-1, -1}, ep[2] = {-1, -1};
-    int jailed = sb_shim_jail_enabled(sp->jail);
+    int in_p[2] = {-1, -1}, out_p[2] = {-1, -1}, err_p[2] = {-1, -1}, ep[2] = {-1, -1}, keep = -1;
+    int jailed = sb_shim_jail_enabled(sp->jail), failed;
     child_args_t a;
     sb_shim_jail_fail_t f;
     sb_status_t st = SB_E_EXECUTION;
@@ -192,8 +198,28 @@ sb_status_t sb_shim_child_spawn(const sb_shim_spawn_t *sp, sb_shim_child_t *out,
     out->jail_run.lock_fd = out->jail_run.cgroup_fd = -1;
     if (jailed) {
         out->jail = sp->jail;
+        sb_shim_jail_fs_spec_t fsp;
+        if (sb_shim_jail_prepare(sp->jail, sp->threads_only, err, errsz) != 0)
+            goto Exit;
         if (sb_shim_jail_begin(sp->jail, sp->memory_mb, sp->home, &out->jail_run, err, errsz) != SB_OK)
             goto Exit;
+        memset(&fsp, 0, sizeof(fsp));
+        /* the probe (no path) binds /bin/sh and its libraries as a guest's executable would be, so
+         * that every step of a real guest's root is tried at start-up (a system binary: the shim's
+         * own may sit where no guest uid reaches); it exits before it would exec */
+        fsp.exe = sp->path != NULL ? sp->path : access("/bin/sh", X_OK) == 0 ? "/bin/sh" : NULL;
+        fsp.exe_in_root = sp->root_exe;
+        fsp.argv = sp->argv;
+        fsp.system = sp->root_system;
+        fsp.scratch_bytes = sb_shim_jail_scratch_bytes(sp->jail);
+        fsp.scratch_inodes = SB_SHIM_JAIL_SCRATCH_INODES;
+        if ((out->jail_run.fs = sb_shim_jail_plan_fs(&fsp, err, errsz)) == NULL) {
+            if (strncmp(err, "jail: ", 6) == 0)
+                sb_shim_jail_count_failure();
+            goto Exit;
+        }
+        out->jail_run.cpu_limit = sb_shim_jail_cpu_limit(sp->timeout_ms);
+        out->jail_run.threads_only = sp->threads_only;
     }
     if (pipe2(in_p, O_CLOEXEC) != 0 || pipe2(out_p, O_CLOEXEC) != 0 || pipe2(err_p, O_CLOEXEC) != 0 || pipe2(ep, O_CLOEXEC) != 0) {
         snprintf(err, errsz, "pipe: %s", strerror(errno));
@@ -208,8 +234,9 @@ sb_status_t sb_shim_child_spawn(const sb_shim_spawn_t *sp, sb_shim_child_t *out,
     a.errpipe = ep[1];
     a.sync = -1;
     a.parent = getpid();
+    a.exe = jailed && sp->path != NULL ? sb_shim_jail_fs_exe(out->jail_run.fs) : sp->path;
     if (jailed) {
-        if ((pid = clone_jailed(&a, out, err, errsz)) < 0) {
+        if ((pid = clone_jailed(&a, out, &keep, err, errsz)) < 0) {
             sb_shim_jail_count_failure();
             goto Exit;
         }
@@ -224,9 +251,13 @@ sb_status_t sb_shim_child_spawn(const sb_shim_spawn_t *sp, sb_shim_child_t *out,
     }
     close(ep[1]);
     ep[1] = -1;
-    if (read_fail(ep[0], &f) != 0) {
+    failed = read_fail(ep[0], &f) != 0;
+    if (keep >= 0)
+        close(keep);
+    keep = -1;
+    if (failed) {
         if (f.stage == 0) {
-            snprintf(err, errsz, "cannot execute %s: %s", sp->path, strerror(f.err));
+            snprintf(err, errsz, "cannot execute %s: %s", sp->path != NULL ? sp->path : "/bin/sh", strerror(f.err));
         } else if (jailed && f.stage != SB_SHIM_JAIL_STAGE_SETUP) {
             snprintf(err, errsz,
                      "jail: the kernel refused %s (%s); refusing to start the guest (--jail=off runs it without "
@@ -269,6 +300,8 @@ Exit:
         if (ep[i] >= 0)
             close(ep[i]);
     }
+    if (keep >= 0)
+        close(keep);
     if (st != SB_OK && out->jail_run.active)
         sb_shim_jail_end(out->jail, &out->jail_run);
     return st;

@@ -24,11 +24,16 @@ typedef struct st_sb_shim_spawn_t {
     const char *path;     /* executable (absolute or relative to the shim's cwd) */
     char *const *argv;    /* NULL-terminated */
     char *const *envp;    /* NULL-terminated; the child's whole environment */
-    const char *cwd;      /* NULL keeps the shim's */
+    const char *cwd;      /* NULL keeps the shim's (jailed: /work, the guest's scratch) */
     unsigned nofile;      /* RLIMIT_NOFILE for the child; 0 keeps the shim's */
     sb_shim_jail_t *jail; /* sb_shim_jail_new(); NULL or a jail that is off: no jail */
     unsigned memory_mb;   /* jailed: the run's memory limit, for its cgroup's memory.max (0: the default) */
-    const char *home;     /* jailed: a directory the guest must own (its HOME); chowned to its uid; NULL: none */
+    const char
+        *home; /* jailed: a host directory to chown to the guest (unused by run and serve: HOME is in the guest's own root) */
+    const char *root_exe; /* jailed: where `path` appears in the guest's root (NULL: at its resolved host path) */
+    int root_system;      /* jailed: the guest's root also gets the host's /usr and argv's files, read-only (relay) */
+    int threads_only;     /* jailed: the guest may start threads but no process (Deno guests; jail.h) */
+    unsigned timeout_ms;  /* jailed: the run's wall clock, the base of RLIMIT_CPU (0: no RLIMIT_CPU) */
     void *scrub;          /* memory the child wipes first thing (the run token): NULL: none */
     size_t scrub_len;
 } sb_shim_spawn_t;

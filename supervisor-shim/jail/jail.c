@@ -14,9 +14,11 @@
  *    network namespace too. Unix sockets bound to paths are not: connect/bind are refused below.
  *  - IPC, UTS and cgroup namespaces: no System V IPC or POSIX message queues shared with the host,
  *    the hostname reads "sandbox", and /proc/self/cgroup does not show the host's cgroup paths.
- *  - seccomp: what a JavaScript runtime with no permissions never needs (the table below), refused
- *    with EPERM so Deno reports a clean error; foreign system call ABIs (i386 int 0x80, x32) kill
- *    the process, since a 64-bit runtime never uses them and they would bypass every rule.
+ *  - mount namespace: a root of its own (mounts.c).
+ *  - seccomp: an allow-list of what Deno and plain relay guests were measured to call (seccomp.c),
+ *    everything else refused with EPERM so Deno reports a clean error; foreign system call ABIs
+ *    (i386 int 0x80, x32) kill the process, since a 64-bit runtime never uses them and they would
+ *    bypass every rule.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -32,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
@@ -55,51 +58,7 @@
 
 /* the namespaces of every jailed guest, as clone(2) flags */
 /* (the cgroup namespace comes later, in sb_shim_jail_enter: once the guest is in its run's cgroup) */
-#define JAIL_NS_FLAGS ((unsigned long)(CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS))
-
-/*
- * Refused outright with EPERM. Grouped by what they would give a guest that got past Deno:
- *  - other processes' memory or state: ptrace, process_vm_*, process_madvise/mrelease, pidfd_getfd,
- *    kcmp, move_pages, migrate_pages;
- *  - kernel attack surface no runtime needs: bpf, perf_event_open, userfaultfd, io_uring_*, the key
- *    ring (keyctl, add_key, request_key), fanotify, open_by_handle_at/name_to_handle_at (file
- *    handles walk around directory permissions);
- *  - the filesystem layout and namespaces: mount, umount2, pivot_root, chroot and the new mount API,
- *    unshare, setns (clone with namespace flags is handled below);
- *  - the machine: kexec_*, *_module, reboot, swap, syslog, acct, quotas, clocks, hostname, port I/O;
- *  - leaving the process group the shim kills on every exit: setsid, setpgid;
- *  - reaching services through unix sockets bound to paths (the network namespace does not cover
- *    them): connect, bind, listen, accept(4), sendmsg/sendmmsg (their address cannot be inspected);
- *    sendto only without an address (below). socketpair(AF_UNIX) stays usable.
- */
-/* clang-format off */
-static const char *const deny_eperm[] = {
-    "ptrace", "process_vm_readv", "process_vm_writev", "process_madvise", "process_mrelease", "pidfd_getfd", "kcmp",
-    "move_pages", "migrate_pages", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter",
-    "io_uring_register", "keyctl", "add_key", "request_key", "fanotify_init", "open_by_handle_at", "name_to_handle_at",
-    "mount", "umount", "umount2", "pivot_root", "chroot", "move_mount", "open_tree", "fsopen", "fsconfig", "fsmount",
-    "fspick", "mount_setattr", "unshare", "setns", "kexec_load", "kexec_file_load", "init_module", "finit_module",
-    "delete_module", "create_module", "reboot", "swapon", "swapoff", "syslog", "acct", "quotactl", "quotactl_fd",
-    "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "sethostname", "setdomainname", "iopl", "ioperm",
-    "vhangup", "lookup_dcookie", "uselib", "nfsservctl", "setsid", "setpgid", "connect", "bind", "listen", "accept",
-    "accept4", "sendmsg", "sendmmsg",
-    /* multiplexed socket calls (i386 and others): their arguments are in memory, so no family check is possible */
-    "socketcall",
-};
-/* clang-format on */
-
-/* clone(2) flags that would make new namespaces (CLONE_NEWTIME shares bits with the exit signal in clone) */
-static const unsigned long clone_ns_flags[] = {CLONE_NEWUSER, CLONE_NEWNS,  CLONE_NEWPID,   CLONE_NEWNET,
-                                               CLONE_NEWIPC,  CLONE_NEWUTS, CLONE_NEWCGROUP};
-
-/*
- * System call numbers past the last one this filter was written against (cachestat, 451, is the
- * last the Debian 12 headers and libseccomp 2.5.4 know) answer ENOSYS, as an allow-list would:
- * new kernel interfaces are refused until they are reviewed, and C libraries fall back on ENOSYS.
- * From 424 on every architecture shares one numbering.
- */
-#define JAIL_FIRST_UNREVIEWED 452
-#define JAIL_LAST_UNREVIEWED 511
+#define JAIL_NS_FLAGS ((unsigned long)(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS))
 
 struct st_sb_shim_jail_t {
     int on;
@@ -111,9 +70,10 @@ struct st_sb_shim_jail_t {
     char *lock_file;
     int cgroup_dir; /* -1: none */
     char *cgroup_path;
-    struct sock_fprog prog;
+    struct sock_fprog prog;         /* relay guests: processes allowed */
+    struct sock_fprog prog_threads; /* Deno guests: threads only */
     unsigned rules;
-    char describe[640];
+    char describe[1536];
 };
 
 static atomic_uint_fast64_t jail_failures;
@@ -127,6 +87,20 @@ void sb_shim_jail_count_failure(void)
 uint64_t sb_shim_jail_failures(void)
 {
     return (uint64_t)atomic_load(&jail_failures);
+}
+
+unsigned long long sb_shim_jail_cpu_limit(unsigned timeout_ms)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+
+    if (timeout_ms == 0)
+        return 0;
+    return (unsigned long long)(cpus > 0 ? cpus : 1) * ((timeout_ms + 999ull) / 1000u) + SB_SHIM_JAIL_CPU_MARGIN_S;
+}
+
+unsigned long long sb_shim_jail_scratch_bytes(const sb_shim_jail_t *j)
+{
+    return j->fsize;
 }
 
 unsigned long sb_shim_jail_clone_flags(void)
@@ -220,126 +194,6 @@ int sb_shim_jail_config_option(sb_shim_jail_config_t *cfg, const char *name, con
         return 0;
     }
     return 1;
-}
-
-/* ---- the seccomp program ---- */
-
-static int add_rule(scmp_filter_ctx ctx, uint32_t action, int nr, unsigned count, const struct scmp_arg_cmp *cmp, char *err,
-                    size_t errsz, const char *what)
-{
-    int rc = seccomp_rule_add_array(ctx, action, nr, count, cmp);
-    if (rc != 0) {
-        snprintf(err, errsz, "jail: cannot build the seccomp filter (%s: %s)", what, strerror(-rc));
-        return -1;
-    }
-    return 0;
-}
-
-/*
- * Compiles the filter with libseccomp and exports it as raw BPF, so that the child only has to
- * hand it to the kernel: libseccomp allocates, which a child forked from a threaded process must
- * not do before exec.
- */
-static int build_filter(sb_shim_jail_t *j, char *err, size_t errsz)
-{
-    scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
-    const uint32_t eperm = SCMP_ACT_ERRNO(EPERM), enosys = SCMP_ACT_ERRNO(ENOSYS);
-    struct scmp_arg_cmp cmp;
-    struct stat st;
-    int fd = -1, ret = -1, rc;
-    ssize_t n;
-
-    if (ctx == NULL) {
-        snprintf(err, errsz, "jail: cannot build the seccomp filter (out of memory)");
-        return -1;
-    }
-    /* a kernel (or container) without seccomp filters: say so, rather than what libseccomp makes of it */
-    {
-        uint32_t act = SECCOMP_RET_KILL_PROCESS;
-        if (syscall(SYS_seccomp, SECCOMP_GET_ACTION_AVAIL, 0, &act) != 0) {
-            snprintf(err, errsz, "jail: the kernel refuses seccomp filters (seccomp: %s)", strerror(errno));
-            goto Exit;
-        }
-    }
-    /* foreign ABIs (i386 through int 0x80, x32 on x86_64) never reach the rules: they kill */
-    if ((rc = seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS)) != 0 ||
-        (rc = seccomp_attr_set(ctx, SCMP_FLTATR_CTL_NNP, 0)) != 0 ||
-        (rc = seccomp_attr_set(ctx, SCMP_FLTATR_CTL_OPTIMIZE, 2)) != 0) {
-        snprintf(err, errsz, "jail: cannot build the seccomp filter (attributes: %s)", strerror(-rc));
-        goto Exit;
-    }
-    for (size_t i = 0; i < sizeof(deny_eperm) / sizeof(deny_eperm[0]); ++i) {
-        int nr = seccomp_syscall_resolve_name(deny_eperm[i]);
-        if (nr == __NR_SCMP_ERROR || nr < 0)
-            continue; /* not a system call on this architecture */
-        if (add_rule(ctx, eperm, nr, 0, NULL, err, errsz, deny_eperm[i]) != 0)
-            goto Exit;
-        ++j->rules;
-    }
-    /* sockets: AF_UNIX only (the comparison is on the full register, so high bits cannot sneak past) */
-    cmp = SCMP_A0(SCMP_CMP_NE, AF_UNIX);
-    if (add_rule(ctx, eperm, SCMP_SYS(socket), 1, &cmp, err, errsz, "socket") != 0 ||
-        add_rule(ctx, eperm, SCMP_SYS(socketpair), 1, &cmp, err, errsz, "socketpair") != 0)
-        goto Exit;
-    /* a datagram with a destination address could reach a unix socket bound to a path */
-    cmp = SCMP_A4(SCMP_CMP_NE, 0);
-    if (add_rule(ctx, eperm, SCMP_SYS(sendto), 1, &cmp, err, errsz, "sendto") != 0)
-        goto Exit;
-    j->rules += 3;
-    /* clone with any namespace flag; clone3 keeps its flags in memory, so it answers ENOSYS and the
-     * C library falls back to clone, whose flags are in a register */
-    for (size_t i = 0; i < sizeof(clone_ns_flags) / sizeof(clone_ns_flags[0]); ++i) {
-        cmp = SCMP_A0(SCMP_CMP_MASKED_EQ, clone_ns_flags[i], clone_ns_flags[i]);
-        if (add_rule(ctx, eperm, SCMP_SYS(clone), 1, &cmp, err, errsz, "clone") != 0)
-            goto Exit;
-        ++j->rules;
-    }
-    if (add_rule(ctx, enosys, SCMP_SYS(clone3), 0, NULL, err, errsz, "clone3") != 0)
-        goto Exit;
-    ++j->rules;
-    /* typing into a terminal (TIOCSTI) or the console (TIOCLINUX); the command is 32 bits wide */
-    cmp = SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, TIOCSTI);
-    if (add_rule(ctx, eperm, SCMP_SYS(ioctl), 1, &cmp, err, errsz, "ioctl") != 0)
-        goto Exit;
-    cmp = SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, TIOCLINUX);
-    if (add_rule(ctx, eperm, SCMP_SYS(ioctl), 1, &cmp, err, errsz, "ioctl") != 0)
-        goto Exit;
-    j->rules += 2;
-    for (int nr = JAIL_FIRST_UNREVIEWED; nr <= JAIL_LAST_UNREVIEWED; ++nr) {
-        if (add_rule(ctx, enosys, nr, 0, NULL, err, errsz, "unreviewed system call") != 0)
-            goto Exit;
-        ++j->rules;
-    }
-
-    if ((fd = memfd_create("sb-shim-seccomp", MFD_CLOEXEC)) < 0) {
-        snprintf(err, errsz, "jail: cannot export the seccomp filter (memfd_create: %s)", strerror(errno));
-        goto Exit;
-    }
-    if ((rc = seccomp_export_bpf(ctx, fd)) != 0) {
-        snprintf(err, errsz, "jail: cannot export the seccomp filter (%s)", strerror(-rc));
-        goto Exit;
-    }
-    if (fstat(fd, &st) != 0 || st.st_size <= 0 || st.st_size % (off_t)sizeof(struct sock_filter) != 0 ||
-        st.st_size / (off_t)sizeof(struct sock_filter) > BPF_MAXINSNS) {
-        snprintf(err, errsz, "jail: the exported seccomp filter has an unexpected size");
-        goto Exit;
-    }
-    if ((j->prog.filter = sb_mem_try_alloc((size_t)st.st_size)) == NULL) {
-        snprintf(err, errsz, "jail: out of memory");
-        goto Exit;
-    }
-    n = pread(fd, j->prog.filter, (size_t)st.st_size, 0);
-    if (n != st.st_size) {
-        snprintf(err, errsz, "jail: cannot read back the seccomp filter");
-        goto Exit;
-    }
-    j->prog.len = (unsigned short)(st.st_size / (off_t)sizeof(struct sock_filter));
-    ret = 0;
-Exit:
-    if (fd >= 0)
-        close(fd);
-    seccomp_release(ctx);
-    return ret;
 }
 
 /* ---- start-up checks ---- */
@@ -512,11 +366,11 @@ sb_shim_jail_t *sb_shim_jail_new(const sb_shim_jail_config_t *cfg, char *err, si
     }
     if (cfg->cgroup != NULL && open_cgroup(j, cfg->cgroup, err, errsz) != 0)
         goto Fail;
-    if (build_filter(j, err, errsz) != 0)
+    if (sb_shim_jail_build_filter(&j->prog, &j->rules, 0, err, errsz) != 0)
         goto Fail;
 
     {
-        char ids[128], mem[256];
+        char ids[128], mem[512];
         if (j->privileged)
             snprintf(ids, sizeof(ids), "uid/gid %lu+slot (%u slots)", j->uid_base, j->slots);
         else
@@ -528,12 +382,18 @@ sb_shim_jail_t *sb_shim_jail_new(const sb_shim_jail_config_t *cfg, char *err, si
         else
             snprintf(mem, sizeof(mem),
                      "no cgroup v2 subtree (--jail-cgroup): memory is bounded only by the V8 heap cap and "
-                     "RLIMIT_DATA, processes by RLIMIT_NPROC");
+                     "RLIMIT_DATA (per process: a Deno guest is one process, its filter allows threads only; a relay "
+                     "guest may fork up to RLIMIT_NPROC processes, each with its own), and the scratch tmpfs by its "
+                     "size; shared anonymous memory, memfd and shm are refused; processes by RLIMIT_NPROC");
         snprintf(j->describe, sizeof(j->describe),
-                 "jail: on: user, pid, net (lo down), ipc, uts, cgroup namespaces; %s, no groups or capabilities; "
-                 "no_new_privs; seccomp (%u rules); rlimits nproc %u, fsize %llu MiB, data memory limit + %u MiB + "
+                 "jail: on: user, mount, pid, net (lo down), ipc, uts, cgroup namespaces; a tmpfs root of its own (the "
+                 "executable and its libraries read-only, /dev null zero random urandom, /proc/self/exe only, "
+                 "scratch /work %llu MiB / %u inodes; no host /tmp, /etc, /home, /sys); %s, no groups or capabilities; "
+                 "no_new_privs; seccomp allow-list (%u rules, everything else EPERM); rlimits nproc %u, fsize %llu MiB, data "
+                 "memory limit + %u MiB + "
                  "%u MiB per CPU, core 0; %s",
-                 ids, j->rules, j->nproc, j->fsize / (1024u * 1024u), SB_SHIM_JAIL_DATA_BASE_MB, SB_SHIM_JAIL_DATA_PER_CPU_MB, mem);
+                 j->fsize / (1024u * 1024u), SB_SHIM_JAIL_SCRATCH_INODES, ids, j->rules, j->nproc, j->fsize / (1024u * 1024u),
+                 SB_SHIM_JAIL_DATA_BASE_MB, SB_SHIM_JAIL_DATA_PER_CPU_MB, mem);
     }
     return j;
 Fail:
@@ -550,6 +410,7 @@ void sb_shim_jail_free(sb_shim_jail_t *j)
     sb_mem_free(j->cgroup_path);
     sb_mem_free(j->lock_file);
     sb_mem_free(j->prog.filter);
+    sb_mem_free(j->prog_threads.filter);
     sb_mem_free(j);
 }
 
@@ -569,6 +430,54 @@ const char *sb_shim_jail_describe(const sb_shim_jail_t *j)
 }
 
 /* ---- per run ---- */
+
+/*
+ * 1 when a process runs as `uid` (any of its real, effective, saved or filesystem uids), or when that
+ * cannot be known. A lock is given back when the process holding it dies, which can be before its
+ * guest is gone (the guest dies of PR_SET_PDEATHSIG a moment later, or a guest of an older shim
+ * outlived it): the slot is taken only once nothing runs as its uid any more.
+ */
+static int uid_in_use(uid_t uid)
+{
+    DIR *d = opendir("/proc");
+    struct dirent *de;
+    int used = 0;
+
+    if (d == NULL)
+        return 1;
+    while (!used && (de = readdir(d)) != NULL) {
+        char path[64], buf[2048];
+        const char *p;
+        int fd;
+        ssize_t n;
+        if (de->d_name[0] < '1' || de->d_name[0] > '9')
+            continue;
+        snprintf(path, sizeof(path), "/proc/%.20s/status", de->d_name);
+        if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+            continue; /* gone meanwhile */
+        n = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        if (n <= 0)
+            continue;
+        buf[n] = '\0';
+        /* the kernel escapes newlines in Name:, so "\nUid:" is its own line */
+        if ((p = strstr(buf, "\nUid:")) == NULL)
+            continue;
+        p += 5;
+        for (int k = 0; k < 4 && !used; ++k) {
+            unsigned long long v = 0;
+            while (*p == '\t' || *p == ' ')
+                ++p;
+            if (*p < '0' || *p > '9')
+                break;
+            while (*p >= '0' && *p <= '9')
+                v = v * 10 + (unsigned long long)(*p++ - '0');
+            used = v == (unsigned long long)uid;
+        }
+    }
+    closedir(d);
+    return used;
+}
 
 /* takes the byte at offset `uid` of the lock file; an open file description lock, so two runs of
  * one process conflict like two processes do, and the lock goes when the descriptor is closed */
@@ -592,6 +501,11 @@ static int take_uid(const sb_shim_jail_t *j, sb_shim_jail_run_t *run, char *err,
         fl.l_start = (off_t)uid;
         fl.l_len = 1;
         if (fcntl(fd, F_OFD_SETLK, &fl) == 0) {
+            if (uid_in_use((uid_t)uid)) {
+                fl.l_type = F_UNLCK;
+                (void)fcntl(fd, F_OFD_SETLK, &fl);
+                continue;
+            }
             run->uid = (uid_t)uid;
             run->gid = (gid_t)uid;
             run->lock_fd = fd;
@@ -668,7 +582,7 @@ sb_status_t sb_shim_jail_begin(sb_shim_jail_t *j, unsigned memory_mb, const char
                                size_t errsz)
 {
     memset(run, 0, sizeof(*run));
-    run->lock_fd = run->cgroup_fd = -1;
+    run->lock_fd = run->cgroup_fd = run->parent_fd = -1;
     if (!sb_shim_jail_enabled(j))
         return SB_OK;
     run->active = 1;
@@ -768,6 +682,30 @@ int sb_shim_jail_enter(const sb_shim_jail_t *j, const sb_shim_jail_run_t *run, u
     if (setresuid(run->uid, run->uid, run->uid) != 0)
         ENTER_FAIL(SB_SHIM_JAIL_STAGE_UID);
     /*
+     * The kernel clears PR_SET_PDEATHSIG on every credential change, so the one set before the uid
+     * switch is gone (as root the uid changed): set it again, then make sure the spawning process did
+     * not die before it was: its end of our socket would then be closed. From here on its death kills us.
+     */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
+        ENTER_FAIL(SB_SHIM_JAIL_STAGE_PDEATHSIG);
+    if (run->parent_fd >= 0) {
+        struct pollfd pfd;
+        pfd.fd = run->parent_fd;
+        pfd.events = POLLIN | POLLRDHUP;
+        pfd.revents = 0;
+        if (poll(&pfd, 1, 0) != 0) {
+            errno = ESRCH;
+            ENTER_FAIL(SB_SHIM_JAIL_STAGE_PDEATHSIG);
+        }
+    }
+    /* a root of its own (mounts.c), while we still hold CAP_SYS_ADMIN in our user namespace; as the
+     * guest's uid already, so nothing is bound that the guest could not read anyway */
+    if (run->fs != NULL) {
+        int stage = 0;
+        if (sb_shim_jail_mount(run->fs, &stage) != 0)
+            ENTER_FAIL(stage);
+    }
+    /*
      * The namespace's uid 0 is unmapped, so setresuid kept our capabilities (the kernel clears them
      * only on a change away from the namespace's root) and exec would drop them; drop them here
      * anyway, bounding and ambient sets included, and lock the securebits so nothing regains them.
@@ -800,6 +738,12 @@ int sb_shim_jail_enter(const sb_shim_jail_t *j, const sb_shim_jail_run_t *run, u
     rl.rlim_cur = rl.rlim_max = (rlim_t)run->data_limit;
     if (setrlimit(RLIMIT_DATA, &rl) != 0)
         ENTER_FAIL(SB_SHIM_JAIL_STAGE_RLIMIT);
+    /* soft = hard: at the limit the kernel sends SIGKILL, which a guest cannot block as it can SIGXCPU */
+    if (run->cpu_limit != 0) {
+        rl.rlim_cur = rl.rlim_max = (rlim_t)run->cpu_limit;
+        if (setrlimit(RLIMIT_CPU, &rl) != 0)
+            ENTER_FAIL(SB_SHIM_JAIL_STAGE_RLIMIT);
+    }
     if (nofile != 0) {
         rl.rlim_cur = rl.rlim_max = nofile;
         if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
@@ -808,8 +752,9 @@ int sb_shim_jail_enter(const sb_shim_jail_t *j, const sb_shim_jail_run_t *run, u
 
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
         ENTER_FAIL(SB_SHIM_JAIL_STAGE_NO_NEW_PRIVS);
-    if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &j->prog) != 0) {
-        if (errno != ENOSYS || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &j->prog, 0, 0) != 0)
+    if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, run->threads_only ? &j->prog_threads : &j->prog) != 0) {
+        if (errno != ENOSYS ||
+            prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, run->threads_only ? &j->prog_threads : &j->prog, 0, 0) != 0)
             ENTER_FAIL(SB_SHIM_JAIL_STAGE_SECCOMP);
     }
     return 0;
@@ -817,6 +762,8 @@ int sb_shim_jail_enter(const sb_shim_jail_t *j, const sb_shim_jail_run_t *run, u
 
 void sb_shim_jail_end(sb_shim_jail_t *j, sb_shim_jail_run_t *run)
 {
+    sb_shim_jail_fs_free(run->fs);
+    run->fs = NULL;
     if (!run->active)
         return;
     if (run->cgroup_fd >= 0)
@@ -918,9 +865,38 @@ const char *sb_shim_jail_stage_name(int stage)
         return "setting no_new_privs";
     case SB_SHIM_JAIL_STAGE_SECCOMP:
         return "loading the seccomp filter";
+    case SB_SHIM_JAIL_STAGE_PROPAGATION:
+        return "making mount propagation private in the guest's mount namespace";
+    case SB_SHIM_JAIL_STAGE_ROOT:
+        return "mounting the guest's tmpfs root";
+    case SB_SHIM_JAIL_STAGE_BIND:
+        return "binding the guest's executable, libraries or devices read-only into its root";
+    case SB_SHIM_JAIL_STAGE_SCRATCH:
+        return "mounting the guest's scratch tmpfs";
+    case SB_SHIM_JAIL_STAGE_PIVOT:
+        return "pivot_root into the guest's root and detaching the old one";
+    case SB_SHIM_JAIL_STAGE_PDEATHSIG:
+        return "re-arming PR_SET_PDEATHSIG after the uid change (the shim is gone)";
+    case SB_SHIM_JAIL_STAGE_PROC:
+        return "making the guest's /proc (self/exe only)";
+    case SB_SHIM_JAIL_STAGE_CWD:
+        return "entering the guest's working directory";
     default:
         return "preparing the guest";
     }
+}
+
+int sb_shim_jail_prepare(sb_shim_jail_t *j, int threads_only, char *err, size_t errsz)
+{
+    unsigned rules = 0;
+
+    if (!sb_shim_jail_enabled(j) || !threads_only || j->prog_threads.filter != NULL)
+        return 0;
+    if (sb_shim_jail_build_filter(&j->prog_threads, &rules, 1, err, errsz) != 0) {
+        sb_shim_jail_count_failure();
+        return -1;
+    }
+    return 0;
 }
 
 sb_status_t sb_shim_jail_probe(sb_shim_jail_t *j, char *err, size_t errsz)
@@ -931,6 +907,9 @@ sb_status_t sb_shim_jail_probe(sb_shim_jail_t *j, char *err, size_t errsz)
 
     if (!sb_shim_jail_enabled(j))
         return SB_OK;
+    /* a service forks its runs from here on: both filters compiled once, before */
+    if (sb_shim_jail_prepare(j, 1, err, errsz) != 0)
+        return SB_E_EXECUTION;
     memset(&sp, 0, sizeof(sp));
     sp.path = NULL; /* exit right after the jail is in place */
     sp.jail = j;

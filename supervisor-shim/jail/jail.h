@@ -1,10 +1,12 @@
 /*
  * sandbox-shim: the kernel jail around every guest (README.md, "The jail").
  *
- * A guest starts, before exec, in new user, PID, network, IPC, UTS and cgroup
- * namespaces (no network interface up), as an unprivileged uid and gid of its
- * own with no supplementary groups and no capabilities, under
- * PR_SET_NO_NEW_PRIVS and a seccomp-bpf filter, with RLIMIT_NPROC,
+ * A guest starts, before exec, in new user, mount, PID, network, IPC, UTS and
+ * cgroup namespaces (no network interface up), in a root of its own (a tmpfs
+ * holding its executable and libraries read-only, four device nodes and a
+ * capped scratch: mounts.c), as an unprivileged uid and gid of its own with no
+ * supplementary groups and no capabilities, under PR_SET_NO_NEW_PRIVS and a
+ * seccomp-bpf allow-list (seccomp.c), with RLIMIT_CPU, RLIMIT_NPROC,
  * RLIMIT_FSIZE, RLIMIT_CORE and RLIMIT_NOFILE set, and, when a delegated
  * cgroup v2 directory is configured, in a cgroup of its own with memory.max
  * and pids.max. Anything the kernel refuses fails the spawn with a message:
@@ -12,8 +14,9 @@
  *
  * Split: sb_shim_jail_new() does everything that allocates or may block
  * (the seccomp program is compiled once with libseccomp and kept as raw BPF),
- * once at start-up. Per run, sb_shim_jail_begin() takes a guest uid and makes
- * the cgroup, sb_shim_jail_attach() (parent, after clone) writes the child's
+ * once at start-up. Per run, sb_shim_jail_begin() takes a guest uid (one no
+ * process runs as) and makes the cgroup, sb_shim_jail_plan_fs() works out the
+ * guest's root, sb_shim_jail_attach() (parent, after clone) writes the child's
  * uid/gid maps and moves it into the cgroup, sb_shim_jail_enter() (child,
  * before exec) drops everything using raw system calls only, and
  * sb_shim_jail_end() (after the guest was reaped) removes the cgroup and gives
@@ -34,7 +37,7 @@
 /* defaults (README.md, "The jail") */
 #define SB_SHIM_JAIL_UID_BASE 1879048192ul /* 0x70000000: above systemd's container ranges, below 2^31 */
 #define SB_SHIM_JAIL_SLOTS 1024u
-#define SB_SHIM_JAIL_NPROC 256u                    /* tasks per run: Deno alone runs about cores + 4 threads */
+#define SB_SHIM_JAIL_NPROC 128u                    /* tasks per run: Deno alone runs about cores + 4 threads */
 #define SB_SHIM_JAIL_FSIZE (64ull * 1024u * 1024u) /* largest file a guest may write (Deno's caches: < 1 MiB) */
 #define SB_SHIM_JAIL_LOCK_FILE "/run/sandbox-shim/uids.lock"
 /* cgroup memory.max = the run's memory limit plus this (Deno beyond its V8 old space; README.md) */
@@ -48,6 +51,9 @@
  */
 #define SB_SHIM_JAIL_DATA_BASE_MB 768u
 #define SB_SHIM_JAIL_DATA_PER_CPU_MB 16u
+/* RLIMIT_CPU = CPUs x the run's wall clock (rounded up to seconds) + this: every thread busy for the
+ * whole run still fits; a guest that outlives its run (or blocks SIGXCPU) cannot spin past it */
+#define SB_SHIM_JAIL_CPU_MARGIN_S 5u
 /* the memory limit of a run that names none (relay without --memory-mb) */
 #define SB_SHIM_JAIL_DEFAULT_MEMORY_MB 256u
 
@@ -63,6 +69,52 @@ typedef struct st_sb_shim_jail_config_t {
     const char *lock_file; /* root only: the byte-range lock file that hands out the guest uids */
 } sb_shim_jail_config_t;
 
+/* ---- the guest's filesystem (mounts.c) ---- */
+
+/* a scratch (/work: HOME, TMPDIR, DENO_DIR, the cwd) of a run: bytes and inodes */
+#define SB_SHIM_JAIL_SCRATCH_INODES 4096u
+
+/* one entry of the guest's root: a read-only bind of a host path, or a symlink */
+typedef struct st_sb_shim_jail_bind_t {
+    char *src; /* the host path (resolved); for a symlink, its target */
+    char *dst; /* the path inside the guest's root */
+    unsigned flags;
+} sb_shim_jail_bind_t;
+#define SB_SHIM_JAIL_BIND_DIR 1u     /* a directory (else a file) */
+#define SB_SHIM_JAIL_BIND_EXEC 2u    /* code: not noexec */
+#define SB_SHIM_JAIL_BIND_DEV 4u     /* a device node: not nodev */
+#define SB_SHIM_JAIL_BIND_SYMLINK 8u /* a symlink at the top of the root */
+#define SB_SHIM_JAIL_BIND_EXE 16u    /* the executable itself: a source the guest cannot reach is an exec failure */
+
+typedef struct st_sb_shim_jail_fs_t sb_shim_jail_fs_t;
+
+/* what goes into one guest's root */
+typedef struct st_sb_shim_jail_fs_spec_t {
+    const char *exe;         /* the executable on the host; NULL: none (the probe) */
+    const char *exe_in_root; /* where it appears in the root; NULL: at its resolved host path */
+    char *const *argv;       /* with `system`: regular files named by absolute paths here are bound read-only */
+    int system;              /* 1 (relay): the host's /usr read-only, /bin, /lib, /lib64, /sbin as the host has them */
+    unsigned long long scratch_bytes;
+    unsigned scratch_inodes;
+} sb_shim_jail_fs_spec_t;
+
+/**
+ * Works out a guest's root (mounts.c has the layout and why): the executable, its ELF interpreter and
+ * libraries (DT_NEEDED, recursively, in the loader's default directories), /dev, the scratch.
+ * Allocates; call before the child exists.
+ * @return a plan for sb_shim_jail_mount (free with sb_shim_jail_fs_free), or NULL with the reason in `err`
+ */
+sb_shim_jail_fs_t *sb_shim_jail_plan_fs(const sb_shim_jail_fs_spec_t *spec, char *err, size_t errsz);
+void sb_shim_jail_fs_free(sb_shim_jail_fs_t *fs);
+/** @return the executable's path inside the root, or NULL */
+const char *sb_shim_jail_fs_exe(const sb_shim_jail_fs_t *fs);
+/**
+ * Child side, with CAP_SYS_ADMIN in the guest's user namespace, inside its new mount namespace: builds
+ * the root and pivots into it. Async-signal-safe.
+ * @return 0, or -1 with errno and the failing SB_SHIM_JAIL_STAGE_* in `stage`
+ */
+int sb_shim_jail_mount(const sb_shim_jail_fs_t *fs, int *stage);
+
 /* one run's jail state; lives in sb_shim_child_t */
 typedef struct st_sb_shim_jail_run_t {
     int active; /* begin succeeded and end has not run */
@@ -71,6 +123,10 @@ typedef struct st_sb_shim_jail_run_t {
     int lock_fd;                   /* holds the byte lock on `uid` in the lock file; -1: none (not root) */
     int cgroup_fd;                 /* the run's cgroup directory; -1: none */
     unsigned long long data_limit; /* RLIMIT_DATA in bytes */
+    unsigned long long cpu_limit;  /* RLIMIT_CPU in seconds; 0: none */
+    sb_shim_jail_fs_t *fs;         /* the guest's root (sb_shim_jail_plan_fs); freed by sb_shim_jail_end */
+    int parent_fd;                 /* child side: a socket whose peer closes when the spawning process dies; -1: none */
+    int threads_only;              /* the filter that lets the guest start threads but no process */
     char cgroup_name[48];
 } sb_shim_jail_run_t;
 
@@ -127,6 +183,14 @@ const char *sb_shim_jail_describe(const sb_shim_jail_t *j);
 SB_WARN_UNUSED sb_status_t sb_shim_jail_probe(sb_shim_jail_t *j, char *err, size_t errsz);
 
 /**
+ * Compiles the threads-only filter of Deno guests if it is not yet (sb_shim_jail_new compiles the
+ * relay filter; sb_shim_jail_probe both, so a service that probes at start-up compiles nothing per
+ * run). Mutates the jail: call it from the thread that made it, before runs share it.
+ * @return 0, or -1 with the reason in `err`
+ */
+int sb_shim_jail_prepare(sb_shim_jail_t *j, int threads_only, char *err, size_t errsz);
+
+/**
  * For a process that closes every descriptor it inherited (serve's run processes): moves the one
  * descriptor the jail keeps open (its cgroup directory) to `fd`, close-on-exec, closing the old one.
  * `fd` is overwritten if open. Nothing to do when the jail holds none.
@@ -163,6 +227,29 @@ uint64_t sb_shim_jail_failures(void);
 #define SB_SHIM_JAIL_STAGE_SECCOMP 9
 #define SB_SHIM_JAIL_STAGE_SETUP 10 /* not a jail stage: dup2, chdir, ... */
 #define SB_SHIM_JAIL_STAGE_CGROUPNS 11
+#define SB_SHIM_JAIL_STAGE_PROPAGATION 12
+#define SB_SHIM_JAIL_STAGE_ROOT 13
+#define SB_SHIM_JAIL_STAGE_BIND 14
+#define SB_SHIM_JAIL_STAGE_SCRATCH 15
+#define SB_SHIM_JAIL_STAGE_PIVOT 16
+#define SB_SHIM_JAIL_STAGE_PDEATHSIG 17
+#define SB_SHIM_JAIL_STAGE_CWD 18
+#define SB_SHIM_JAIL_STAGE_PROC 19
+
+/** @return RLIMIT_CPU in seconds for a run of `timeout_ms` (0: none) */
+unsigned long long sb_shim_jail_cpu_limit(unsigned timeout_ms);
+
+/** @return the byte cap of a run's scratch tmpfs (--jail-fsize-mb) */
+unsigned long long sb_shim_jail_scratch_bytes(const sb_shim_jail_t *j);
+
+struct sock_fprog;
+/**
+ * Compiles the guest's seccomp allow-list (seccomp.c) with libseccomp and exports it as raw BPF into
+ * `prog` (its filter allocated with sb_mem), so that the child only has to hand it to the kernel.
+ * @param threads_only 1: clone only for threads (no fork, vfork or process clone), for Deno guests
+ * @return 0, or -1 with the reason in `err`
+ */
+int sb_shim_jail_build_filter(struct sock_fprog *prog, unsigned *rules, int threads_only, char *err, size_t errsz);
 
 /** @return the clone(2) namespace flags a jailed guest is started with (the cgroup namespace follows in enter) */
 unsigned long sb_shim_jail_clone_flags(void);

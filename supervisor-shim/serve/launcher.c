@@ -264,6 +264,7 @@ static __attribute__((noreturn)) void pooled_main(const sb_serve_conf_t *conf, p
         _exit(1);
 
     d.memory_mb = memory_mb;
+    d.timeout_ms = SB_SERVE_MAX_TIMEOUT_MS; /* its run is not known yet: the longest; lowered at the hand-over */
     if (sb_shim_deno_start(&d, NULL, 0, &g, err, sizeof(err)) != SB_OK)
         _exit(POOLED_SPAWN_FAILED); /* counted by the launcher; the service logs the count rising */
     if (write(SB_SERVE_CONTROL_FD, &ready, 1) != 1) {

@@ -40,6 +40,11 @@
 #define SB_SERVE_POOL_MAX_SIZE 64u
 /* the default: one class, upstream's default memoryMb, two guests warm */
 #define SB_SERVE_POOL_DEFAULT_SIZE 2u
+/*
+ * RLIMIT_CPU: a pooled guest starts with the longest run's (SB_SERVE_MAX_TIMEOUT_MS); its run lowers
+ * it to the run's own plus this, for the CPU its start used while it waited (about 0.1 s measured)
+ */
+#define SB_SERVE_POOL_START_CPU_S 2u
 
 typedef struct st_sb_serve_pool_conf_t {
     unsigned size;                                /* idle guests kept per class; 0: no pool (every run starts cold) */

@@ -17,12 +17,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 #include "sb/mem.h"
 #include "jail/hooks.h"
 #include "serve/serve_int.h"
+#include "serve/launcher.h"
 
 #define REPORT_FD SB_SERVE_REPORT_FD
 #define CANCEL_FD SB_SERVE_CANCEL_FD
@@ -122,6 +124,23 @@ static sb_serve_outcome_t classify(const json_t *answer, int denied)
     return denied ? SB_SERVE_OUT_CALL_DENIED : SB_SERVE_OUT_FAILED;
 }
 
+/*
+ * A pooled guest was started with the longest run's RLIMIT_CPU (it did not know its run): the
+ * hand-over lowers it to this run's, plus what its start may have used (SB_SERVE_POOL_START_CPU_S).
+ * Lowering a hard limit needs no privilege. Should the kernel refuse, the guest keeps the longest
+ * run's limit, which still bounds it, and the run's wall clock kills it first in any case.
+ */
+static void lower_cpu_limit(const sb_shim_guest_t *g, int64_t timeout_ms)
+{
+    unsigned long long lim = sb_shim_jail_cpu_limit((unsigned)timeout_ms);
+    struct rlimit rl;
+
+    if (lim == 0 || g->child.pid <= 0 || !sb_shim_jail_enabled(g->child.jail))
+        return;
+    rl.rlim_cur = rl.rlim_max = (rlim_t)(lim + SB_SERVE_POOL_START_CPU_S);
+    (void)prlimit(g->child.pid, RLIMIT_CPU, &rl, NULL);
+}
+
 static json_t *failure(const char *error)
 {
     return json_pack("{s:b, s:s, s:[]}", "ok", 0, "error", error, "logs");
@@ -202,9 +221,11 @@ __attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, sb_s
         sb_shim_deno_t d = conf->deno;
         sb_status_t st;
         d.memory_mb = job->memory_mb;
+        d.timeout_ms = (unsigned)job->timeout_ms;
         if (pre != NULL) {
             guest = pre;
             /* a pooled guest: started before this run, it has waited for its init frame since */
+            lower_cpu_limit(pre, job->timeout_ms);
             on_spawned(NULL, &pre->child);
             handover_ms = sb_serve_now_ms() - job->started_ms;
             st = sb_shim_deno_relay(pre, &cfg, (const uint8_t *)job->init.data, job->init.size, &outcome);

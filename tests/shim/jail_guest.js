@@ -1,6 +1,7 @@
 // A Deno guest for tests/shim/test_deno_e2e.py that speaks the stdio frames itself (behind
 // `sandbox-shim relay`), started with Deno permissions scoped to what the test owns, so that what
-// stops it is the kernel jail, not Deno. Args: TCP_PORT UNIX_PATH. Output: {probe: "what happened"}.
+// stops it is the kernel jail, not Deno. Args: TCP_PORT UNIX_PATH HOST_PID (a host process to aim
+// at: the jailed guest has no procfs to learn its shim's pid from). Output: {probe: "what happened"}.
 
 function packStr(s, out) {
   const b = new TextEncoder().encode(s);
@@ -43,14 +44,15 @@ const attempt = async (f) => {
   }
 };
 
-const [port, unixPath] = Deno.args;
+const [port, unixPath, shimPid] = Deno.args;
 const head = await readExact(4);
 await readExact(new DataView(head.buffer).getUint32(0)); // the init frame, unused
 
-// Deno refuses /proc/self without --allow-all; cat's status names our pid (PPid), ours the shim's
-const cat = async (path) => new TextDecoder().decode((await new Deno.Command("/bin/cat", { args: [path] }).output()).stdout);
-const ppid = (status) => /^PPid:\s+(\d+)/m.exec(status)[1];
-const shimPid = ppid(await cat(`/proc/${ppid(await cat("/proc/self/status"))}/status`));
+const run = async (cmd, args) => {
+  const r = await new Deno.Command(cmd, { args }).output();
+  const text = (b) => new TextDecoder().decode(b).trim();
+  return `exit ${r.code}: ${text(r.stdout)}${text(r.stderr)}`;
+};
 const out = {
   connect: await attempt(async () => (await Deno.connect({ hostname: "127.0.0.1", port: Number(port) })).close()),
   listen: await attempt(() => Deno.listen({ hostname: "127.0.0.1", port: 0 }).close()),
@@ -62,10 +64,8 @@ const out = {
   }),
   hostname: await attempt(() => Deno.hostname()),
   shimPid,
-  child: await attempt(async () => {
-    const t = await cat("/proc/self/status");
-    return ["Uid", "NoNewPrivs", "Seccomp"].map((k) => new RegExp(`^${k}:\\s+(\\S+)`, "m").exec(t)[1]).join(" ");
-  }),
+  // a subprocess runs as the guest's uid and under its filter (unshare: EPERM)
+  child: await attempt(async () => `${await run("/usr/bin/id", ["-u"])} | ${await run("/usr/bin/unshare", ["-n", "true"])}`),
 };
 const bytes = [];
 packMap({ t: "result", ok: true, logs: [], output: out }, bytes);

@@ -3,7 +3,11 @@
  * kernel directly for what the jail must refuse. Two modes:
  *
  *   jail_probe probe [--dir D] [--tcp-port P] [--unix-path S] [--only a,b,...] [--hold-ms N]
- *                    [--term-file F]   (catch SIGTERM: write "term" to F and exit)
+ *                    [--target-pid P]  (a host process to aim ptrace, kill and /proc reads at)
+ *                    [--host-file host:F] (a host file to try to open; given with a prefix, because
+ *                                      relay binds the absolute paths named in a command's arguments)
+ *                    [--marker M]      (names what the probe creates, and finds it on the host)
+ *                    [--term-comm]     (catch SIGTERM: rename the process "sb-term" and wait)
  *       Runs behind `sandbox-shim relay`: reads the init frame, tries every probe (or those named
  *       by --only), and sends one result frame whose output maps each probe to
  *       {ret, errno, detail}: `ret` is the system call's return value, `errno` its symbolic errno
@@ -15,11 +19,18 @@
  *       (seccomp(2) and prctl(PR_SET_SECCOMP): EINVAL), or only the loading of a filter (the
  *       refusal then comes from inside the starting guest), for the fail-closed tests.
  *
+ *   started by `sandbox-shim run --deno jail_probe` (argv[0] reads /runtime/deno): runs the probes
+ *       of a Deno guest's filter (fork_once, thread, mmap_shared, mmap_private, fs_view) and answers.
+ *
  * Built without sanitizers: it runs under the jail's filter, which refuses the ptrace that
  * LeakSanitizer needs at exit.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/capability.h>
+#include <sys/fsuid.h>
+#include <sys/resource.h>
 #include <linux/if.h>
 #include <linux/seccomp.h>
 #include <linux/sched.h>
@@ -30,6 +41,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <pthread.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/ptrace.h>
@@ -55,18 +68,15 @@ typedef struct st_result_t {
 } result_t;
 
 static result_t results[MAX_RESULTS];
-static const char *term_file;
 
-/* --term-file: a guest that catches SIGTERM says so in a file, then exits */
+/* --term-comm: a guest that catches SIGTERM says so in its process name (which the host sees in
+ * /proc/<pid>/comm: the jailed guest can write nowhere the host reads), then waits to be killed */
 static void on_term(int sig)
 {
-    int fd = open(term_file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     (void)sig;
-    if (fd >= 0) {
-        (void)!write(fd, "term", 4);
-        close(fd);
-    }
-    _exit(0);
+    (void)prctl(PR_SET_NAME, "sb-term", 0, 0, 0);
+    for (;;)
+        pause();
 }
 static size_t nresults;
 static const char *only;
@@ -136,6 +146,7 @@ static void status_field(const char *status, const char *key, char *out, size_t 
 }
 
 /* the shim: our parent, by its pid in the host's PID namespace (the one /proc is mounted for) */
+/* the parent's pid as /proc shows it (0 in a PID namespace of its own), or -1 without a procfs */
 static long shim_pid(void)
 {
     char st[4096], v[32];
@@ -143,6 +154,41 @@ static long shim_pid(void)
         return -1;
     status_field(st, "PPid", v, sizeof(v));
     return strtol(v, NULL, 10);
+}
+
+/* the credential part of /proc/self/status, from system calls (a jailed guest has no procfs) */
+static void creds(char *out, size_t outsz)
+{
+    uid_t ru, eu, su;
+    gid_t rg, eg, sgid, groups[64];
+    struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct data[2];
+    unsigned long long eff = 0, bnd = 0;
+    int ng = getgroups(64, groups);
+    size_t off;
+
+    (void)getresuid(&ru, &eu, &su);
+    (void)getresgid(&rg, &eg, &sgid);
+    memset(data, 0, sizeof(data));
+    if (syscall(SYS_capget, &hdr, data) == 0)
+        eff = (unsigned long long)data[1].effective << 32 | data[0].effective;
+    for (int c = 0; c < 64; ++c)
+        if (prctl(PR_CAPBSET_READ, c, 0, 0, 0) == 1)
+            bnd |= 1ull << c;
+    /* setfsuid(-1) answers the fs uid without changing it, where the filter lets it through ("-" if not) */
+    {
+        char fsu[16], fsg[16];
+        int fu = setfsuid((uid_t)-1), fg = setfsgid((gid_t)-1);
+        snprintf(fsu, sizeof(fsu), fu < 0 ? "-" : "%u", (unsigned)fu);
+        snprintf(fsg, sizeof(fsg), fg < 0 ? "-" : "%u", (unsigned)fg);
+        off = (size_t)snprintf(out, outsz, "NoNewPrivs=%d Seccomp=%d Uid=%u\t%u\t%u\t%s Gid=%u\t%u\t%u\t%s Groups=",
+                               prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0), prctl(PR_GET_SECCOMP, 0, 0, 0, 0), ru, eu, su, fsu, rg, eg,
+                               sgid, fsg);
+    }
+    for (int i = 0; i < ng && off < outsz; ++i)
+        off += (size_t)snprintf(out + off, outsz - off, "%u ", groups[i]);
+    if (off < outsz)
+        snprintf(out + off, outsz - off, " CapEff=%016llx CapBnd=%016llx", eff, bnd);
 }
 
 /* runs fn in a child and reports how the child ended */
@@ -195,7 +241,6 @@ static void probe_network(int tcp_port, const char *unix_path)
 {
     int fd;
     result_t *r;
-    char dev[4096];
 
     if (wanted("socket_inet")) {
         fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -256,36 +301,26 @@ static void probe_network(int tcp_port, const char *unix_path)
         }
     }
     if (wanted("interfaces")) {
-        /* /proc/self/net follows the reader's network namespace (sysfs would show the mounter's) */
-        ssize_t n = read_file("/proc/self/net/dev", dev, sizeof(dev));
-        r = add("interfaces", n < 0 ? -1 : 0, errno);
-        if (n >= 0) {
-            size_t off = 0;
-            const char *line = strchr(dev, '\n');
-            line = line != NULL ? strchr(line + 1, '\n') : NULL; /* skip the two header lines */
-            while (line != NULL && line[1] != '\0') {
-                const char *name = line + 1, *colon = strchr(name, ':');
-                struct ifreq ifr;
-                int s;
-                if (colon == NULL)
-                    break;
-                while (*name == ' ')
-                    ++name;
-                memset(&ifr, 0, sizeof(ifr));
-                snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "%.*s", (int)(colon - name), name);
-                /* interface flags through an AF_UNIX socket: the one family the filter allows */
-                s = socket(AF_UNIX, SOCK_DGRAM, 0);
-                if (s >= 0 && ioctl(s, SIOCGIFFLAGS, &ifr) == 0)
-                    off += (size_t)snprintf(r->detail + off, sizeof(r->detail) - off, "%s%s:%s", off ? " " : "", ifr.ifr_name,
-                                            (ifr.ifr_flags & IFF_UP) ? "up" : "down");
-                else
-                    off += (size_t)snprintf(r->detail + off, sizeof(r->detail) - off, "%s%s:?", off ? " " : "", ifr.ifr_name);
-                if (s >= 0)
-                    close(s);
-                if (off >= sizeof(r->detail))
-                    break;
-                line = strchr(name, '\n');
-            }
+        /* every interface of the reader's network namespace by index (a jailed guest has no procfs),
+         * names and flags through an AF_UNIX socket: the one family the filter allows */
+        int s = socket(AF_UNIX, SOCK_DGRAM, 0);
+        size_t off = 0;
+        r = add("interfaces", s, errno);
+        for (int idx = 1; s >= 0 && idx < 4096 && off < sizeof(r->detail); ++idx) {
+            struct ifreq ifr;
+            memset(&ifr, 0, sizeof(ifr));
+            ifr.ifr_ifindex = idx;
+            if (ioctl(s, SIOCGIFNAME, &ifr) != 0)
+                continue;
+            if (ioctl(s, SIOCGIFFLAGS, &ifr) == 0)
+                off += (size_t)snprintf(r->detail + off, sizeof(r->detail) - off, "%s%s:%s", off ? " " : "", ifr.ifr_name,
+                                        (ifr.ifr_flags & IFF_UP) ? "up" : "down");
+            else
+                off += (size_t)snprintf(r->detail + off, sizeof(r->detail) - off, "%s%s:?", off ? " " : "", ifr.ifr_name);
+        }
+        if (s >= 0) {
+            r->ret = 0;
+            close(s);
         }
     }
 }
@@ -383,25 +418,135 @@ static void probe_files(const char *dir)
     }
 }
 
+/* what a guest past its runtime sees of the filesystem, and where it can leave something */
+static void probe_view(const char *host_file, const char *marker)
+{
+    static const char *const dirs[] = {"/", "/tmp", "/proc", "/dev", "/etc", "/home", "/var", "/work"};
+    static const char *const targets[] = {"/",     "/tmp", "/var/tmp", "/dev/shm", "/dev", "/work",
+                                          "/proc", "/etc", "/home",    "/root",    "/usr", "/run"};
+    char buf[4096];
+    result_t *r;
+
+    if (wanted("fs_view")) {
+        size_t off = 0;
+        r = add("fs_view", 0, 0);
+        for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); ++i) {
+            DIR *d = opendir(dirs[i]);
+            struct dirent *de;
+            off += (size_t)snprintf(r->detail + off, sizeof(r->detail) - off, "%s%s=", i ? ";" : "", dirs[i]);
+            if (d == NULL) {
+                off += (size_t)snprintf(r->detail + off, sizeof(r->detail) - off, "!%s", strerrorname_np(errno));
+                continue;
+            }
+            while ((de = readdir(d)) != NULL && off < sizeof(r->detail))
+                if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0)
+                    off += (size_t)snprintf(r->detail + off, sizeof(r->detail) - off, "%s,", de->d_name);
+            closedir(d);
+        }
+    }
+    if (wanted("host_file") && host_file != NULL) {
+        const char *path = strncmp(host_file, "host:", 5) == 0 ? host_file + 5 : host_file;
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        r = add("host_file", fd, errno);
+        if (fd >= 0) {
+            ssize_t n = read(fd, r->detail, sizeof(r->detail) - 1);
+            r->detail[n > 0 ? n : 0] = '\0';
+            close(fd);
+        }
+    }
+    if (wanted("proc1_cmdline")) {
+        ssize_t n = read_file("/proc/1/cmdline", buf, sizeof(buf));
+        r = add("proc1_cmdline", n, errno);
+        for (ssize_t i = 0; i < n; ++i)
+            if (buf[i] == '\0')
+                buf[i] = ' ';
+        snprintf(r->detail, sizeof(r->detail), "%.1000s", n > 0 ? buf : "");
+    }
+    if (wanted("write_out") && marker != NULL) {
+        size_t off = 0;
+        long made = 0;
+        r = add("write_out", 0, 0);
+        for (size_t i = 0; i < sizeof(targets) / sizeof(targets[0]); ++i) {
+            char path[256];
+            int fd;
+            snprintf(path, sizeof(path), "%s/sb-probe-%s", strcmp(targets[i], "/") == 0 ? "" : targets[i], marker);
+            fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+            if (fd >= 0) {
+                (void)!write(fd, "x", 1);
+                close(fd);
+                ++made;
+                off += (size_t)snprintf(r->detail + off, sizeof(r->detail) - off, "%s ", targets[i]);
+            }
+        }
+        r->ret = made;
+    }
+    if (wanted("mqueue") && marker != NULL) {
+        char name[128];
+        snprintf(name, sizeof(name), "sb-probe-%s", marker);
+        r = TRY("mqueue", syscall(SYS_mq_open, name, O_CREAT | O_RDWR, 0600, NULL));
+    }
+    if (wanted("ptmx"))
+        TRY("ptmx", open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC));
+    if (wanted("memfd"))
+        TRY("memfd", syscall(SYS_memfd_create, "probe", 0));
+    if (wanted("shmget"))
+        TRY("shmget", syscall(SYS_shmget, 0 /* IPC_PRIVATE */, 4096, 01600 /* IPC_CREAT | 0600 */));
+}
+
+static void *thread_body(void *arg)
+{
+    return arg;
+}
+
+/* what the seccomp filter lets a guest start and map */
+static void probe_spawn(void)
+{
+    if (wanted("fork_once")) {
+        pid_t p = fork();
+        if (p == 0)
+            _exit(0);
+        add("fork_once", p, errno);
+        if (p > 0)
+            (void)waitpid(p, NULL, 0);
+    }
+    if (wanted("thread")) {
+        pthread_t t;
+        int rc = pthread_create(&t, NULL, thread_body, NULL);
+        add("thread", rc == 0 ? 0 : -1, rc);
+        if (rc == 0)
+            (void)pthread_join(t, NULL);
+    }
+    if (wanted("mmap_shared")) {
+        void *m = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        add("mmap_shared", m == MAP_FAILED ? -1 : 0, errno);
+    }
+    if (wanted("mmap_private")) {
+        void *m = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        add("mmap_private", m == MAP_FAILED ? -1 : 0, errno);
+    }
+}
+
 static void probe_kernel(void)
 {
-    char buf[8192], v[256];
+    char v[256];
     result_t *r;
 
     if (wanted("status")) {
-        r = TRY("status", read_file("/proc/self/status", buf, sizeof(buf)) < 0 ? -1 : 0);
-        if (r->ret == 0) {
-            char nnp[16], sc[16], uid[96], gid[96], groups[256], capeff[32], capbnd[32];
-            status_field(buf, "NoNewPrivs", nnp, sizeof(nnp));
-            status_field(buf, "Seccomp", sc, sizeof(sc));
-            status_field(buf, "Uid", uid, sizeof(uid));
-            status_field(buf, "Gid", gid, sizeof(gid));
-            status_field(buf, "Groups", groups, sizeof(groups));
-            status_field(buf, "CapEff", capeff, sizeof(capeff));
-            status_field(buf, "CapBnd", capbnd, sizeof(capbnd));
-            snprintf(r->detail, sizeof(r->detail), "NoNewPrivs=%s Seccomp=%s Uid=%s Gid=%s Groups=%s CapEff=%s CapBnd=%s", nnp, sc,
-                     uid, gid, groups, capeff, capbnd);
-        }
+        r = add("status", 0, 0);
+        creds(r->detail, sizeof(r->detail));
+    }
+    if (wanted("pdeathsig")) {
+        int sig = -1;
+        r = TRY("pdeathsig", prctl(PR_GET_PDEATHSIG, &sig, 0, 0, 0));
+        snprintf(r->detail, sizeof(r->detail), "%d", sig);
+    }
+    if (wanted("rlimit_cpu")) {
+        struct rlimit rl;
+        r = TRY("rlimit_cpu", getrlimit(RLIMIT_CPU, &rl));
+        if (rl.rlim_cur == RLIM_INFINITY)
+            snprintf(r->detail, sizeof(r->detail), "unlimited");
+        else
+            snprintf(r->detail, sizeof(r->detail), "%llu %llu", (unsigned long long)rl.rlim_cur, (unsigned long long)rl.rlim_max);
     }
     if (wanted("uid_map")) {
         r = TRY("uid_map", read_file("/proc/self/uid_map", v, sizeof(v)) < 0 ? -1 : 0);
@@ -585,19 +730,36 @@ static int deny(const char *mode, char **cmd)
 
 int main(int argc, char **argv)
 {
-    const char *dir = NULL, *unix_path = NULL;
+    const char *dir = NULL, *unix_path = NULL, *host_file = NULL, *marker = NULL;
+    int term_comm = 0;
+    long target = -2;
     int tcp_port = 0;
     unsigned bomb_cap = 4096, hold_ms = 0;
     long shim;
 
     if (argc >= 3 && strncmp(argv[1], "deny-", 5) == 0)
         return deny(argv[1], argv + 2);
+    if (strcmp(argv[0], "/runtime/deno") == 0) {
+        only = "fork_once,thread,mmap_shared,mmap_private,fs_view";
+        if (skip_init() != 0)
+            return 3;
+        probe_spawn();
+        probe_view(NULL, NULL);
+        return send_result() == 0 ? 0 : 4;
+    }
     if (argc < 2 || strcmp(argv[1], "probe") != 0) {
         fprintf(stderr, "usage: jail_probe probe [--dir D] [--tcp-port P] [--unix-path S] [--only a,b] [--hold-ms N] | "
                         "jail_probe deny-userns|deny-seccomp CMD ARGS...\n");
         return 2;
     }
-    for (int i = 2; i + 1 < argc; i += 2) {
+    for (int i = 2; i < argc; i += 2) {
+        if (strcmp(argv[i], "--term-comm") == 0) {
+            term_comm = 1;
+            --i;
+            continue;
+        }
+        if (i + 1 >= argc)
+            break;
         if (strcmp(argv[i], "--dir") == 0)
             dir = argv[i + 1];
         else if (strcmp(argv[i], "--tcp-port") == 0)
@@ -610,15 +772,21 @@ int main(int argc, char **argv)
             bomb_cap = (unsigned)strtoul(argv[i + 1], NULL, 10);
         else if (strcmp(argv[i], "--hold-ms") == 0)
             hold_ms = (unsigned)strtoul(argv[i + 1], NULL, 10);
-        else if (strcmp(argv[i], "--term-file") == 0)
-            term_file = argv[i + 1];
+        else if (strcmp(argv[i], "--target-pid") == 0)
+            target = strtol(argv[i + 1], NULL, 10);
+        else if (strcmp(argv[i], "--host-file") == 0)
+            host_file = argv[i + 1];
+        else if (strcmp(argv[i], "--marker") == 0)
+            marker = argv[i + 1];
     }
-    if (term_file != NULL)
+    if (term_comm)
         signal(SIGTERM, on_term);
     if (skip_init() != 0)
         return 3;
-    shim = shim_pid();
+    shim = target != -2 ? target : shim_pid();
     probe_kernel();
+    probe_view(host_file, marker);
+    probe_spawn();
     probe_network(tcp_port, unix_path);
     probe_files(dir);
     probe_processes(shim, bomb_cap);

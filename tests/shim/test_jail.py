@@ -28,6 +28,10 @@ X86_64 = platform.machine() == "x86_64"
 tap = Tap()
 TMP = tempfile.mkdtemp(prefix="sb-jail-test-")
 os.chmod(TMP, 0o755)
+HOST_FILE = os.path.join(TMP, "world-readable")  # what a guest past its runtime must not read
+with open(HOST_FILE, "w") as _f:
+    _f.write("host data")
+os.chmod(HOST_FILE, 0o644)
 
 
 def shim_relay(flags=(), probe_args=(), wrap=(), user=None, timeout=60):
@@ -106,10 +110,56 @@ def writable_dir():
 
 
 def guest_uid(res):
-    m = re.match(r"\s*(\d+)\s+(\d+)\s+1\s*$", res["uid_map"]["detail"])
-    check(m is not None, "a one-id uid map", res["uid_map"])
-    check(m.group(1) == m.group(2), "identity map (inside uid is the outside uid)", res["uid_map"])
-    return int(m.group(2))
+    """The guest's uid as it sees it (every one of real, effective, saved, fs); processes_of() finds
+    the same number outside, so the map is the identity."""
+    # (the fs uid reads "-" where the filter refuses setfsuid, the one call that tells it)
+    m = re.search(r"Uid=(\d+)\t(\d+)\t(\d+)\t(\d+|-) ", res["status"]["detail"])
+    check(m is not None and len(set(m.groups()) - {"-"}) == 1, "one uid", res["status"])
+    return int(m.group(1))
+
+
+def cmdline_of(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def pids_with(marker):
+    """Host pids of processes whose command line holds `marker` as an argument."""
+    m = marker.encode()
+    return [int(d) for d in os.listdir("/proc") if d.isdigit() and m in cmdline_of(int(d))]
+
+
+def own_view(d):
+    """What a relay guest may list in directory `d` of its root besides the root's own entries: the
+    way down to the probe binary, which relay binds at its own path (a checkout under /tmp shows
+    there)."""
+    parts = os.path.realpath(PROBE).strip("/").split("/")
+    dparts = [x for x in d.strip("/").split("/") if x]
+    return {parts[len(dparts)]} if parts[:len(dparts)] == dparts and len(parts) > len(dparts) else set()
+
+
+def listed(view, d):
+    """The entries of `d` in a fs_view detail, or "!ERRNO"."""
+    v = dict(part.split("=", 1) for part in view.split(";"))[d]
+    return v if v.startswith("!") else set(x for x in v.split(",") if x)
+
+
+def guest_pids(marker):
+    """The probe guests (not the shim) started with `marker`."""
+    return [p for p in pids_with(marker) if (cmdline_of(p) or [b""])[0].endswith(b"jail_probe")]
+
+
+def wait_for(fn, what, timeout=20):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = fn()
+        if v:
+            return v
+        time.sleep(0.02)
+    check(False, "waited for " + what)
 
 
 def processes_of(uid):
@@ -133,7 +183,9 @@ def t_refusals():
     d = writable_dir()
     try:
         res, err, shim_pid = probe(["--jail-nproc", "32", "--jail-fsize-mb", "1"],
-                                   ["--dir", d, "--tcp-port", str(ls.port), "--unix-path", ls.path])
+                                   ["--dir", "/work", "--tcp-port", str(ls.port), "--unix-path", ls.path,
+                                    "--target-pid", str(os.getpid())])
+        shim_pid = os.getpid()  # a host process: the guest cannot even learn the shim's pid
         tcp, unix = ls.counts()
     finally:
         ls.close()
@@ -152,14 +204,15 @@ def t_refusals():
     check(res["ptrace_traceme"]["detail"] == "exit 2", "PTRACE_TRACEME refused with EPERM (seccomp)", res["ptrace_traceme"])
     refused(res, "process_vm_readv", "EPERM")
     refused(res, "kill_shim", "ESRCH")  # outside its PID namespace
-    refused(res, "shim_environ", "EACCES")
+    refused(res, "shim_environ", "ENOENT")  # no procfs at all in the guest's root
     check(res["shim_environ"]["detail"] == "/proc/%d/environ" % shim_pid, "the shim's environ", res["shim_environ"])
     # resources: the fork bomb stops at RLIMIT_NPROC (32 tasks, the probe included), the write at RLIMIT_FSIZE
     refused(res, "fork_bomb", "EAGAIN")
     check(res["fork_bomb"]["detail"] == "31", "31 children + the probe = RLIMIT_NPROC 32", res["fork_bomb"])
-    refused(res, "write_1g", "EFBIG")
-    check(res["write_1g"]["detail"] == str(1024 * 1024), "1 MiB written, then EFBIG", res["write_1g"])
-    check(os.listdir(d) == [], "the probe removed its file", os.listdir(d))
+    # in its scratch (/work, a tmpfs of --jail-fsize-mb): RLIMIT_FSIZE or the scratch's size stops it
+    check(res["write_1g"]["ret"] == -1 and res["write_1g"]["errno"] in ("EFBIG", "ENOSPC")
+          and int(res["write_1g"]["detail"]) <= 1024 * 1024, "at most 1 MiB written, then EFBIG/ENOSPC", res["write_1g"])
+    check(os.listdir(d) == [], "nothing reached the host", os.listdir(d))
     # the kernel surface
     for name in ("mount", "unshare", "clone_newuser", "setsid", "bpf", "perf_event_open", "keyctl", "userfaultfd",
                  "io_uring_setup"):
@@ -176,22 +229,44 @@ def t_refusals():
           "no capabilities, no groups", st)
     uid = guest_uid(res)
     check(UID_BASE <= uid < UID_BASE + SLOTS and uid != 0, "an unprivileged uid from the guest range", uid)
-    check(("Uid=%d\t%d\t%d\t%d " % (uid, uid, uid, uid)) in st, "every uid is the guest's", st)
-    check(res["gid_map"]["detail"].split()[:2] == [str(uid), str(uid)], "gid = uid", res["gid_map"])
+    check(("Uid=%d\t%d\t%d\t- " % (uid, uid, uid)) in st, "every uid is the guest's (setfsuid refused)", st)
+    check(("Gid=%d\t%d\t%d\t- " % (uid, uid, uid)) in st, "gid = uid", st)
+    refused(res, "uid_map", "ENOENT")  # no procfs
     check(res["hostname"]["detail"] == "sandbox", "UTS namespace", res["hostname"])
-    ours = {n: os.readlink("/proc/self/ns/" + n) for n in ("user", "pid", "net", "ipc", "uts", "cgroup", "mnt")}
-    theirs = {x.split(":", 1)[0]: x for x in res["namespaces"]["detail"].split()}
-    for n in ("user", "pid", "net", "ipc", "uts", "cgroup"):
-        check(theirs[n].startswith(n + ":[") and theirs[n] != ours[n], "a %s namespace of its own" % n, theirs, ours)
-    check(theirs["mnt"] == ours["mnt"], "the host's mount namespace (README.md: the filesystem view)", theirs, ours)
     check(processes_of(uid) == [], "nothing of the run (the fork bomb) outlives it", processes_of(uid))
+
+
+def t_namespaces():
+    # seen from the host while the guest holds: every namespace is its own, the mount namespace too
+    marker = "ns-%d" % os.getpid()
+    out = {}
+
+    def run():
+        out["r"] = probe(probe_args=["--only", "status", "--hold-ms", "3000", "--marker", marker])
+    t = threading.Thread(target=run)
+    t.start()
+    pid = wait_for(lambda: guest_pids(marker), "the guest")[0]
+    theirs = {n: os.readlink("/proc/%d/ns/%s" % (pid, n)) for n in ("user", "pid", "net", "ipc", "uts", "cgroup", "mnt")}
+    with open("/proc/%d/uid_map" % pid) as f:
+        umap = f.read().split()
+    t.join()
+    ours = {n: os.readlink("/proc/self/ns/" + n) for n in theirs}
+    for n in theirs:
+        check(theirs[n] != ours[n], "a %s namespace of its own" % n, theirs, ours)
+    uid = guest_uid(out["r"][0])
+    check(umap == [str(uid), str(uid), "1"], "a one-id identity uid map", umap, uid)
 
 
 def t_off_contrast():
     ls = Listener()
     try:
-        only = "socket_inet,socket_unix,status,shim_environ,interfaces,ptrace_traceme,namespaces"
-        res, err, shim_pid = probe(["--jail=off"], ["--tcp-port", str(ls.port), "--unix-path", ls.path, "--only", only])
+        only = "socket_inet,socket_unix,status,shim_environ,interfaces,ptrace_traceme,namespaces,fs_view,host_file"
+        host = os.path.join(TMP, "host-file")
+        with open(host, "w") as f:
+            f.write("host data")
+        os.chmod(host, 0o644)
+        res, err, shim_pid = probe(["--jail=off"], ["--tcp-port", str(ls.port), "--unix-path", ls.path, "--only", only,
+                                                    "--target-pid", str(os.getpid()), "--host-file", "host:" + host])
         tcp, unix = ls.counts()
     finally:
         ls.close()
@@ -206,9 +281,12 @@ def t_off_contrast():
         check(res["shim_environ"]["ret"] > 0, "a root guest reads the shim's environ", res["shim_environ"])
     check(res["namespaces"]["detail"].split()[2] == os.readlink("/proc/self/ns/net"), "the host's network",
           res["namespaces"])
+    check(res["host_file"]["detail"] == "host data", "unjailed, the host file is read", res["host_file"])
+    check("/tmp=" in res["fs_view"]["detail"] and "/tmp=!" not in res["fs_view"]["detail"], "and the host's /tmp listed",
+          res["fs_view"])
 
 
-MSG_USERNS = ("sandbox-shim: jail: the kernel refused new user, pid, network, ipc and uts namespaces "
+MSG_USERNS = ("sandbox-shim: jail: the kernel refused new user, mount, pid, network, ipc and uts namespaces "
               "(clone: Operation not permitted); refusing to start the guest (--jail=off runs it without the jail)")
 
 
@@ -241,7 +319,7 @@ def t_distinct_uids():
     results = []
 
     def one():
-        results.append(probe(probe_args=["--only", "uid_map", "--hold-ms", "700"])[0])
+        results.append(probe(probe_args=["--only", "status", "--hold-ms", "700"])[0])
     ts = [threading.Thread(target=one) for _ in range(3)]
     for t in ts:
         t.start()
@@ -255,13 +333,13 @@ def t_slots_exhausted():
     # a uid range and lock file of its own, so that parallel tests cannot hold its one slot
     lock = os.path.join(TMP, "uids.lock")
     flags = ["--jail-uid-base", str(UID_BASE + 60000), "--jail-slots", "1", "--jail-lock-file", lock]
-    holder = threading.Thread(target=lambda: probe(flags, ["--only", "uid_map", "--hold-ms", "1500"]))
+    holder = threading.Thread(target=lambda: probe(flags, ["--only", "status", "--hold-ms", "1500"]))
     holder.start()
     time.sleep(0.5)
-    rc, o, out, err, _ = shim_relay(flags, ["--only", "uid_map"])
+    rc, o, out, err, _ = shim_relay(flags, ["--only", "status"])
     holder.join()
     check(rc == 2 and "jail: all 1 guest uids are in use (--jail-slots)" in err, "no uid left: refused", rc, err)
-    res, _, _ = probe(flags, ["--only", "uid_map"])
+    res, _, _ = probe(flags, ["--only", "status"])
     check(guest_uid(res) == UID_BASE + 60000, "the uid is handed out again once the run ended", res)
 
 
@@ -272,7 +350,8 @@ def t_nonroot_shim():
     results = []
 
     def one():
-        results.append(probe(["--jail-nproc", "8"], ["--only", "uid_map,status,socket_inet,interfaces,fork_bomb",
+        results.append(probe(["--jail-nproc", "8"], ["--only", "status,socket_inet,interfaces,fork_bomb,fs_view,host_file",
+                                                    "--host-file", "host:" + HOST_FILE,
                                                     "--hold-ms", "800"], user=nobody))
     ts = [threading.Thread(target=one) for _ in range(2)]
     for t in ts:
@@ -281,7 +360,10 @@ def t_nonroot_shim():
         t.join()
     for res, err, _ in results:
         check("shared by every guest (not root" in err, "the start-up line says the uid is shared", err)
-        check(guest_uid(res) == nobody, "the shim's own uid", res["uid_map"])
+        check(guest_uid(res) == nobody, "the shim's own uid", res["status"])
+        refused(res, "host_file", "ENOENT")
+        check(listed(res["fs_view"]["detail"], "/tmp") == (own_view("/tmp") or "!ENOENT"), "a root of its own",
+              res["fs_view"])
         check("Seccomp=2" in res["status"]["detail"] and "CapEff=0000000000000000" in res["status"]["detail"],
               "filter and no capabilities", res["status"])
         refused(res, "socket_inet", "EPERM")
@@ -343,7 +425,7 @@ def t_cgroup():
         w = threading.Thread(target=watch)
         w.start()
         res, err, _ = probe(["--jail-cgroup", base, "--memory-mb", "64", "--jail-nproc", "40"],
-                            ["--only", "uid_map", "--hold-ms", "1000"])
+                            ["--only", "status", "--hold-ms", "1000"])
         w.join()
         check(seen.get("memory.max") == str((64 + 160) * 1024 * 1024) and seen.get("pids.max") == "40"
               and len(seen.get("procs", [])) == 1, "the run's cgroup: memory.max, pids.max, the guest in it", seen)
@@ -356,12 +438,30 @@ def t_cgroup():
 def t_sigterm_reaches_a_catching_guest():
     # the guest is pid 1 of its namespace: the shim SIGKILLs it at once unless it catches SIGTERM,
     # in which case it gets the SIGTERM (and its grace period) like any unjailed guest
-    d = writable_dir()
-    f = os.path.join(d, "t")
-    rc, o, out, err, _ = shim_relay(["--timeout-ms", "300"], ["--only", "status", "--hold-ms", "10000",
-                                                              "--term-file", f])
-    check(rc == 0 and o["timedOut"] is True, "the run timed out", rc, out, err)
-    check(os.path.exists(f) and open(f).read() == "term", "the guest's SIGTERM handler ran", os.listdir(d))
+    # (the jailed guest can write nowhere the host reads: its handler renames it, which the host sees
+    # in /proc/<pid>/comm while the shim waits out the grace period before SIGKILL)
+    marker = "term-%d" % os.getpid()
+    out = {}
+    seen = []
+
+    def run():
+        out["r"] = shim_relay(["--timeout-ms", "1500"], ["--only", "status", "--hold-ms", "10000", "--term-comm",
+                                                         "--marker", marker])
+    t = threading.Thread(target=run)
+    t.start()
+    pid = wait_for(lambda: guest_pids(marker), "the guest")[0]
+    while t.is_alive():
+        try:
+            with open("/proc/%d/comm" % pid) as f:
+                if f.read().strip() == "sb-term":
+                    seen.append(1)
+        except OSError:
+            pass
+        time.sleep(0.005)
+    t.join()
+    rc, o, stdout, err, _ = out["r"]
+    check(rc == 0 and o["timedOut"] is True, "the run timed out", rc, stdout, err)
+    check(seen, "the guest's SIGTERM handler ran")
 
 
 def t_usage():
@@ -374,7 +474,105 @@ def t_usage():
         check(rc == 2 and needle in err and out == "", "usage error: " + needle, rc, out, err)
 
 
+def t_filesystem():
+    """Native code after an escape sees a root of its own: no host file, no host /tmp or /proc, and
+    what it writes does not outlive the run anywhere on the host."""
+    marker = "fs%d" % os.getpid()
+    res, err, _ = probe(["--timeout-ms", "4000"],
+                        ["--only", "fs_view,host_file,proc1_cmdline,write_out,mqueue,ptmx,pdeathsig,rlimit_cpu,memfd,shmget",
+                         "--host-file", "host:" + HOST_FILE, "--marker", marker])
+    check("a tmpfs root of its own" in err, "the start-up line says so", err)
+    refused(res, "host_file", "ENOENT")
+    view = res["fs_view"]["detail"]
+    root = listed(view, "/")
+    allowed = {"usr", "bin", "lib", "lib64", "sbin", "dev", "proc", "work"} | own_view("/")
+    check(root <= allowed and {"usr", "dev", "proc", "work"} <= root, "/ holds /usr, /dev, /proc, /work only", root)
+    for d in ("/tmp", "/etc", "/home", "/var"):
+        check(listed(view, d) == (own_view(d) or "!ENOENT"), "nothing of the host's %s" % d, view)
+    check(listed(view, "/dev") == {"null", "zero", "random", "urandom"}, "/dev: 4 nodes", view)
+    check(listed(view, "/proc") == {"self"}, "/proc: self only (no pids)", view)
+    refused(res, "proc1_cmdline", "ENOENT")
+    refused(res, "ptmx", "ENOENT")
+    check(res["write_out"]["detail"].split() == ["/work"], "writable: its scratch only", res["write_out"])
+    # memory outside RLIMIT_DATA, and queues: not on the seccomp allow-list (their IPC namespace is
+    # the guest's own anyway)
+    for name in ("mqueue", "memfd", "shmget"):
+        refused(res, name, "EPERM")
+    check(res["pdeathsig"]["detail"] == "9", "PR_SET_PDEATHSIG SIGKILL, re-armed after the uid change", res["pdeathsig"])
+    cpus = os.cpu_count()
+    check(res["rlimit_cpu"]["detail"] == "%d %d" % (cpus * 4 + 5, cpus * 4 + 5), "RLIMIT_CPU = CPUs x 4 s + 5 s",
+          res["rlimit_cpu"])
+    left = [os.path.join(d, "sb-probe-" + marker) for d in ("/", "/tmp", "/var/tmp", "/dev/shm", "/dev", "/run", "/root",
+                                                             "/home", "/etc", "/usr", "/dev/mqueue", "/work")]
+    check([p for p in left if os.path.lexists(p)] == [], "nothing left on the host", left)
+
+
+def t_shim_killed():
+    """A killed shim takes its guest with it (PR_SET_PDEATHSIG survives the uid change)."""
+    marker = "kill%d" % os.getpid()
+    env = dict(os.environ, SB_TEST_TOKEN=TOKEN)
+    p = subprocess.Popen([SHIM, "relay", "--broker-url", URL, "--token-env", "SB_TEST_TOKEN", "--timeout-ms", "60000",
+                          "--", PROBE, "probe", "--only", "status", "--hold-ms", "60000", "--marker", marker],
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        guest = wait_for(lambda: guest_pids(marker), "the guest")[0]
+        p.kill()
+        p.wait()
+        wait_for(lambda: guest not in guest_pids(marker), "the guest to die with its shim (it holds for 60 s)")
+    finally:
+        for g in guest_pids(marker):
+            os.kill(g, 9)
+        if p.poll() is None:
+            p.kill()
+
+
+def t_uid_in_use():
+    """A uid that a process still runs as is never handed out, lock or no lock."""
+    if os.geteuid() != 0:
+        return
+    lock = os.path.join(TMP, "uids-inuse.lock")
+    uid = UID_BASE + 61000
+    flags = ["--jail-uid-base", str(uid), "--jail-slots", "1", "--jail-lock-file", lock]
+    squatter = subprocess.Popen(["setpriv", "--reuid=%d" % uid, "--regid=%d" % uid, "--clear-groups", "sleep", "30"])
+    try:
+        wait_for(lambda: processes_of(uid), "the squatter")
+        rc, o, out, err, _ = shim_relay(flags, ["--only", "status"])
+        check(rc == 2 and "jail: all 1 guest uids are in use (--jail-slots)" in err, "the uid of a live process: refused",
+              rc, out, err)
+    finally:
+        squatter.kill()
+        squatter.wait()
+    wait_for(lambda: not processes_of(uid), "the squatter gone")
+    res, _, _ = probe(flags, ["--only", "status"])
+    check(guest_uid(res) == uid, "handed out once nothing runs as it", res)
+
+
+def t_spawn_filters():
+    """A Deno guest (run, serve) may start threads but no process, so that RLIMIT_DATA bounds the
+    whole run; a relay guest may fork. Neither gets shared anonymous memory."""
+    src = os.path.join(TMP, "any.js")
+    with open(src, "w") as f:
+        f.write("export default () => 1;")
+    env = dict(os.environ, SB_TEST_TOKEN=TOKEN)
+    p = subprocess.run([SHIM, "run", "--broker-url", URL, "--token-env", "SB_TEST_TOKEN", "--source", src, "--deno", PROBE],
+                       env=env, capture_output=True, text=True, timeout=60)
+    check(p.returncode == 0, "the probe ran as a Deno guest", p)
+    res = json.loads(p.stdout)["output"]
+    refused(res, "fork_once", "EPERM")
+    refused(res, "mmap_shared", "EPERM")
+    check(res["thread"]["ret"] == 0 and res["mmap_private"]["ret"] == 0, "threads and private memory", res)
+    check("runtime" in res["fs_view"]["detail"].split(";")[0], "at /runtime/deno in its root", res["fs_view"])
+    res, _, _ = probe(probe_args=["--only", "fork_once,thread,mmap_shared,mmap_private"])
+    check(res["fork_once"]["ret"] > 0 and res["thread"]["ret"] == 0, "a relay guest forks", res)
+    refused(res, "mmap_shared", "EPERM")
+
+
 tap.case("jailed probe: every refusal with its errno, credentials and namespaces", t_refusals)
+tap.case("Deno guests start threads only; no shared anonymous memory", t_spawn_filters)
+tap.case("a guest's namespaces, mount included, are its own (seen from the host)", t_namespaces)
+tap.case("filesystem: no host file, no host /tmp or /proc, nothing left behind", t_filesystem)
+tap.case("a killed shim takes its guest with it", t_shim_killed)
+tap.case("a uid a process still runs as is not handed out", t_uid_in_use)
 tap.case("--jail=off: the same probes succeed (the checks can fail)", t_off_contrast)
 tap.case("fail closed: a kernel refusing user namespaces", t_fail_closed_userns)
 tap.case("fail closed: a kernel refusing seccomp, at start-up and in the guest", t_fail_closed_seccomp)

@@ -805,7 +805,7 @@ def observe_guest(serve, src="export default async () => { await new Promise(r =
                 try:
                     st = status_fields(pid)
                     seen = {"pid": pid, "status": st, "ns": {n: os.readlink("/proc/%d/ns/%s" % (pid, n))
-                                                             for n in ("user", "pid", "net", "ipc", "uts")}}
+                                                             for n in ("user", "mnt", "pid", "net", "ipc", "uts")}}
                 except OSError:
                     seen = {}
                 break
@@ -821,7 +821,7 @@ def t_jailed():
     status, mine = g["status"], {n: os.readlink("/proc/self/ns/" + n) for n in g["ns"]}
     check(status["NoNewPrivs"] == "1" and status["Seccomp"] == "2", "no_new_privs and a seccomp filter", status)
     check(status["CapEff"] == "0000000000000000" and status["CapBnd"] == "0000000000000000", "no capabilities", status)
-    check(all(g["ns"][n] != mine[n] for n in g["ns"]), "user, pid, net, ipc and uts namespaces of its own", g["ns"], mine)
+    check(all(g["ns"][n] != mine[n] for n in g["ns"]), "user, mount, pid, net, ipc and uts namespaces of its own", g["ns"], mine)
     uid = int(status["Uid"].split()[0])
     if os.geteuid() == 0:
         check(UID_BASE <= uid < UID_BASE + 1024, "a uid of its own from the jail's range", status["Uid"])
@@ -845,7 +845,7 @@ def t_jailed():
         s2.stop()
 
 
-MSG_USERNS = ("jail: the kernel refused new user, pid, network, ipc and uts namespaces (clone: Operation not permitted); "
+MSG_USERNS = ("jail: the kernel refused new user, mount, pid, network, ipc and uts namespaces (clone: Operation not permitted); "
               "refusing to start the guest (--jail=off runs it without the jail); serve does not start")
 
 
@@ -932,7 +932,8 @@ def t_cancel_cleans_up():
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline and s2.metrics()["sb_serve_guests_alive"] < 1:
             time.sleep(0.02)
-        check(len(os.listdir(tmp)) == 1, "the run's work directory", os.listdir(tmp))
+        check(os.listdir(tmp) == [], "no work directory on the host (the guest's scratch is its own tmpfs)",
+              os.listdir(tmp))
         c.close()
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and (s2.metrics()["sb_serve_runs_in_flight"] != 0 or os.listdir(tmp)):
@@ -952,17 +953,32 @@ def t_cancel_cleans_up():
         while time.monotonic() < deadline and not guest:
             guest = [(p, pp) for p, (pp, a) in descendants(s2.proc.pid).items() if a and a[0] == b"/runtime/deno"]
             time.sleep(0.02)
-        check(len(guest) == 1 and len(os.listdir(tmp)) == 1, "one guest, one work directory", guest, os.listdir(tmp))
+        check(len(guest) == 1 and os.listdir(tmp) == [], "one guest, no work directory", guest, os.listdir(tmp))
         os.kill(guest[0][1], signal.SIGTERM)
         th.join(10)
         st, o = res["r"]
         check(st == 200 and o == {"ok": False, "error": "sandbox request cancelled", "logs": [], "ms": o.get("ms")},
               "the run's process cancelled the run and answered", o)
-        # the answer goes first (its guest is reaped by then); the clean-up follows within the run's process
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and (s2.metrics()["sb_serve_runs_in_flight"] != 0 or os.listdir(tmp)):
-            time.sleep(0.05)
-        check(os.listdir(tmp) == [], "and removed its guest's work directory", os.listdir(tmp))
+        check(os.listdir(tmp) == [], "and nothing is left on the host", os.listdir(tmp))
+        # a run's process killed outright: its guest dies with it (PR_SET_PDEATHSIG, set again after
+        # the guest's uid change), not at the end of its timeoutMs
+        th = threading.Thread(target=lambda: res.update(r=s2.run({"source": "export default async () => "
+                                                                  "{ await new Promise(r => setTimeout(r, 25000)); return 1; }",
+                                                                  "capabilities": dict(CAPS, timeoutMs=30000)})))
+        th.start()
+        guest = []
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not guest:
+            guest = [(p, pp) for p, (pp, a) in descendants(s2.proc.pid).items() if a and a[0] == b"/runtime/deno"]
+            time.sleep(0.02)
+        check(len(guest) == 1, "one guest", guest)
+        os.kill(guest[0][1], signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and os.path.exists("/proc/%d" % guest[0][0]):
+            time.sleep(0.02)
+        check(not os.path.exists("/proc/%d" % guest[0][0]), "the guest died with its run's process", guest)
+        th.join(30)
+        check(os.listdir(tmp) == [], "nothing left on the host", os.listdir(tmp))
     finally:
         s2.stop()
         os.rmdir(tmp)
@@ -992,8 +1008,8 @@ def t_systemd_unit():
     """serve as deploy/systemd/sandbox-shim-serve.service starts it, under the unit's own sandbox
     (tests/integration/unitjail.py: its capability bounding set, no_new_privs, system call filter,
     namespace and address-family restrictions, read-only file system): the start-up probe passes,
-    guests are jailed, a bindings run reaches the broker, a bomb leaves it healthy, and the work
-    directories of guests running under other uids are removed without CAP_DAC_OVERRIDE."""
+    guests are jailed, a bindings run reaches the broker, a bomb leaves it healthy, and nothing of
+    the guests is left under TMPDIR (they write only their own scratch)."""
     creds = tempfile.mkdtemp(prefix="creds-", dir=TMP)
     for name, value in (("admission-secret", SECRET), ("net-mint-secret", "n" * 40)):
         with open(os.path.join(creds, name), "w") as f:
@@ -1007,7 +1023,7 @@ def t_systemd_unit():
     s2 = Serve(env=env, secret=None, wrap=["/usr/bin/python3", UNITJAIL, UNIT, "--"], argv=argv)
     try:
         st = status_fields(s2.proc.pid)
-        want = sum(1 << n for n in (0, 5, 6, 7))  # CAP_CHOWN, CAP_KILL, CAP_SETGID, CAP_SETUID
+        want = sum(1 << n for n in (5, 6, 7))  # CAP_KILL, CAP_SETGID, CAP_SETUID
         if os.geteuid() == 0:
             check(int(st["CapEff"], 16) == want and int(st["CapBnd"], 16) == want, "the unit's capabilities only", st)
         check(st["NoNewPrivs"] == "1" and st["Seccomp"] == "2", "the unit's filters", st)
@@ -1121,6 +1137,35 @@ def t_pool_timeout_from_handover():
         check(s2.events()[-1]["pooled"] is True, "it was a pooled guest", s2.events())
         st, o = s2.run({"source": "export default () => { for (;;) {} }", "capabilities": dict(CAPS, timeoutMs=300)})
         check(st == 200 and o["ok"] is False and o.get("timedOut") is True, "a spinning run still times out", o)
+        # RLIMIT_CPU: a pooled guest waits with the longest run's; the hand-over lowers it to its run's
+        # (CPUs x timeout rounded up to seconds + 5 s, jail.h), plus 2 s for its start (launcher.h)
+        wait_pool_ready(s2, 1)
+        cpus = os.cpu_count()
+
+        def cpu_limits():
+            out = {}
+            for pid in guests_of(s2):
+                try:
+                    with open("/proc/%d/limits" % pid) as f:
+                        out[pid] = int(next(ln for ln in f if ln.startswith("Max cpu time")).split()[3])
+                except (OSError, StopIteration, ValueError):
+                    pass
+            return out
+
+        idle = cpu_limits()
+        check(list(idle.values()) == [cpus * 30 + 5], "the waiting guest has the longest run's limit", idle)
+        res = {}
+        th = threading.Thread(target=lambda: res.update(r=s2.run(
+            {"source": "export default async () => { await new Promise(r => setTimeout(r, 1500)); return 1; }",
+             "capabilities": dict(CAPS, timeoutMs=3000)})))
+        th.start()
+        deadline, running = time.monotonic() + 10, []
+        while time.monotonic() < deadline and not running:
+            running = [v for p, v in cpu_limits().items() if p in idle]
+            running = [v for v in running if v != cpus * 30 + 5]
+            time.sleep(0.05)
+        th.join(30)
+        check(running == [cpus * 3 + 5 + 2], "its run lowered it", running, res)
     finally:
         s2.stop()
 
@@ -1277,7 +1322,7 @@ tap.case("SIGTERM drains the runs in flight", t_drain_on_sigterm)
 tap.case("jail: serve's guests are jailed, seen from outside; --jail=off is logged and runs them unjailed", t_jailed)
 tap.case("jail: serve refuses to start on a kernel refusing it; --jail=off serves there", t_jail_fail_closed)
 tap.case("jail: a guest the jail refuses fails its run and is counted in /metrics", t_jail_failure_counted)
-tap.case("a cancelled run's process removes its guest's work directory", t_cancel_cleans_up)
+tap.case("a cancelled or killed run's process: no guest, nothing on the host", t_cancel_cleans_up)
 tap.case("the systemd unit: serve under the unit's sandbox jails its guests", t_systemd_unit)
 rc = S.stop()
 check(rc == 0, "serve exits 0")
