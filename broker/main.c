@@ -24,6 +24,7 @@
 #include "authz/secrets.h"
 #include "http/server.h"
 #include "obs/audit.h"
+#include "obs/audit_chain.h"
 #include "obs/log.h"
 #include "obs/metrics.h"
 #include "store/store.h"
@@ -82,6 +83,8 @@ static void usage(FILE *fp)
     fprintf(fp, "usage: sandbox-broker [--config FILE]\n"
                 "       sandbox-broker --check-config [--offline | --allow-down] [--env-file FILE] [--config FILE]\n"
                 "       sandbox-broker egress-check [--config FILE] [--allow HOST[:PORT]]... URL\n"
+                "       sandbox-broker audit-verify [--key PUBKEY] [--allow-open] FILE...\n"
+                "       sandbox-broker audit-pubkey KEYFILE\n"
                 "       sandbox-broker --print-config-keys | --version | --help\n"
                 "\n"
                 "  --config FILE        JSON configuration (docs/config.md); SANDBOX_BROKER_<KEY> variables win over it\n"
@@ -97,6 +100,8 @@ static void usage(FILE *fp)
                 "  --version            print the version and the commit it was built from\n"
                 "  --help, -h           print this help\n"
                 "  egress-check URL     the http.fetch decision for URL, without connecting (exit 0 allow, 1 deny)\n"
+                "  audit-verify FILE... the audit chain, checkpoints and signatures (exit 0 verified, 1 tampered, 2 usage)\n"
+                "  audit-pubkey KEYFILE print the public key of an audit_key_file (PEM), for audit-verify --key\n"
                 "\n"
                 "The admin secret comes from SANDBOX_BROKER_ADMIN_SECRET or admin_secret_file.\n"
                 "Signals: SIGHUP reloads the configuration and reopens the log and audit files; SIGUSR1 reopens\n"
@@ -127,13 +132,13 @@ static void log_sources(const sb_config_t *conf)
 }
 
 /* SIGUSR1 and SIGHUP: the log and audit files again at their paths, for rotation */
-static void reopen_files(void)
+static void reopen_files(const char *why)
 {
     char err[512];
     sb_logline_t l;
     int failed = 0;
     for (int i = 0; i < 2; ++i) {
-        if ((i == 0 ? sb_log_reopen(err, sizeof(err)) : sb_audit_reopen(err, sizeof(err))) == SB_OK)
+        if ((i == 0 ? sb_log_reopen(err, sizeof(err)) : sb_audit_reopen(why, err, sizeof(err))) == SB_OK)
             continue;
         sb_log_begin(&l, SB_LOG_ERROR, "reopen.failed");
         sb_log_cstr(&l, "reason", err);
@@ -224,6 +229,8 @@ static void reload(void)
             {strcmp(conf->rpc_path, cur->rpc_path) != 0, "rpc_path"},
             {!same_str(audit_or_off(conf->audit), audit_or_off(cur->audit)), "audit"},
             {!same_str(conf->log_file, cur->log_file), "log_file"},
+            {!same_str(conf->audit_key_file, cur->audit_key_file), "audit_key_file"},
+            {conf->audit_checkpoint_records != cur->audit_checkpoint_records, "audit_checkpoint_records"},
             {conf->max_tokens != cur->max_tokens, "max_tokens"},
         };
         for (size_t i = 0; i < sizeof(restart_only) / sizeof(restart_only[0]); ++i)
@@ -251,6 +258,9 @@ static void reload(void)
     conf->rpc_path = sb_mem_strdup(cur->rpc_path);
     sb_mem_free(conf->audit);
     conf->audit = sb_mem_strdup(cur->audit != NULL ? cur->audit : "off");
+    sb_mem_free(conf->audit_key_file);
+    conf->audit_key_file = cur->audit_key_file != NULL ? sb_mem_strdup(cur->audit_key_file) : NULL;
+    conf->audit_checkpoint_records = cur->audit_checkpoint_records;
     sb_mem_free(conf->log_file);
     conf->log_file = sb_mem_strdup(cur->log_file);
     conf->max_tokens = cur->max_tokens;
@@ -298,10 +308,10 @@ static void *signal_thread(void *arg)
         if (sig == SIGTERM || sig == SIGINT)
             break;
         if (sig == SIGHUP) {
-            reopen_files();
+            reopen_files("reload");
             reload();
         } else if (sig == SIGUSR1) {
-            reopen_files();
+            reopen_files("rotate");
         } else {
             sb_logline_t l;
             sb_log_begin(&l, SB_LOG_INFO, "signal.ignored");
@@ -484,6 +494,10 @@ int main(int argc, char **argv)
     json_set_alloc_funcs(json_alloc, json_free_wiped);
     if (argc >= 2 && strcmp(argv[1], "egress-check") == 0)
         return sb_egress_check_main(argc - 2, argv + 2);
+    if (argc >= 2 && strcmp(argv[1], "audit-verify") == 0)
+        return sb_audit_verify_main(argc - 2, argv + 2);
+    if (argc >= 2 && strcmp(argv[1], "audit-pubkey") == 0)
+        return sb_audit_pubkey_main(argc - 2, argv + 2);
     for (int i = 1; i < argc; ++i) {
         if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) {
             config_path = argv[++i];
@@ -592,7 +606,9 @@ int main(int argc, char **argv)
                                 conf->redis_password,
                                 conf->redis_password_file,
                                 conf->redis_sentinel_password,
-                                conf->redis_sentinel_password_file};
+                                conf->redis_sentinel_password_file,
+                                (size_t)conf->timeline_max_events,
+                                conf->timeline_retention_ms};
         sb_status_t st;
         if (sb_store_create(&sc, &the_store, &err) != SB_OK) {
             if (!check_only) {
@@ -609,7 +625,7 @@ int main(int argc, char **argv)
     }
     if (check_only) {
         /* the files start-up opens, opened the same way (as the same user, under the same sandbox) */
-        if (sb_audit_check(conf->audit, errbuf, sizeof(errbuf)) != SB_OK)
+        if (sb_audit_check(conf->audit, conf->audit_key_file, errbuf, sizeof(errbuf)) != SB_OK)
             check_problem(CHECK_INVALID, file_hint(conf->audit, errbuf, sizeof(errbuf)));
         if (sb_log_check_file(conf->log_file, errbuf, sizeof(errbuf)) != SB_OK)
             check_problem(CHECK_INVALID, file_hint(conf->log_file, errbuf, sizeof(errbuf)));
@@ -653,7 +669,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     signal(SIGXFSZ, SIG_IGN);
 
-    if (sb_audit_open(conf->audit, errbuf, sizeof(errbuf)) != SB_OK) {
+    if (sb_audit_open(conf->audit, conf->audit_key_file, conf->audit_checkpoint_records, errbuf, sizeof(errbuf)) != SB_OK) {
         invalid(errbuf);
         goto Exit;
     }

@@ -1,6 +1,6 @@
 /*
  * libFuzzer driver for sb_store__parse_switch_master (broker/store/
- * store_redis.c): the parser of Redis Sentinel's "+switch-master" messages,
+ * store_redis_conf.c): the parser of Redis Sentinel's "+switch-master" messages,
  * "<name> <old-ip> <old-port> <new-ip> <new-port>", which decide where every
  * worker's token store connects next.
  *

@@ -493,6 +493,15 @@ int main(int argc, char **argv)
         rc = fail_usage("%s", why);
         goto Exit;
     }
+    /*
+     * The command line names the broker's route itself: a query there is a mistake (a token or a
+     * channel pasted into the URL), refused before anything runs. serve's SANDBOX_BROKER_URL keeps
+     * its query, as upstream pins one (PROTOCOL.md section 3, "The broker URL").
+     */
+    if (cfg.url.query[0] != '\0') {
+        rc = fail_usage("--broker-url must not have a query%s", "");
+        goto Exit;
+    }
     if (cfg.url.https) {
         if ((cfg.tls = sb_shim_tls_ctx_new(o.ca_file, err, sizeof(err))) == NULL) {
             rc = fail_usage("%s", err);

@@ -19,10 +19,11 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <msgpack.h>
+#include "sb/limits.h"
 #include "sb/status.h"
 
 /* a where nests at most this deep ("and"/"or" levels) */
-#define SB_WHERE_MAX_DEPTH 8u
+#define SB_WHERE_MAX_DEPTH SB_MAX_WHERE_DEPTH
 /* conditions (field and operator pairs) per where */
 #define SB_WHERE_MAX_CONDITIONS 64u
 /* values of an in / not_in list */

@@ -41,15 +41,19 @@ typedef struct st_sb_config_t {
     int64_t quota_calls;       /* default per-run quotas (a mint may override them) */
     int64_t quota_concurrent;
     int64_t quota_fetch_bytes;
-    char *log_level;             /* debug | info | warn | error */
-    int log_calls;               /* one log line per RPC */
-    char *log_file;              /* "stderr" or a file path the log is appended to (reopened on SIGUSR1 and SIGHUP) */
-    char *audit;                 /* "off", "stderr" or a file path */
-    json_t *targets;             /* targets.<name> (owned) */
-    char *database_url;          /* PostgreSQL, for targets that use it */
-    unsigned database_pool_size; /* connections per worker */
-    json_t *egress;              /* egress policy (owned) */
-    json_t *decider;             /* the decider (svc/decide/decide.h; owned); an empty object: none */
+    char *log_level;                   /* debug | info | warn | error */
+    int log_calls;                     /* one log line per RPC */
+    char *log_file;                    /* "stderr" or a file path the log is appended to (reopened on SIGUSR1 and SIGHUP) */
+    char *audit;                       /* "off", "stderr" or a file path */
+    char *audit_key_file;              /* Ed25519 private key (PEM) signing the audit chain's checkpoints, or NULL */
+    uint64_t audit_checkpoint_records; /* audit records between two checkpoints */
+    uint64_t timeline_max_events;      /* run timeline: events kept per run (0: no timeline) */
+    uint64_t timeline_retention_ms;    /* run timeline: kept this long after the run's last token expires */
+    json_t *targets;                   /* targets.<name> (owned) */
+    char *database_url;                /* PostgreSQL, for targets that use it */
+    unsigned database_pool_size;       /* connections per worker */
+    json_t *egress;                    /* egress policy (owned) */
+    json_t *decider;                   /* the decider (svc/decide/decide.h; owned); an empty object: none */
     /* the net-mint credential (http/admin_netmint.h): its file, and the secret resolved from
      * SANDBOX_BROKER_ADMIN_NET_MINT_SECRET or the file (NULL when none is configured) */
     char *admin_net_mint_secret_file;

@@ -36,6 +36,7 @@ typedef struct st_admin_op_t {
     char run_id[SB_MAX_RUN_ID + 1];
     json_t *caps;
     sb_token_t *tok;
+    json_t *body; /* an inspection waiting for the run's timeline */
 } admin_op_t;
 
 static void op_dispose(sb_async_t *a)
@@ -43,6 +44,7 @@ static void op_dispose(sb_async_t *a)
     admin_op_t *op = (admin_op_t *)a;
     explicit_bzero(op->token_hex, sizeof(op->token_hex));
     json_decref(op->caps);
+    json_decref(op->body);
     sb_token_release(op->tok);
 }
 
@@ -136,6 +138,8 @@ const char *sb_admin_op_of(h2o_req_t *req, h2o_iovec_t path)
         return method_is(req, "POST") ? "mint" : "other";
     if (path.len > 17 && memcmp(path.base, "/admin/v1/tokens/", 17) == 0)
         return method_is(req, "DELETE") ? "revoke_token" : method_is(req, "GET") ? "inspect_token" : "other";
+    if (path.len > 15 + 7 && memcmp(path.base, "/admin/v1/runs/", 15) == 0 && memcmp(path.base + path.len - 7, "/events", 7) == 0)
+        return method_is(req, "GET") ? "run_events" : "other";
     if (path.len > 15 && memcmp(path.base, "/admin/v1/runs/", 15) == 0)
         return method_is(req, "DELETE") ? "revoke_run" : method_is(req, "GET") ? "inspect_run" : "other";
     return "other";
@@ -227,6 +231,11 @@ static void on_revoked(void *arg, sb_status_t st)
         if (op->tokref[0] != '\0')
             sb_log_cstr(&l, "token", op->tokref);
         sb_log_end(&l);
+        if (op->run_id[0] != '\0' && sb_store_timeline_enabled(sb_current_worker->store)) {
+            sb_store_timeline_begin(&l, "revoke");
+            sb_log_cstr(&l, "runId", op->run_id);
+            sb_store_timeline_end(&l, sb_current_worker->store, op->run_id, 0);
+        }
     }
     if (req != NULL) {
         if (st == SB_OK) {
@@ -551,6 +560,137 @@ static json_t *usage_json(const sb_store_usage_t *u)
     return o;
 }
 
+/* ---- the run timeline (docs/audit.md, "The run timeline") ------------------------------------------------------------- */
+
+/* the stored events that parse as JSON objects; the rest are counted in *invalid */
+static json_t *parse_events(const sb_view_t *events, size_t n, size_t *invalid)
+{
+    json_t *list = json_array();
+    *invalid = 0;
+    for (size_t i = 0; i < n; ++i) {
+        json_t *e = json_loadb((const char *)events[i].base, events[i].len, JSON_REJECT_DUPLICATES, NULL);
+        if (!json_is_object(e) || !json_is_string(json_object_get(e, "ts")) || !json_is_string(json_object_get(e, "inst")) ||
+            !json_is_integer(json_object_get(e, "n"))) {
+            json_decref(e);
+            ++*invalid;
+            continue;
+        }
+        json_array_append_new(list, e);
+    }
+    return list;
+}
+
+/* time (ms, fixed width: a string order), then the instance, then its own sequence */
+static int event_order(const void *a, const void *b)
+{
+    json_t *x = *(json_t *const *)a, *y = *(json_t *const *)b;
+    int c = strcmp(json_string_value(json_object_get(x, "ts")), json_string_value(json_object_get(y, "ts")));
+    json_int_t nx, ny;
+    if (c != 0)
+        return c;
+    if ((c = strcmp(json_string_value(json_object_get(x, "inst")), json_string_value(json_object_get(y, "inst")))) != 0)
+        return c;
+    nx = json_integer_value(json_object_get(x, "n"));
+    ny = json_integer_value(json_object_get(y, "n"));
+    return nx < ny ? -1 : nx > ny;
+}
+
+static json_t *sorted_events(const sb_view_t *events, size_t n, size_t *invalid)
+{
+    json_t *list = parse_events(events, n, invalid), *out = json_array();
+    size_t m = json_array_size(list);
+    json_t **v = sb_mem_calloc(m + 1, sizeof(*v));
+    for (size_t i = 0; i < m; ++i)
+        v[i] = json_array_get(list, i);
+    qsort(v, m, sizeof(*v), event_order);
+    for (size_t i = 0; i < m; ++i)
+        json_array_append(out, v[i]);
+    sb_mem_free(v);
+    json_decref(list);
+    return out;
+}
+
+static void on_run_events(void *arg, sb_status_t st, const sb_view_t *events, size_t n)
+{
+    admin_op_t *op = arg;
+    h2o_req_t *req = op->super.req;
+    size_t invalid;
+
+    if (req != NULL) {
+        if (st != SB_OK) {
+            sb_admin_send_store_error(req, "run_events", st);
+        } else if (n == 0) {
+            sb_admin_send_error(req, "run_events", SB_E_NOT_FOUND, "no events for that run");
+        } else {
+            json_t *list = sorted_events(events, n, &invalid);
+            sb_admin_send_json(req, "run_events", SB_OK,
+                               json_pack("{s:s, s:o, s:I, s:b}", "runId", op->run_id, "events", list, "invalid",
+                                         (json_int_t)invalid, "capped",
+                                         n >= (size_t)sb_current_worker->server->conf->timeline_max_events));
+        }
+    }
+    sb_async_release(&op->super);
+}
+
+static void run_events(h2o_req_t *req, const char *seg, size_t seglen)
+{
+    char id[SB_MAX_RUN_ID + 1];
+    admin_op_t *op;
+
+    if ((op = start_id_op(req, "run_events", 1, seg, seglen, id)) == NULL)
+        return;
+    if (!sb_store_timeline_enabled(sb_current_worker->store)) {
+        sb_admin_send_error(req, "run_events", SB_E_NOT_FOUND, "the run timeline is off (timeline_max_events is 0)");
+        sb_async_release(&op->super);
+        return;
+    }
+    memcpy(op->run_id, id, strlen(id) + 1);
+    sb_store_timeline_get(sb_current_worker->store, op->run_id, on_run_events, op);
+}
+
+/* the inspection's counts: calls by outcome (code), secrets placed per host */
+static void on_run_counts(void *arg, sb_status_t st, const sb_view_t *events, size_t n)
+{
+    admin_op_t *op = arg;
+    h2o_req_t *req = op->super.req;
+    json_t *outcomes = json_object(), *secrets = json_object(), *list;
+    size_t invalid = 0;
+
+    if (req == NULL)
+        goto Exit;
+    if (st == SB_OK) {
+        list = parse_events(events, n, &invalid);
+        for (size_t i = 0; i < json_array_size(list); ++i) {
+            json_t *e = json_array_get(list, i);
+            const char *type = json_string_value(json_object_get(e, "event"));
+            if (type != NULL && strcmp(type, "call") == 0 && json_is_string(json_object_get(e, "code"))) {
+                const char *code = json_string_value(json_object_get(e, "code"));
+                json_object_set_new(outcomes, code, json_integer(json_integer_value(json_object_get(outcomes, code)) + 1));
+            } else if (type != NULL && strcmp(type, "secret") == 0 && json_is_string(json_object_get(e, "host")) &&
+                       json_is_string(json_object_get(e, "name"))) {
+                const char *host = json_string_value(json_object_get(e, "host"));
+                json_t *h = json_object_get(secrets, host), *name = json_object_get(e, "name");
+                if (h == NULL) {
+                    h = json_object();
+                    json_object_set_new(secrets, host, h);
+                }
+                json_object_set_new(h, json_string_value(name),
+                                    json_integer(json_integer_value(json_object_get(h, json_string_value(name))) + 1));
+            }
+        }
+        json_decref(list);
+        json_object_set(op->body, "callsByOutcome", outcomes);
+        json_object_set(op->body, "secretsByHost", secrets);
+    }
+    /* a timeline that cannot be read leaves the counts out; the inspection itself stands */
+    sb_admin_send_json(req, "inspect_run", SB_OK, op->body);
+    op->body = NULL;
+Exit:
+    json_decref(outcomes);
+    json_decref(secrets);
+    sb_async_release(&op->super);
+}
+
 static void on_run_inspected(void *arg, sb_status_t st, sb_token_t *const *toks, size_t ntoks, size_t nlive,
                              const sb_store_usage_t *usage)
 {
@@ -567,9 +707,17 @@ static void on_run_inspected(void *arg, sb_status_t st, sb_token_t *const *toks,
         json_t *list = json_array();
         for (size_t i = 0; i < ntoks; ++i)
             json_array_append_new(list, token_json(toks[i]));
-        sb_admin_send_json(req, "inspect_run", SB_OK,
-                           json_pack("{s:s, s:I, s:o, s:b, s:o}", "runId", op->run_id, "liveTokens", (json_int_t)nlive, "tokens",
-                                     list, "truncated", nlive > ntoks, "usage", usage_json(usage)));
+        op->body = json_pack("{s:s, s:I, s:o, s:b, s:o}", "runId", op->run_id, "liveTokens", (json_int_t)nlive, "tokens", list,
+                             "truncated", nlive > ntoks, "usage", usage_json(usage));
+        if (op->body == NULL)
+            sb_fatal(__FILE__, __LINE__, "out of memory");
+        if (sb_store_timeline_enabled(sb_current_worker->store)) {
+            /* the counts a host shows a user come from the run's timeline (the same reference goes on) */
+            sb_store_timeline_get(sb_current_worker->store, op->run_id, on_run_counts, op);
+            return;
+        }
+        sb_admin_send_json(req, "inspect_run", SB_OK, op->body);
+        op->body = NULL;
     }
 Exit:
     sb_async_release(&op->super);
@@ -676,6 +824,14 @@ int sb_admin_on_req(h2o_handler_t *self, h2o_req_t *req)
                 inspect_id(req, 0, path.base + 17, path.len - 17);
             else
                 wrong_method(req, op, "GET, DELETE", "use GET or DELETE");
+            return 0;
+        }
+        if (path.len > 15 + 7 && memcmp(path.base, "/admin/v1/runs/", 15) == 0 &&
+            memcmp(path.base + path.len - 7, "/events", 7) == 0) {
+            if (strcmp(op, "run_events") == 0)
+                run_events(req, path.base + 15, path.len - 15 - 7);
+            else
+                wrong_method(req, op, "GET", "use GET");
             return 0;
         }
         if (path.len > 15 && memcmp(path.base, "/admin/v1/runs/", 15) == 0) {

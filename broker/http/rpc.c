@@ -132,7 +132,7 @@ static void log_call(rpc_call_t *c, sb_status_t st, const char *message, size_t 
         describe_call(&l, c, st, message, bytes_out);
         sb_log_end(&l);
     }
-    if (sb_audit_enabled()) {
+    if (sb_audit_enabled() || (c->run_id[0] != '\0' && sb_store_timeline_enabled(sb_current_worker->store))) {
         sb_log_begin_always(&l, "audit");
         describe_call(&l, c, st, message, bytes_out);
         /* the capability decision; the outcome of a granted call is in code/status */
@@ -144,7 +144,11 @@ static void log_call(rpc_call_t *c, sb_status_t st, const char *message, size_t 
             sb_log_int(&l, "deciderUs", (long long)c->decision_us);
         }
         audit_secrets(&l, &c->call);
-        sb_log_end_audit(&l);
+        /* the run's timeline (store.h): the same fields, kept with the token store, sent after the reply */
+        if (c->run_id[0] != '\0' && sb_store_timeline_enabled(sb_current_worker->store))
+            sb_store_timeline_from(&l, "call", sb_current_worker->store, c->run_id, c->tok != NULL ? c->tok->expires_at_ms : 0);
+        if (sb_audit_enabled())
+            sb_log_end_audit(&l);
     }
 }
 

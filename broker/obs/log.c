@@ -7,6 +7,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <unistd.h>
+#include <sys/stat.h>
 #include "obs/audit.h"
 #include "obs/log.h"
 #include "util/util.h"
@@ -28,9 +29,31 @@ static void write_all(const char *p, size_t n)
     }
 }
 
+/*
+ * 1 while descriptor 2 is a regular file: Linux writes to one whole under the file's lock, so a
+ * thread's batch goes in one write() and lines of other threads still never land inside it. A pipe
+ * (or anything else) keeps the PIPE_BUF pieces. -1: not looked at yet.
+ */
+static _Atomic int whole_writes = -1;
+
+static void look_at_stderr(void)
+{
+    struct stat st;
+    atomic_store(&whole_writes, fstat(2, &st) == 0 && S_ISREG(st.st_mode) ? 1 : 0);
+}
+
 void sb_log_flush(void)
 {
     size_t off = 0;
+    if (tl_len == 0)
+        return;
+    if (atomic_load(&whole_writes) < 0)
+        look_at_stderr();
+    if (atomic_load(&whole_writes) == 1) {
+        write_all(tl_buf, tl_len);
+        tl_len = 0;
+        return;
+    }
     while (off < tl_len) {
         size_t end = off;
         /* whole lines while they fit in PIPE_BUF bytes: such a write is atomic on a pipe */
@@ -149,6 +172,47 @@ static size_t utf8_unit(const unsigned char *s, size_t n, int *valid)
     return need;
 }
 
+/* 1 for the bytes copied as they are: printable ASCII other than '"' and '\\' */
+/* clang-format off */
+static const unsigned char plain_byte[256] = {
+    /* 0x00..0x7f, sixteen a row; 0x80..0xff are 0: UTF-8 is checked unit by unit */
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0,
+};
+/* clang-format on */
+#define PLAIN(c) (plain_byte[(unsigned char)(c)] != 0)
+
+/*
+ * The end of the run of plain bytes from i: eight bytes at a time while none of them needs a look
+ * (no byte below 0x20, none at or above 0x7f, no '"' or '\\'), then byte by byte. Every field of
+ * every log line passes here.
+ */
+static size_t plain_run(const unsigned char *u, size_t i, size_t n)
+{
+    const uint64_t ones = 0x0101010101010101u, highs = 0x8080808080808080u;
+    while (n - i >= 8) {
+        uint64_t x, q, b, del;
+        memcpy(&x, u + i, 8);
+        q = x ^ (ones * '"');
+        b = x ^ (ones * '\\');
+        del = x ^ (ones * 0x7f);
+        /* each term is nonzero iff some byte is: >= 0x80, < 0x20, '"', '\\', 0x7f (a zero byte in q, b or del) */
+        if (((x & highs) | ((x - ones * 0x20) & ~x & highs) | ((q - ones) & ~q & highs) | ((b - ones) & ~b & highs) |
+             ((del - ones) & ~del & highs)) != 0)
+            break;
+        i += 8;
+    }
+    while (i < n && PLAIN(u[i]))
+        ++i;
+    return i;
+}
+
 static void escaped(sb_logline_t *l, const char *s, size_t n)
 {
     static const char hex[] = "0123456789abcdef";
@@ -157,8 +221,7 @@ static void escaped(sb_logline_t *l, const char *s, size_t n)
     while (i < n && !l->truncated) {
         /* copy the run of ASCII that needs no escape at once (each byte is a whole unit) */
         size_t start = i, limit = sizeof(l->buf) - LINE_RESERVE, room = l->len < limit ? limit - l->len : 0;
-        while (i < n && u[i] >= 0x20 && u[i] < 0x7f && u[i] != '"' && u[i] != '\\')
-            ++i;
+        i = plain_run(u, i, n);
         if (i - start > room) {
             i = start + room;
             l->truncated = 1;
@@ -191,19 +254,62 @@ static void escaped(sb_logline_t *l, const char *s, size_t n)
     }
 }
 
-/* "YYYY-MM-DDTHH:MM:SS" of the current second, formatted once per second per thread */
-static const char *second_stamp(time_t sec)
+/* the decimal digits of v (at most 20), written backwards from end; returns where they start */
+static char *put_u64(char *end, uint64_t v)
+{
+    do {
+        *--end = (char)('0' + v % 10);
+        v /= 10;
+    } while (v != 0);
+    return end;
+}
+
+static void put2(char *p, int v)
+{
+    p[0] = (char)('0' + v / 10 % 10);
+    p[1] = (char)('0' + v % 10);
+}
+
+/*
+ * `{"ts":"YYYY-MM-DDTHH:MM:SS.mmmZ"` of now: the part up to the second is formatted once per second
+ * per thread, the milliseconds by hand (no stdio on the call path)
+ */
+#define STAMP_LEN 32 /* {"ts":" (7), the second (19), .mmmZ" (6) */
+static void put_stamp(char out[STAMP_LEN])
 {
     static __thread time_t cached_sec = -1;
-    static __thread char cached[64];
-    if (sec != cached_sec) {
+    static __thread char cached[STAMP_LEN];
+    struct timespec ts;
+    int ms;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    if (ts.tv_sec != cached_sec) {
         struct tm tm;
-        gmtime_r(&sec, &tm);
-        snprintf(cached, sizeof(cached), "%04d-%02d-%02dT%02d:%02d:%02d", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
-                 tm.tm_min, tm.tm_sec);
-        cached_sec = sec;
+        int y;
+        gmtime_r(&ts.tv_sec, &tm);
+        y = tm.tm_year + 1900;
+        if (y < 0 || y > 9999)
+            y = 0; /* a clock this far off still gives a well-formed line */
+        memcpy(cached, "{\"ts\":\"", 7);
+        put2(cached + 7, y / 100);
+        put2(cached + 9, y % 100);
+        cached[11] = '-';
+        put2(cached + 12, tm.tm_mon + 1);
+        cached[14] = '-';
+        put2(cached + 15, tm.tm_mday);
+        cached[17] = 'T';
+        put2(cached + 18, tm.tm_hour);
+        cached[20] = ':';
+        put2(cached + 21, tm.tm_min);
+        cached[23] = ':';
+        put2(cached + 24, tm.tm_sec);
+        memcpy(cached + 26, ".000Z\"", 6);
+        cached_sec = ts.tv_sec;
     }
-    return cached;
+    memcpy(out, cached, STAMP_LEN);
+    ms = (int)(ts.tv_nsec / 1000000);
+    out[27] = (char)('0' + ms / 100);
+    put2(out + 28, ms % 100);
 }
 
 static void begin(sb_logline_t *l, sb_log_level_t level, const char *event, int always);
@@ -220,19 +326,22 @@ void sb_log_begin_level_always(sb_logline_t *l, sb_log_level_t level, const char
 
 static void begin(sb_logline_t *l, sb_log_level_t level, const char *event, int always)
 {
-    struct timespec ts;
-    char head[96];
-    int n;
+    static const char lv[] = ",\"level\":\"", ev[] = "\",\"event\":\"";
 
     l->len = 0;
     l->truncated = 0;
     l->enabled = always || (int)level >= atomic_load(&min_level);
     if (!l->enabled)
         return;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    n = snprintf(head, sizeof(head), "{\"ts\":\"%s.%03ldZ\",\"level\":\"%s\",\"event\":\"", second_stamp(ts.tv_sec),
-                 ts.tv_nsec / 1000000, names[level]);
-    raw(l, head, (size_t)n);
+    /* the head always fits an empty line: no bound checks until the event */
+    put_stamp(l->buf);
+    l->len = STAMP_LEN;
+    memcpy(l->buf + l->len, lv, sizeof(lv) - 1);
+    l->len += sizeof(lv) - 1;
+    memcpy(l->buf + l->len, names[level], strlen(names[level]));
+    l->len += strlen(names[level]);
+    memcpy(l->buf + l->len, ev, sizeof(ev) - 1);
+    l->len += sizeof(ev) - 1;
     escaped(l, event, strlen(event));
     close_quote(l);
 }
@@ -240,11 +349,20 @@ static void begin(sb_logline_t *l, sb_log_level_t level, const char *event, int 
 /* ,"key": for a new field; on a line that cannot take it whole, nothing (and 0) */
 static int field_key(sb_logline_t *l, const char *key, const char *after, size_t after_len)
 {
-    size_t start = l->len;
+    size_t start = l->len, klen = strlen(key), limit = sizeof(l->buf) - LINE_RESERVE;
     if (!l->enabled || l->truncated)
         return 0;
+    /* the keys are the broker's own names: one copy when the key needs no escape and the field head fits */
+    if (l->len <= limit && klen + after_len + 2 <= limit - l->len && plain_run((const unsigned char *)key, 0, klen) == klen) {
+        char *p = l->buf + l->len;
+        p[0] = ',', p[1] = '"';
+        memcpy(p + 2, key, klen);
+        memcpy(p + 2 + klen, after, after_len);
+        l->len += klen + after_len + 2;
+        return 1;
+    }
     raw(l, ",\"", 2);
-    escaped(l, key, strlen(key));
+    escaped(l, key, klen);
     raw(l, after, after_len);
     if (l->truncated) {
         l->len = start;
@@ -255,9 +373,18 @@ static int field_key(sb_logline_t *l, const char *key, const char *after, size_t
 
 void sb_log_str(sb_logline_t *l, const char *key, const char *val, size_t len)
 {
+    size_t limit = sizeof(l->buf) - LINE_RESERVE;
     if (!field_key(l, key, "\":\"", 3))
         return;
-    escaped(l, val, len);
+    /* most values (ids, names, codes) need no escape: one copy when the whole value fits */
+    if (len == 0) {
+        /* nothing to copy (val may be NULL) */
+    } else if (l->len <= limit && len <= limit - l->len && plain_run((const unsigned char *)val, 0, len) == len) {
+        memcpy(l->buf + l->len, val, len);
+        l->len += len;
+    } else {
+        escaped(l, val, len);
+    }
     close_quote(l);
 }
 
@@ -268,13 +395,15 @@ void sb_log_cstr(sb_logline_t *l, const char *key, const char *val)
 
 void sb_log_int(sb_logline_t *l, const char *key, long long v)
 {
-    char num[32];
-    int n;
+    char num[24], *end = num + sizeof(num), *p;
     size_t start = l->len;
     if (!field_key(l, key, "\":", 2))
         return;
-    n = snprintf(num, sizeof(num), "%lld", v);
-    raw(l, num, (size_t)n);
+    /* the magnitude as unsigned: LLONG_MIN has none as a long long */
+    p = put_u64(end, v < 0 ? 0u - (uint64_t)v : (uint64_t)v);
+    if (v < 0)
+        *--p = '-';
+    raw(l, p, (size_t)(end - p));
     if (l->truncated)
         l->len = start; /* a number is never cut: the field goes */
 }
@@ -305,23 +434,16 @@ void sb_log_end(sb_logline_t *l)
 
 void sb_log_begin_always(sb_logline_t *l, const char *event)
 {
-    /* the level check is the only difference: build the line as a log line would be */
-    l->len = 0;
+    /* the level check and field are the only differences: build the line as a log line would be */
+    static const char ev[] = ",\"event\":\"";
     l->truncated = 0;
     l->enabled = 1;
-    {
-        struct timespec ts;
-        struct tm tm;
-        char head[96];
-        int n;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        gmtime_r(&ts.tv_sec, &tm);
-        n = snprintf(head, sizeof(head), "{\"ts\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"event\":\"", tm.tm_year + 1900,
-                     tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
-        raw(l, head, (size_t)n);
-        escaped(l, event, strlen(event));
-        close_quote(l);
-    }
+    put_stamp(l->buf);
+    l->len = STAMP_LEN;
+    memcpy(l->buf + l->len, ev, sizeof(ev) - 1);
+    l->len += sizeof(ev) - 1;
+    escaped(l, event, strlen(event));
+    close_quote(l);
 }
 
 void sb_log_end_audit(sb_logline_t *l)
@@ -366,6 +488,7 @@ sb_status_t sb_log_open_file(const char *path, char *err, size_t errsz)
         return SB_E_BAD_ARGS;
     dup2(fd, 2);
     close(fd);
+    look_at_stderr();
     sb_mem_free(log_path);
     log_path = sb_mem_strdup(path);
     return SB_OK;
@@ -392,6 +515,7 @@ sb_status_t sb_log_reopen(char *err, size_t errsz)
     /* dup2 swaps the file under descriptor 2 at once: a write in progress finishes in the old file */
     dup2(fd, 2);
     close(fd);
+    look_at_stderr();
     return SB_OK;
 }
 

@@ -15,11 +15,10 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "sb/limits.h"
 #include "sb/status.h"
 
 typedef enum en_sb_log_level_t { SB_LOG_DEBUG = 0, SB_LOG_INFO, SB_LOG_WARN, SB_LOG_ERROR } sb_log_level_t;
-
-#define SB_LOGLINE_MAX 2048
 
 typedef struct st_sb_logline_t {
     char buf[SB_LOGLINE_MAX];
@@ -46,8 +45,10 @@ void sb_log_begin_always(sb_logline_t *l, const char *event);
 /**
  * Worker threads collect their lines and write them once per loop pass: one
  * write() per call was the largest single cost of a call. Lines are written
- * whole, in pieces of at most PIPE_BUF bytes, so lines of different threads
- * never interleave. Call sb_log_flush after every h2o_evloop_run.
+ * whole, so lines of different threads never interleave: to a regular file
+ * the batch goes in one write() (Linux writes it under the file's lock),
+ * to anything else in pieces of at most PIPE_BUF bytes (atomic on a pipe).
+ * Call sb_log_flush after every h2o_evloop_run.
  */
 void sb_log_thread_buffered(int on);
 void sb_log_flush(void);

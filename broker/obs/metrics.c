@@ -16,7 +16,8 @@ static _Atomic uint64_t calls[SB_MK_COUNT_ + 1][SB_STATUS_COUNT_];
 static _Atomic uint64_t hist[NBUCKETS + 1];
 static _Atomic uint64_t hist_sum_us, hist_count;
 static _Atomic uint64_t denials[SB_DENY_COUNT_];
-static _Atomic uint64_t admin_ops[6][6]; /* op x status class (1xx..5xx) */
+static _Atomic uint64_t admin_ops[7][6]; /* op x status class (1xx..5xx) */
+static _Atomic uint64_t timeline_dropped;
 static long long (*live_tokens_fn)(void);
 static int (*db_up_fn)(void);
 static const char *quota_names[] = {"calls per run", "concurrent calls per run", "fetched bytes per run", "modules per run",
@@ -131,7 +132,7 @@ Found:
 }
 static int (*store_up_fn)(void);
 
-static const char *admin_names[] = {"mint", "revoke_token", "revoke_run", "inspect_token", "inspect_run", "other"};
+static const char *admin_names[] = {"mint", "revoke_token", "revoke_run", "inspect_token", "inspect_run", "run_events", "other"};
 
 void sb_metrics_call(int kind, sb_status_t st, uint64_t latency_us)
 {
@@ -157,11 +158,21 @@ void sb_metrics_deny(int reason)
 void sb_metrics_admin(const char *op, int http_status)
 {
     int i = 0, cls = http_status / 100;
-    while (i < 5 && strcmp(admin_names[i], op) != 0)
+    while (i < 6 && strcmp(admin_names[i], op) != 0)
         ++i;
     if (cls < 1 || cls > 5)
         cls = 5;
     atomic_fetch_add_explicit(&admin_ops[i][cls], 1, memory_order_relaxed);
+}
+
+void sb_metrics_timeline_dropped(uint64_t n)
+{
+    atomic_fetch_add_explicit(&timeline_dropped, n, memory_order_relaxed);
+}
+
+uint64_t sb_metrics_timeline_dropped_total(void)
+{
+    return atomic_load_explicit(&timeline_dropped, memory_order_relaxed);
 }
 
 void sb_metrics_set_live_tokens_fn(long long (*fn)(void))
@@ -264,7 +275,7 @@ sb_status_t sb_metrics_render_into(sb_buf_t *out)
              (unsigned long long)atomic_load_explicit(&denials[r], memory_order_relaxed));
     emit(&o, "# HELP sb_admin_requests_total Admin requests by operation and status class.\n"
              "# TYPE sb_admin_requests_total counter\n");
-    for (int i = 0; i < 6; ++i)
+    for (int i = 0; i < 7; ++i)
         for (int c = 1; c <= 5; ++c) {
             uint64_t v = atomic_load_explicit(&admin_ops[i][c], memory_order_relaxed);
             if (v != 0)
@@ -324,9 +335,13 @@ sb_status_t sb_metrics_render_into(sb_buf_t *out)
                  n);
     }
     emit(&o,
-         "# HELP sb_audit_dropped_total Audit lines dropped because the audit buffer was full.\n"
+         "# HELP sb_audit_dropped_total Audit lines lost: the audit buffer was full, or the sink failed to take them.\n"
          "# TYPE sb_audit_dropped_total counter\nsb_audit_dropped_total %llu\n",
          (unsigned long long)sb_audit_dropped());
+    emit(&o,
+         "# HELP sb_timeline_dropped_total Run timeline events not kept: a full queue, a store that could not take them, a "
+         "run over its cap.\n# TYPE sb_timeline_dropped_total counter\nsb_timeline_dropped_total %llu\n",
+         (unsigned long long)atomic_load_explicit(&timeline_dropped, memory_order_relaxed));
     emit(&o,
          "# HELP sb_connections_refused_total Connections closed at accept: max_connections reached.\n"
          "# TYPE sb_connections_refused_total counter\nsb_connections_refused_total %llu\n",

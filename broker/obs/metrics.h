@@ -57,6 +57,10 @@ void sb_metrics_reload(int applied);
 /** sets the function that reports database health (1 up, 0 down, -1 no database configured) */
 void sb_metrics_set_db_up_fn(int (*fn)(void));
 /** sets the function that reports live tokens (-1 when unknown) */
+/** counts run timeline events that were not kept (store.h, sb_store_timeline_end) */
+void sb_metrics_timeline_dropped(uint64_t n);
+/** the count so far */
+uint64_t sb_metrics_timeline_dropped_total(void);
 void sb_metrics_set_live_tokens_fn(long long (*fn)(void));
 /** sets the function that reports token-store health (1 up, 0 down) */
 void sb_metrics_set_store_up_fn(int (*fn)(void));

@@ -31,6 +31,9 @@ sb_status_t sb_store_create(const sb_store_config_t *conf, sb_store_t **out, con
     sb_store_t *s = sb_mem_calloc(1, sizeof(*s));
 
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->tl_mu, NULL);
+    s->tl_max_events = conf->timeline_max_events;
+    s->tl_retention_ms = conf->timeline_retention_ms;
     s->max_tokens = conf->max_tokens != 0 ? conf->max_tokens : 100000;
     s->timeout_ms = conf->timeout_ms != 0 ? conf->timeout_ms : 1000;
     s->prefix = sb_mem_strdup(conf->prefix != NULL ? conf->prefix : "sb:");
@@ -78,6 +81,7 @@ void sb_store_destroy(sb_store_t *s)
         }
     }
     sb_mem_free(s->qbuckets);
+    sb_store__timeline_free(s);
     sb_mem_free(s->prefix);
     if (s->is_redis)
         sb_store__redis_free(s);

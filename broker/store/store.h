@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <h2o.h>
 #include <jansson.h>
+#include "sb/buf.h"
 #include "sb/limits.h"
 #include "sb/status.h"
 #include "authz/authz.h"
@@ -107,6 +108,9 @@ typedef struct st_sb_store_config_t {
     /* redis-sentinel: the sentinels' own password, inline or in a file */
     const char *sentinel_password;
     const char *sentinel_password_file;
+    /* the run timeline: events kept per run (0: no timeline), and how long after the run's last token they are kept */
+    size_t timeline_max_events;
+    uint64_t timeline_retention_ms;
 } sb_store_config_t;
 
 /**
@@ -235,5 +239,48 @@ void sb_store_quota_modules(sb_store_conn_t *c, const sb_token_t *tok, unsigned 
 /** the verdict on module totals (shared by both stores): NULL, or the quota's name */
 const char *sb_store__modules_verdict(int64_t modules, int64_t bytes, unsigned add_modules, uint64_t add_bytes, int64_t max_modules,
                                       int64_t max_bytes);
+
+/* ---- the run timeline (timeline.c) ------------------------------------------------------------------------------------- */
+
+/** the most runs the memory backend keeps a timeline for (per instance) */
+#define SB_TIMELINE_MAX_RUNS 10000
+/** the most events one Redis worker queues between two loop passes; more are dropped and counted */
+#define SB_TIMELINE_QUEUE_MAX 4096
+
+struct st_sb_logline_t;
+
+/** 1 when the store keeps run timelines (timeline_max_events is not 0) */
+int sb_store_timeline_enabled(const sb_store_conn_t *c);
+/**
+ * Starts a timeline event of `type` ("call", "fetch", "secret", "revoke"):
+ * {"ts":..., "event":type, "inst":..., "n":... ; the caller adds its fields
+ * with sb_log_str/sb_log_int, never a secret's value, then calls
+ * sb_store_timeline_end.
+ */
+void sb_store_timeline_begin(struct st_sb_logline_t *l, const char *type);
+/**
+ * Closes the event and hands it to the store for `run_id`, to be kept until
+ * `expires_at_ms` (the run's token expiry) plus timeline_retention_ms. Never
+ * blocks and never fails a call: an event that cannot be kept is counted in
+ * sb_store_timeline_dropped. Loop thread of `c`.
+ */
+void sb_store_timeline_end(struct st_sb_logline_t *l, sb_store_conn_t *c, const char *run_id, int64_t expires_at_ms);
+/**
+ * A timeline event of `type` made from a line built for another stream
+ * (sb_log_begin_always, still open): its time and fields, with the
+ * timeline's head. What the audit line and the call event share is built
+ * once.
+ */
+void sb_store_timeline_from(const struct st_sb_logline_t *src, const char *type, sb_store_conn_t *c, const char *run_id,
+                            int64_t expires_at_ms);
+/**
+ * The run's events, as stored (JSON objects, oldest first as they arrived;
+ * instances' events interleave in arrival order). The views live until `cb`
+ * returns.
+ */
+typedef void (*sb_store_timeline_cb)(void *arg, sb_status_t st, const sb_view_t *events, size_t n);
+void sb_store_timeline_get(sb_store_conn_t *c, const char *run_id, sb_store_timeline_cb cb, void *arg);
+/** events dropped: a full queue, a store that could not take them, a run over its cap */
+uint64_t sb_store_timeline_dropped(void);
 
 #endif

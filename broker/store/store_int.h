@@ -9,7 +9,7 @@ typedef struct st_quota_entry_t quota_entry_t;
 
 #define SB_STORE_MAX_SENTINELS 16
 #define SB_STORE_MAX_MASTER_NAME 64
-#define SB_STORE_NSCRIPTS 8
+#define SB_STORE_NSCRIPTS 9
 
 /** a numeric address hiredis can connect to without resolving anything */
 typedef struct st_sb_store_addr_t {
@@ -40,6 +40,12 @@ struct st_sb_store_t {
     size_t nsentinels; /* 0 unless Sentinel names the primary */
     char master[SB_STORE_MAX_MASTER_NAME + 1];
     char *sentinel_password;
+    /* the run timeline (timeline.c): settings, and the memory backend's runs under tl_mu */
+    size_t tl_max_events;
+    uint64_t tl_retention_ms;
+    pthread_mutex_t tl_mu;
+    struct st_tl_run_t **tl_buckets;
+    size_t tl_nruns;
     /* the scripts' SHA-1 digests (hex), computed once */
     char sha[SB_STORE_NSCRIPTS][41];
 };
@@ -69,6 +75,12 @@ void sb_store__redis_quota_fetch_add(void *rc, const sb_token_t *tok, uint64_t b
 void sb_store__redis_quota_tool_call(void *rc, const sb_token_t *tok, unsigned max_calls, sb_quota_cb cb, void *arg);
 void sb_store__redis_quota_modules(void *rc, const sb_token_t *tok, unsigned add_modules, uint64_t add_bytes, int64_t max_modules,
                                    int64_t max_bytes, sb_quota_cb cb, void *arg);
+/* store_redis_timeline.c */
+void sb_store__redis_timeline_add(void *rc, const char *run_id, int64_t keep_until_ms, const char *ev, size_t len);
+void sb_store__redis_timeline_get(void *rc, const char *run_id, sb_store_timeline_cb cb, void *arg);
+/* timeline.c */
+void sb_store__timeline_dropped_add(uint64_t n);
+void sb_store__timeline_free(sb_store_t *s);
 
 /**
  * Parses a Sentinel "+switch-master" message: "<name> <old-ip> <old-port>

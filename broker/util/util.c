@@ -212,10 +212,14 @@ int sb_is_name(const char *s, size_t max)
 
 int sb_is_token_format(const char *s, size_t len)
 {
+    /* every call's token passes here: one table look-up a byte, and one test for the whole token */
+    static const unsigned char lower_hex[256] = {
+        ['0'] = 1, ['1'] = 1, ['2'] = 1, ['3'] = 1, ['4'] = 1, ['5'] = 1, ['6'] = 1, ['7'] = 1,
+        ['8'] = 1, ['9'] = 1, ['a'] = 1, ['b'] = 1, ['c'] = 1, ['d'] = 1, ['e'] = 1, ['f'] = 1};
+    unsigned char all = 1;
     if (len != 64)
         return 0;
-    for (size_t i = 0; i < len; ++i)
-        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
-            return 0;
-    return 1;
+    for (size_t i = 0; i < 64; ++i)
+        all &= lower_hex[(unsigned char)s[i]];
+    return all;
 }

@@ -19,7 +19,7 @@
  * mcp_wire.h (session id, event type, request), svc/files/files.c, files_fs.c and
  * files_path.h (listing, write depth, queue, scope key), http/reply.h (error
  * bodies), fetch/client.h (SB_MAX_RESPONSE_HEAD), fetch/ipclass.h (CIDR
- * entries), authz/manifest.c (timeout, memory), obs/log.h (SB_LOGLINE_MAX),
+ * entries), authz/manifest.c (timeout, memory),
  * obs/audit.h (SB_AUDIT_BUFFER), obs/metrics.h and .c, and the shim's own
  * SB_SHIM_MAX_* in the headers of supervisor-shim/ (shared by its rooms). scripts/checksrc refuses
  * a cap a header defines and a file outside its folder uses, unless it is
@@ -58,6 +58,9 @@
 #define SB_MAX_METHOD_LEN 256u
 /* nesting of any decoded value (msgpack-c cannot go deeper) */
 #define SB_MAX_DEPTH 32u
+/* "and"/"or" levels of a collection's where (broker/call/where.h checks it; the decider's call
+ * description, broker/svc/decide, writes a where back within it) */
+#define SB_MAX_WHERE_DEPTH 8u
 /* nodes (scalars + containers) of any decoded request value */
 #define SB_MAX_NODES 100000u
 /* correlation ids: ^[\w-]{1,128}$ */
@@ -120,6 +123,10 @@
 #define SB_MAX_DECIDE_REASON 256u
 #define SB_MAX_DECIDE_CACHE 1024u
 #define SB_MAX_DECIDE_PENDING 4096u
+
+/* a log, audit or timeline line (obs/log.h writes them); the run timeline (store/timeline.c,
+   store_redis_timeline.c) keeps events of at most this size and refuses longer ones read back */
+#define SB_LOGLINE_MAX 2048
 
 /* the largest cap an sb_buf_t takes (buf.h; proto/buf.c): room for the NUL, and no sum or doubling
  * of sizes below it overflows */

@@ -400,9 +400,46 @@ for (const key of Object.getOwnPropertyNames(console)) {
 
 // ---- globalThis.questpie ----
 
+// Values as the guest sees them under upstream's supervisor, which calls the broker's JSON route
+// (PROTOCOL.md section 1): bytes are base64 text there, and files.read names its bytes
+// `contentBase64`. The shim speaks msgpack, where they are `bin`; they are turned into what the JSON
+// route would have answered, so that a guest sees the same values under either supervisor.
+function base64Bytes(b) {
+  let out = "";
+  for (let i = 0; i < b.length; i += 24576) out += btoa(String.fromCharCode.apply(null, b.subarray(i, i + 24576)));
+  return out;
+}
+
+function asJsonValue(v) {
+  if (v instanceof Uint8Array) return base64Bytes(v);
+  // an integer beyond 2^53 is a number after JSON.parse, not a BigInt
+  if (typeof v === "bigint") return Number(v);
+  if (Array.isArray(v)) return v.map(asJsonValue);
+  if (v !== null && typeof v === "object") {
+    const o = {};
+    for (const k of Object.keys(v)) setKey(o, k, asJsonValue(v[k]));
+    return o;
+  }
+  return v;
+}
+
+function filesReadValue(v) {
+  if (v === null || typeof v !== "object" || !(v.content instanceof Uint8Array)) return asJsonValue(v);
+  const o = {};
+  for (const k of Object.keys(v)) {
+    if (k === "content") setKey(o, "contentBase64", base64Bytes(v.content));
+    else setKey(o, k, asJsonValue(v[k]));
+  }
+  return o;
+}
+
 function opsFor(prefix, ops) {
   const o = {};
-  for (const op of ops) o[op] = (args) => call(`${prefix}.${op}`, args ?? {});
+  for (const op of ops) {
+    const method = `${prefix}.${op}`;
+    const shape = method === "files.read" ? filesReadValue : asJsonValue;
+    o[op] = (args) => call(method, args ?? {}).then(shape);
+  }
   return Object.freeze(o);
 }
 
@@ -416,14 +453,40 @@ function nameProxy(kind, ops) {
   });
 }
 
+// The store sugar, exactly upstream's: store.<s>.create(x) is
+// collections.document_store.create({...x, store: s}); the other operations carry the namespace in
+// `where`, merged into the given one (PROTOCOL.md section 6b, "Document store").
+function storeOps(name) {
+  const o = {};
+  for (const op of DATA_OPS) {
+    const method = `collections.document_store.${op}`;
+    o[op] = (args) => {
+      const a = args !== null && typeof args === "object" ? args : {};
+      let sent;
+      if (op === "create") sent = { ...a, store: name };
+      else {
+        const where = a.where !== null && typeof a.where === "object" ? a.where : {};
+        sent = { ...a, where: { ...where, store: name } };
+      }
+      return call(method, sent).then(asJsonValue);
+    };
+  }
+  return Object.freeze(o);
+}
+
 const DATA_OPS = ["find", "findOne", "create", "update", "delete"];
 const questpie = Object.freeze({
   files: opsFor("files", ["read", "write", "list"]),
   collections: nameProxy("collections", DATA_OPS),
-  store: nameProxy("store", DATA_OPS),
+  store: new Proxy(Object.create(null), {
+    get(_, name) {
+      if (typeof name !== "string" || name === "then") return undefined;
+      return storeOps(name);
+    },
+  }),
   tools: Object.freeze({
-    list: () => call("tools.list", {}),
-    call: (name, args) => call("tools.call", args === undefined ? { name } : { name, arguments: args }),
+    list: () => call("tools.list", {}).then(asJsonValue),
+    call: (name, args) => call("tools.call", args === undefined ? { name } : { name, arguments: args }).then(asJsonValue),
   }),
 });
 
@@ -641,7 +704,7 @@ async function finish(ok, value) {
       } catch (e) {
         frame = { t: "result", ok: false, error: "guest output is not serializable: " + errorText(e), logs };
       }
-      if (size !== undefined && size > MAX_OUTPUT) frame = { t: "result", ok: false, error: "guest output exceeds 1 MiB", logs };
+      if (size !== undefined && size > MAX_OUTPUT) frame = { t: "result", ok: false, error: "sandbox output limit exceeded", logs };
       else if (size !== undefined) frame.output = value;
     }
   } else {

@@ -111,6 +111,7 @@ typedef struct st_relay_t {
     int failed;
     int denied; /* the run's error is the broker's denial of a call (cfg->mark_denial) */
     char error[2048];
+    char detail[1024]; /* what the operator sees of a failed binding call (never the guest): "" for none */
     int timed_out;
     int have_result;
     int result_ok;
@@ -290,10 +291,36 @@ static void reply_ok(relay_t *r, call_t *c, const msgpack_object *value)
 }
 
 /*
+ * The run's error for a failed call, as upstream's supervisor words it (PROTOCOL.md section 2, rule
+ * 9): a fixed text per code, whatever the broker said; its transport failures keep their own two
+ * texts. Hosts match on these strings; the broker's reason goes to the outcome's `detail`.
+ */
+static const char *upstream_message(const char *code, const char *message, int transport)
+{
+    static const struct {
+        const char *code, *text;
+    } T[] = {
+        {"bad_method", "invalid sandbox binding method"},
+        {"bad_args", "invalid sandbox binding arguments"},
+        {"unauthorized", "sandbox binding authorization failed"},
+        {"forbidden", "sandbox binding operation forbidden"},
+        {"not_implemented", "sandbox binding operation unavailable"},
+    };
+
+    if (transport)
+        return message;
+    for (size_t i = 0; i < sizeof(T) / sizeof(T[0]); ++i)
+        if (strcmp(code, T[i].code) == 0)
+            return T[i].text;
+    return "sandbox binding operation failed"; /* execution_error, and our own codes upstream maps to it */
+}
+
+/*
  * A call failed. `code` and `message` are what the guest sees under
  * --on-denial reply; `detail` is what the operator sees when the run ends.
  */
-static void call_error(relay_t *r, call_t *c, const char *code, const char *message, const char *corr, const char *detail)
+static void call_error(relay_t *r, call_t *c, const char *code, const char *message, const char *corr, const char *detail,
+                       int transport)
 {
     msgpack_packer pk;
 
@@ -301,9 +328,12 @@ static void call_error(relay_t *r, call_t *c, const char *code, const char *mess
         conn_close(c->conn);
     c->conn = NULL;
     if (!r->cfg->denial_reply) {
-        if (!r->failed && (strcmp(code, "forbidden") == 0 || strcmp(code, "unauthorized") == 0))
-            r->denied = 1; /* this failure is the run's error: the first one wins */
-        run_fail(r, 0, "binding call %s failed: %s", c->method, detail);
+        if (!r->failed) {
+            if (strcmp(code, "forbidden") == 0 || strcmp(code, "unauthorized") == 0)
+                r->denied = 1; /* this failure is the run's error: the first one wins */
+            snprintf(r->detail, sizeof(r->detail), "binding call %s failed: %s", c->method, detail);
+        }
+        run_fail(r, 0, "%s", upstream_message(code, message, transport));
         return;
     }
     frame_begin(&c->reply);
@@ -336,14 +366,14 @@ static void call_transport_error(relay_t *r, call_t *c, const char *detail)
 {
     char d[512];
     snprintf(d, sizeof(d), "sandbox broker request failed (%s)", detail);
-    call_error(r, c, "execution_error", "sandbox broker request failed", NULL, d);
+    call_error(r, c, "execution_error", "sandbox broker request failed", NULL, d, 1);
 }
 
 static void call_invalid_response(relay_t *r, call_t *c, const char *detail)
 {
     char d[512];
     snprintf(d, sizeof(d), "sandbox broker returned an invalid response (%s)", detail);
-    call_error(r, c, "execution_error", "sandbox broker returned an invalid response", NULL, d);
+    call_error(r, c, "execution_error", "sandbox broker returned an invalid response", NULL, d, 1);
 }
 
 /* ---- broker responses ---- */
@@ -440,7 +470,7 @@ static void on_response(relay_t *r, call_t *c, int status, const uint8_t *body, 
             if (dl > 0)
                 snprintf(d + dl - 1, sizeof(d) - dl + 1, "%s)", cid);
         }
-        call_error(r, c, wire, m, cid, d);
+        call_error(r, c, wire, m, cid, d, 0);
         sb_mem_free(m);
         sb_mem_free(cid);
     }
@@ -796,7 +826,14 @@ static void on_call(relay_t *r, const sb_shim_msg_t *m)
         return;
     }
     if (r->ncalls >= r->cfg->max_calls) {
-        run_fail(r, 0, "binding call limit exceeded (--max-calls %u)", r->cfg->max_calls);
+        if (r->cfg->upstream_call_limit) {
+            /* upstream's supervisor counts the calls as output: its text, ours in the detail */
+            if (!r->failed)
+                snprintf(r->detail, sizeof(r->detail), "binding call limit exceeded (%u calls)", r->cfg->max_calls);
+            run_fail(r, 0, "sandbox output limit exceeded");
+        } else {
+            run_fail(r, 0, "binding call limit exceeded (--max-calls %u)", r->cfg->max_calls);
+        }
         return;
     }
     for (unsigned i = 0; i < r->cfg->max_inflight && c == NULL; ++i)
@@ -1111,6 +1148,8 @@ static json_t *build_outcome(relay_t *r)
     json_object_set_new(o, "calls", json_integer(r->ncalls));
     if (r->cfg->mark_denial && r->denied && r->failed)
         json_object_set_new(o, "denied", json_true());
+    if (r->failed && r->detail[0] != '\0')
+        json_object_set_new(o, "detail", json_string(r->detail));
     return o;
 }
 

@@ -60,6 +60,9 @@ typedef struct st_sb_shim_config_t {
     const char *calls_refused;
     /* 1: stderr beyond SB_SHIM_MAX_STDERR ends the run ("sandbox output limit exceeded"); 0: it is dropped */
     int stderr_cap_fails;
+    /* 1 (serve): one call beyond max_calls ends the run with upstream's "sandbox output limit exceeded"
+     * (the count in `detail`); 0: "binding call limit exceeded (--max-calls N)" */
+    int upstream_call_limit;
     /*
      * 1 (serve): a run that the broker's denial of a call ended (forbidden or unauthorized, with
      * denial_reply 0) has "denied":true in its outcome, for the caller to count and take out
@@ -70,7 +73,9 @@ typedef struct st_sb_shim_config_t {
 /**
  * Runs the relay until the guest is gone.
  * @param init the whole init frame (header included) written to the guest first
- * @param out receives the outcome object {ok, output?, error?, logs, timedOut?, ms, calls, denied?} (new reference);
+ * @param out receives the outcome object {ok, output?, error?, logs, timedOut?, ms, calls, denied?, detail?} (new
+ *        reference); a run a failed binding call ended has upstream's fixed text for its code as `error` and the
+ *        method, code, broker reason and correlation id in `detail` (for the operator, never the guest);
  *        a cancelled run (cancel_fd, stop_fd) has error "sandbox request cancelled"
  * @return SB_OK, or SB_E_NOMEM when the outcome could not be built
  */

@@ -38,6 +38,7 @@
 #include "serve/serve.h"
 #include "serve/serve_int.h"
 #include "serve/launcher.h"
+#include "serve/gate.h"
 #include "relay/tls.h"
 #include "sb_build_info.h"
 
@@ -48,9 +49,11 @@
 #define DEFAULT_PORT 8787u
 #define DEFAULT_MAX_CONNECTIONS 256u
 /*
- * h2o buffers a whole body before the handler runs and answers its own plain
- * 413 past max_request_entity_size; a little above our 2 MiB cap, so that
- * every body just over the cap gets the exact JSON answer from the handler.
+ * h2o buffers a whole body before the handler runs and answers its own 413
+ * past max_request_entity_size (json_error_setup makes it our JSON answer). h2o
+ * counts a chunked body with its chunk framing, so the cap is 1 MiB above our
+ * 2 MiB: a chunked body of at most 2 MiB whose framing takes less than 1 MiB
+ * reaches the handler, which decides on the decoded size.
  */
 #define H2O_ENTITY_CAP (SB_SERVE_MAX_BODY + 1024u * 1024u)
 /* past its timeout, a run's process gets this long (deno start-up, mint, revoke) before it is killed */
@@ -61,6 +64,37 @@
 #define HEALTH_EVERY_MS 1000
 
 #define MSG_DENIED "The workload is not authorized for this sandbox operation."
+
+/*
+ * Connections before their first head passed the gate (gate.h): at most this share of
+ * --max-connections (the rest is kept for connections that showed the admission header), and each
+ * for at most GATE_HEAD_MS until its head is complete. When none is free, the oldest one waiting
+ * is closed for the new one.
+ */
+#define GATE_SHARE_NUM 3u
+#define GATE_SHARE_DEN 4u
+#define GATE_HEAD_MS 2000
+/* a refusal's connection is read (and dropped) for at most this long, so the client sees the answer */
+#define LINGER_MS 1000
+#define LINGER_BYTES (256u * 1024u)
+/* refusals before admission: at most this many log lines per interval, then one summary line */
+#define REFUSAL_LOG_BUDGET 20u
+#define REFUSAL_LOG_INTERVAL_MS 1000
+
+#define REFUSALS(X)                                                                                                                \
+    X(REFUSE_HEAD, "bad_head")                                                                                                     \
+    X(REFUSE_FRAMING, "framing")                                                                                                   \
+    X(REFUSE_DENIED, "admission")                                                                                                  \
+    X(REFUSE_TOO_LARGE, "too_large")                                                                                               \
+    X(REFUSE_HEAD_TIMEOUT, "head_timeout")                                                                                         \
+    X(REFUSE_EVICTED, "evicted")                                                                                                   \
+    X(REFUSE_CONN_LIMIT, "connection_limit")
+#define REFUSAL_ENUM(e, n) e,
+typedef enum en_refusal_t { REFUSALS(REFUSAL_ENUM) REFUSE_COUNT } refusal_t;
+#undef REFUSAL_ENUM
+#define REFUSAL_NAME(e, n) n,
+static const char *const REFUSAL_NAMES[] = {REFUSALS(REFUSAL_NAME)};
+#undef REFUSAL_NAME
 
 static const double BUCKETS[] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60};
 /* from the request to the guest's first instruction (its init frame): milliseconds warm, more cold */
@@ -75,6 +109,13 @@ typedef struct st_conn_t {
     h2o_socket_t *sock;
     struct sockaddr_storage peer;
     socklen_t peer_len;
+    int gated;         /* still in the gate: serve reads its head, h2o does not have it yet */
+    int lingering;     /* a refusal was written: its input is dropped until LINGER_MS or LINGER_BYTES */
+    int admitted;      /* its first head carried the admission header: h2o keeps it alive */
+    unsigned requests; /* requests h2o handed to on_req on it */
+    size_t dropped;
+    int64_t since_ms; /* accepted (gated), or refusal written (lingering) */
+    char answer[320]; /* a refusal's whole HTTP answer, while it is written */
 } conn_t;
 
 typedef struct st_run_t {
@@ -114,7 +155,7 @@ static struct {
     h2o_evloop_t *loop;
     h2o_socket_t *listener;
     conn_t *conns;
-    size_t nconns;
+    size_t nconns, ngated;
     run_t *runs;
     unsigned nruns, guests;
     unsigned active; /* runs holding a --max-runs slot: from the fork to their answer */
@@ -122,6 +163,12 @@ static struct {
 
     /* metrics */
     unsigned long long outcomes[SB_SERVE_OUT_COUNT];
+    unsigned long long refusals[REFUSE_COUNT];
+    unsigned long long log_suppressed;
+    /* the refusal log's budget: lines written in this interval, and refusals not logged */
+    int64_t rlog_interval_at;
+    unsigned rlog_lines;
+    unsigned long long rlog_suppressed;
     unsigned long long buckets[NBUCKETS], hist_count;
     double hist_sum;
     unsigned long long jail_failures;
@@ -232,6 +279,48 @@ static void account(sb_serve_outcome_t outcome, int status, int64_t ms, json_t *
         json_decref(fields);
     }
     log_event("info", "run", line);
+}
+
+/*
+ * Refusals before admission cost whoever connects nothing but the refusal: they are counted always
+ * (sb_serve_runs_total, sb_serve_refused_total) and logged at most REFUSAL_LOG_BUDGET a
+ * REFUSAL_LOG_INTERVAL_MS; past that one "refusals.suppressed" line per interval says how many
+ * were not (refusal_log_flush, from the loop).
+ */
+static void refusal_log_flush(int64_t now)
+{
+    if (now - S.rlog_interval_at < REFUSAL_LOG_INTERVAL_MS)
+        return;
+    if (S.rlog_suppressed > 0)
+        log_event("warn", "refusals.suppressed",
+                  json_pack("{s:I, s:I}", "suppressed", (json_int_t)S.rlog_suppressed, "intervalMs",
+                            (json_int_t)REFUSAL_LOG_INTERVAL_MS));
+    S.rlog_suppressed = 0;
+    S.rlog_lines = 0;
+    S.rlog_interval_at = now;
+}
+
+static int refusal_log_ok(void)
+{
+    refusal_log_flush(sb_serve_now_ms());
+    if (S.rlog_lines < REFUSAL_LOG_BUDGET) {
+        ++S.rlog_lines;
+        return 1;
+    }
+    ++S.rlog_suppressed;
+    ++S.log_suppressed;
+    return 0;
+}
+
+/* a POST /run refused before admission: counted as account() counts, logged within the budget */
+static void account_refused(sb_serve_outcome_t outcome, int status, int64_t ms, json_t *fields)
+{
+    if (refusal_log_ok()) {
+        account(outcome, status, ms, fields);
+        return;
+    }
+    ++S.outcomes[outcome < SB_SERVE_OUT_COUNT ? outcome : SB_SERVE_OUT_ERROR];
+    json_decref(fields);
 }
 
 /* a run answered before any process: {ok:false, error, logs:[], ms} */
@@ -436,6 +525,9 @@ static void run_answer(run_t *r, const char *why)
         if (json_object_get(r->meta, "revokeError") != NULL)
             json_object_set(fields, "revokeError", json_object_get(r->meta, "revokeError"));
         json_object_set(fields, "pooled", json_object_get(r->meta, "pooled"));
+        /* a failed binding call: its method, code, the broker's reason and correlation id */
+        if (json_is_string(json_object_get(r->meta, "detail")))
+            json_object_set(fields, "detail", json_object_get(r->meta, "detail"));
         if (json_is_integer(json_object_get(r->meta, "handoverMs"))) {
             json_int_t h = json_integer_value(json_object_get(r->meta, "handoverMs"));
             json_object_set_new(fields, "handoverMs", json_integer(h));
@@ -653,20 +745,20 @@ static void handle_run(h2o_req_t *req)
 
     if (req->entity.len > SB_SERVE_MAX_BODY) {
         SEND_LIT(req, 413, "Payload Too Large", "{\"ok\":false,\"error\":\"request body too large\",\"logs\":[]}");
-        account(SB_SERVE_OUT_INVALID, 413, sb_serve_now_ms() - started, NULL);
+        account_refused(SB_SERVE_OUT_INVALID, 413, sb_serve_now_ms() - started, NULL);
         return;
     }
     st = sb_serve_req_decode(req->entity.base, req->entity.len, &root);
     if (st == SB_E_BAD_ARGS) {
         SEND_LIT(req, 400, "Bad Request", "{\"ok\":false,\"error\":\"invalid JSON body\",\"logs\":[]}");
-        account(SB_SERVE_OUT_INVALID, 400, sb_serve_now_ms() - started, NULL);
+        account_refused(SB_SERVE_OUT_INVALID, 400, sb_serve_now_ms() - started, NULL);
         return;
     }
     /* too deep or too many values for any valid request: what upstream answers depends on the admission only */
     if (st != SB_OK ? !admitted(req, 0) : !sb_serve_req_is_host(root) || !admitted(req, 0)) {
         json_decref(root);
         SEND_LIT(req, 403, "Forbidden", "{\"ok\":false,\"error\":\"" MSG_DENIED "\",\"logs\":[]}");
-        account(SB_SERVE_OUT_DENIED, 403, sb_serve_now_ms() - started, NULL);
+        account_refused(SB_SERVE_OUT_DENIED, 403, sb_serve_now_ms() - started, NULL);
         return;
     }
     if (st != SB_OK || sb_serve_req_validate(root, &run, &why) != SB_OK) {
@@ -796,6 +888,18 @@ static void handle_metrics(h2o_req_t *req)
         st = sb_buf_printf(&t, "sb_serve_runs_total{outcome=\"%s\"} %llu\n", sb_serve_outcome_name((sb_serve_outcome_t)i),
                            S.outcomes[i]);
     if (st == SB_OK)
+        st = sb_buf_append_str(&t, "# HELP sb_serve_refused_total Connections and requests refused before admission, by why.\n"
+                                   "# TYPE sb_serve_refused_total counter\n");
+    for (unsigned i = 0; i < REFUSE_COUNT && st == SB_OK; ++i)
+        st = sb_buf_printf(&t, "sb_serve_refused_total{refusal=\"%s\"} %llu\n", REFUSAL_NAMES[i], S.refusals[i]);
+    if (st == SB_OK)
+        st = sb_buf_printf(&t,
+                           "# HELP sb_serve_refusal_log_suppressed_total Refusals not logged (over the log budget).\n"
+                           "# TYPE sb_serve_refusal_log_suppressed_total counter\nsb_serve_refusal_log_suppressed_total %llu\n"
+                           "# HELP sb_serve_connections Open client connections, by state.\n# TYPE sb_serve_connections gauge\n"
+                           "sb_serve_connections{state=\"gated\"} %zu\nsb_serve_connections{state=\"open\"} %zu\n",
+                           S.log_suppressed, S.ngated, S.nconns);
+    if (st == SB_OK)
         st = sb_buf_append_str(&t, "# HELP sb_serve_run_duration_seconds Wall time of runs that got a process.\n"
                                    "# TYPE sb_serve_run_duration_seconds histogram\n");
     for (size_t i = 0; i < NBUCKETS && st == SB_OK; ++i) /* observe() counts each run in every bucket it fits: cumulative */
@@ -858,11 +962,100 @@ static void handle_metrics(h2o_req_t *req)
     h2o_send(req, &buf, 1, H2O_SEND_STATE_FINAL);
 }
 
+/* the JSON bodies of h2o's own refusals (json_error_setup) */
+static const char BODY_413[] = "{\"ok\":false,\"error\":\"request body too large\",\"logs\":[]}";
+static const char BODY_400[] = "{\"ok\":false,\"error\":\"invalid request\",\"logs\":[]}";
+
+typedef struct st_json_error_ostream_t {
+    h2o_ostream_t super;
+    h2o_iovec_t body;
+} json_error_ostream_t;
+
+static void json_error_send(h2o_ostream_t *self, h2o_req_t *req, h2o_iovec_t *bufs, size_t bufcnt, h2o_send_state_t state)
+{
+    json_error_ostream_t *o = (json_error_ostream_t *)self;
+    (void)bufs;
+    (void)bufcnt;
+    if (h2o_send_state_is_in_progress(state))
+        h2o_ostream_send_next(self, req, NULL, 0, state);
+    else
+        h2o_ostream_send_next(self, req, &o->body, 1, state);
+}
+
+/*
+ * h2o's own refusals (a 4xx it answers before any handler: a chunked body past its limit, broken
+ * chunked encoding, ...) are plain text; this filter, on every path h2o may bind such an answer to,
+ * gives them our JSON shape, 413 "request body too large" and every other one "invalid request",
+ * so the client sees the same JSON 413 however the body came (a Content-Length past the cap never
+ * gets that far: the gate answers it).
+ */
+static void json_error_setup(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t **slot)
+{
+    ssize_t i = h2o_find_header(&req->res.headers, H2O_TOKEN_CONTENT_TYPE, -1);
+    (void)self;
+    if (req->res.status >= 400 && req->res.status <= 499 &&
+        (i < 0 || !h2o_memis(req->res.headers.entries[i].value.base, req->res.headers.entries[i].value.len,
+                             H2O_STRLIT("application/json")))) {
+        json_error_ostream_t *o;
+        h2o_iovec_t body = req->res.status == 413 ? h2o_iovec_init(BODY_413, sizeof(BODY_413) - 1)
+                                                  : h2o_iovec_init(BODY_400, sizeof(BODY_400) - 1);
+        req->res.content_length = body.len;
+        h2o_set_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, H2O_STRLIT("application/json"), 1);
+        o = (json_error_ostream_t *)h2o_add_ostream(req, sizeof(*o), slot);
+        o->super.do_send = json_error_send;
+        o->body = body;
+        slot = &o->super.next;
+        if (h2o_memis(req->input.method.base, req->input.method.len, H2O_STRLIT("POST")) &&
+            h2o_memis(req->input.path.base, req->input.path.len, H2O_STRLIT("/run")))
+            account_refused(SB_SERVE_OUT_INVALID, req->res.status, 0, NULL);
+    }
+    h2o_setup_next_ostream(req, slot);
+}
+
+static void refused_event(refusal_t why, const char *reason);
+
+/*
+ * A later request on a kept-alive connection: h2o has parsed it, and its head is still at the start
+ * of the connection's input (h2o consumes a request's bytes only after its answer, and decodes a
+ * chunked body in place after the head; the broker's listener relies on the same, framing.c). The
+ * gate's rules are applied to it; a head that is not this request's is refused too (fail closed).
+ */
+static int later_framing_refused(conn_t *c, h2o_req_t *req)
+{
+    sb_serve_gate_head_t head;
+    const char *why = NULL;
+    sb_serve_gate_t v = c->sock->input != NULL ? sb_serve_gate_head(c->sock->input->bytes, c->sock->input->size, S.admission_hash,
+                                                                    SIZE_MAX, &head, &why)
+                                               : SB_GATE_BAD_HEAD;
+
+    if (v == SB_GATE_MORE || v == SB_GATE_BAD_HEAD)
+        why = "the buffered head is not this request's";
+    else if (!h2o_memis(head.method, head.method_len, req->input.method.base, req->input.method.len) ||
+             !h2o_memis(head.target, head.target_len, req->input.path.base, req->input.path.len))
+        why = "the buffered head is not this request's";
+    else if (v != SB_GATE_FRAMING)
+        return 0;
+    refused_event(REFUSE_FRAMING, why);
+    req->http1_is_persistent = 0;
+    SEND_LIT(req, 400, "Bad Request", "{\"ok\":false,\"error\":\"invalid request\",\"logs\":[]}");
+    return 1;
+}
+
+static conn_t *conn_of(h2o_req_t *req);
+
 static int on_req(h2o_handler_t *self, h2o_req_t *req)
 {
     h2o_iovec_t p = req->path_normalized;
+    conn_t *c = conn_of(req);
 
     (void)self;
+    /* a connection whose first head did not show the admission header serves that one request: its
+     * next head goes through the gate again, on a new connection (gate.h) */
+    if (c == NULL || !c->admitted)
+        req->http1_is_persistent = 0;
+    /* the gate decided the first head; a later one on a kept-alive connection is held to the same framing rules here */
+    if (c != NULL && c->requests++ > 0 && later_framing_refused(c, req))
+        return 0;
     if (h2o_memis(req->method.base, req->method.len, H2O_STRLIT("GET")) && h2o_memis(p.base, p.len, H2O_STRLIT("/health")))
         handle_health(req);
     else if (h2o_memis(req->method.base, req->method.len, H2O_STRLIT("POST")) && h2o_memis(p.base, p.len, H2O_STRLIT("/run")))
@@ -870,7 +1063,7 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
     else if (h2o_memis(req->method.base, req->method.len, H2O_STRLIT("GET")) && h2o_memis(p.base, p.len, H2O_STRLIT("/metrics")))
         handle_metrics(req);
     else
-        SEND_LIT(req, 404, "Not Found", "{\"ok\":false,\"error\":\"not found\",\"logs\":[]}");
+        SEND_LIT(req, 404, "Not Found", "{\"ok\":false,\"error\":\"not found\"}"); /* upstream's body, byte for byte */
     return 0;
 }
 
@@ -886,33 +1079,194 @@ static void on_conn_close(void *data)
     if (c->next != NULL)
         c->next->prev = c->prev;
     --S.nconns;
+    if (c->gated)
+        --S.ngated;
     sb_mem_free(c);
+}
+
+/* the connection a request came on (NULL if it cannot be told) */
+static conn_t *conn_of(h2o_req_t *req)
+{
+    h2o_socket_t *sock = req->conn->callbacks->get_socket != NULL ? req->conn->callbacks->get_socket(req->conn) : NULL;
+    return sock != NULL && sock->on_close.cb == on_conn_close ? sock->on_close.data : NULL;
+}
+
+static void refused_event(refusal_t why, const char *reason)
+{
+    ++S.refusals[why];
+    if (refusal_log_ok())
+        log_event("info", "refused", json_pack("{s:s, s:s}", "refusal", REFUSAL_NAMES[why], "reason", reason));
+}
+
+/* a refusal's answer is out: the client's further bytes are read and dropped for a while, then it closes */
+static void on_linger_read(h2o_socket_t *sock, const char *err)
+{
+    conn_t *c = sock->on_close.data;
+    if (err == NULL) {
+        c->dropped += sock->input->size;
+        h2o_buffer_consume(&sock->input, sock->input->size);
+    }
+    if (err != NULL || c->dropped > LINGER_BYTES)
+        h2o_socket_close(sock);
+}
+
+static void on_refusal_written(h2o_socket_t *sock, const char *err)
+{
+    conn_t *c = sock->on_close.data;
+    if (err != NULL) {
+        h2o_socket_close(sock);
+        return;
+    }
+    /* the answer is sent: say so (FIN), and read what the client still sends, so that closing with
+     * unread bytes (a reset) does not destroy the answer before the client reads it */
+    (void)shutdown(h2o_socket_get_fd(sock), SHUT_WR);
+    c->lingering = 1;
+    c->since_ms = sb_serve_now_ms();
+    h2o_buffer_consume(&sock->input, sock->input->size);
+    h2o_socket_read_start(sock, on_linger_read);
+}
+
+static void refuse_gated(conn_t *c, sb_serve_gate_t verdict, const sb_serve_gate_head_t *head, const char *why)
+{
+    static const char denied[] = "{\"ok\":false,\"error\":\"" MSG_DENIED "\",\"logs\":[]}";
+    static const char large[] = "{\"ok\":false,\"error\":\"request body too large\",\"logs\":[]}";
+    static const char bad[] = "{\"ok\":false,\"error\":\"invalid request\",\"logs\":[]}";
+    const char *status, *body;
+    h2o_iovec_t buf;
+    refusal_t r;
+    int n, code = 400;
+
+    switch (verdict) {
+    case SB_GATE_DENIED:
+        status = "403 Forbidden", body = denied, r = REFUSE_DENIED, code = 403;
+        break;
+    case SB_GATE_TOO_LARGE:
+        status = "413 Payload Too Large", body = large, r = REFUSE_TOO_LARGE, code = 413;
+        break;
+    case SB_GATE_FRAMING:
+        status = "400 Bad Request", body = bad, r = REFUSE_FRAMING;
+        break;
+    default:
+        status = "400 Bad Request", body = bad, r = REFUSE_HEAD;
+        break;
+    }
+    c->gated = 0;
+    --S.ngated;
+    h2o_socket_read_stop(c->sock);
+    if (head != NULL && head->is_run) {
+        /* a POST /run: its outcome and run line as the handler would have given them, within the log budget */
+        ++S.refusals[r];
+        account_refused(r == REFUSE_DENIED ? SB_SERVE_OUT_DENIED : SB_SERVE_OUT_INVALID, code, 0,
+                        json_pack("{s:s, s:s}", "refusal", REFUSAL_NAMES[r], "reason", why));
+    } else {
+        refused_event(r, why);
+    }
+    /* the answer lives in the connection until it is written (h2o_socket_write does not copy) */
+    n = snprintf(c->answer, sizeof(c->answer),
+                 "HTTP/1.1 %s\r\nContent-Type: application/json\r\nCache-Control: no-store\r\nConnection: close\r\n"
+                 "Content-Length: %zu\r\n\r\n%s",
+                 status, strlen(body), body);
+    buf = h2o_iovec_init(c->answer, (size_t)n < sizeof(c->answer) ? (size_t)n : sizeof(c->answer) - 1);
+    h2o_socket_write(c->sock, &buf, 1, on_refusal_written);
+}
+
+/* a gated connection's bytes: once its first head is complete, it is refused or handed to h2o */
+static void on_gate_read(h2o_socket_t *sock, const char *err)
+{
+    conn_t *c = sock->on_close.data;
+    sb_serve_gate_head_t head;
+    sb_serve_gate_t v;
+    const char *why = NULL;
+
+    if (err != NULL) {
+        h2o_socket_close(sock);
+        return;
+    }
+    v = sb_serve_gate_head(sock->input->bytes, sock->input->size, S.admission_hash, SB_SERVE_MAX_BODY, &head, &why);
+    if (v == SB_GATE_MORE)
+        return;
+    if (v != SB_GATE_PASS) {
+        refuse_gated(c, v, v == SB_GATE_BAD_HEAD ? NULL : &head, why != NULL ? why : "refused");
+        return;
+    }
+    c->gated = 0;
+    --S.ngated;
+    c->admitted = head.admitted;
+    h2o_socket_read_stop(sock);
+    /* h2o's HTTP/1 reader starts on the bytes already buffered: the head just decided */
+    h2o_accept(&S.actx, sock);
+}
+
+/* the oldest connection still in the gate is closed, for a new one; 0 if there is none */
+static int evict_gated(void)
+{
+    conn_t *oldest = NULL;
+    for (conn_t *c = S.conns; c != NULL; c = c->next)
+        if (c->gated)
+            oldest = c; /* the list is newest first */
+    if (oldest == NULL)
+        return 0;
+    refused_event(REFUSE_EVICTED, "a connection waiting for its head was closed for a newer one");
+    h2o_socket_close(oldest->sock);
+    return 1;
 }
 
 static void on_accept(h2o_socket_t *listener, const char *err)
 {
     h2o_socket_t *sock;
+    size_t gated_cap = S.max_connections * GATE_SHARE_NUM / GATE_SHARE_DEN;
 
     if (err != NULL)
         return;
+    if (gated_cap == 0)
+        gated_cap = 1;
     for (int i = 0; i < 16 && (sock = h2o_evloop_socket_accept(listener)) != NULL; ++i) {
         conn_t *c;
-        /* connections are bounded like everything else: past the cap a new one is closed at once */
-        if (S.nconns >= S.max_connections || (c = sb_mem_try_calloc(1, sizeof(*c))) == NULL) {
+        /*
+         * Connections are bounded like everything else. Those that have not shown their first head
+         * yet hold at most their share of the slots, the oldest giving way to a new one; the rest is
+         * kept for connections that showed the admission header. Past the cap a new one is closed.
+         */
+        if ((S.ngated >= gated_cap || S.nconns >= S.max_connections) && !evict_gated()) {
+            ++S.refusals[REFUSE_CONN_LIMIT];
+            h2o_socket_close(sock);
+            continue;
+        }
+        if ((c = sb_mem_try_calloc(1, sizeof(*c))) == NULL) {
             h2o_socket_close(sock);
             continue;
         }
         c->sock = sock;
         c->peer_len = h2o_socket_getpeername(sock, (void *)&c->peer);
+        c->gated = 1;
+        c->since_ms = sb_serve_now_ms();
         c->next = S.conns;
         if (S.conns != NULL)
             S.conns->prev = c;
         S.conns = c;
         ++S.nconns;
+        ++S.ngated;
         sock->on_close.cb = on_conn_close;
         sock->on_close.data = c;
-        h2o_accept(&S.actx, sock);
+        h2o_socket_read_start(sock, on_gate_read);
     }
+}
+
+/* gated connections silent past GATE_HEAD_MS, and lingering ones past LINGER_MS, are closed */
+static void conn_housekeeping(int64_t now)
+{
+    conn_t *c = S.conns;
+    while (c != NULL) {
+        conn_t *next = c->next;
+        if (c->gated && now - c->since_ms >= GATE_HEAD_MS) {
+            refused_event(REFUSE_HEAD_TIMEOUT, "no complete request head in time");
+            h2o_socket_close(c->sock);
+        } else if (c->lingering && now - c->since_ms >= LINGER_MS) {
+            h2o_socket_close(c->sock);
+        }
+        c = next;
+    }
+    refusal_log_flush(now);
 }
 
 /* ---- configuration ---- */
@@ -1578,6 +1932,7 @@ static void housekeeping(void)
 
     reap_zombies();
     pool_housekeeping();
+    conn_housekeeping(now);
     while (r != NULL) {
         run_t *next = r->next;
         if (now >= r->deadline_ms)
@@ -1646,6 +2001,8 @@ int sb_shim_serve_main(int argc, char **argv)
     path = h2o_config_register_path(host, "/", 0);
     handler = h2o_create_handler(path, sizeof(*handler));
     handler->on_req = on_req;
+    h2o_create_filter(path, sizeof(h2o_filter_t))->on_setup_ostream = json_error_setup;
+    h2o_create_filter(&host->fallback_path, sizeof(h2o_filter_t))->on_setup_ostream = json_error_setup;
     S.loop = h2o_evloop_create();
     h2o_context_init(&S.ctx, S.loop, &S.gc);
     S.actx.ctx = &S.ctx;

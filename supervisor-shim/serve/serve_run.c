@@ -152,7 +152,7 @@ __attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, sb_s
     static sb_shim_config_t cfg; /* 8 KiB of token: not on the stack */
     static sb_shim_guest_t cold;
     sb_shim_guest_t *guest = NULL; /* released after the answer: it is reaped by then */
-    json_t *outcome = NULL, *answer = NULL, *meta;
+    json_t *outcome = NULL, *answer = NULL, *meta, *detail = NULL;
     sb_serve_outcome_t outcome_kind = SB_SERVE_OUT_COUNT; /* COUNT: not decided yet */
     const char *revoke = NULL;
     int denied = 0;
@@ -187,6 +187,7 @@ __attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, sb_s
     cfg.cancel_fd = cancel ? CANCEL_FD : -1;
     cfg.stop_fd = stop[0];
     cfg.stderr_cap_fails = 1;
+    cfg.upstream_call_limit = 1;
     cfg.mark_denial = 1;
     switch (job->kind) {
     case SB_SERVE_COMPUTE:
@@ -267,6 +268,9 @@ Answer:
     json_object_del(outcome, "calls");
     denied = json_is_true(json_object_get(outcome, "denied"));
     json_object_del(outcome, "denied");
+    /* the failed call's method, code, reason and correlation id: for the log line, not the answer */
+    detail = json_incref(json_object_get(outcome, "detail"));
+    json_object_del(outcome, "detail");
     json_object_set_new(outcome, "ms", json_integer(sb_serve_now_ms() - job->started_ms));
     answer = outcome;
     body = json_dumps(answer, JSON_COMPACT);
@@ -287,6 +291,8 @@ Answer:
     /* from the request to the guest's first instruction: the init frame is written next */
     if (meta != NULL && handover_ms >= 0)
         json_object_set_new(meta, "handoverMs", json_integer(handover_ms));
+    if (meta != NULL && detail != NULL)
+        json_object_set(meta, "detail", detail);
     if (meta != NULL && revoke != NULL) {
         json_object_set_new(meta, "revoke", json_string(revoke));
         if (revoke_err[0] != '\0')

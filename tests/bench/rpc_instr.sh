@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Instructions per RPC: the broker under callgrind (memory token store, one worker), N calls of each
+# Instructions per RPC: the broker under callgrind (memory token store by default, one worker), N calls of each
 # case sent one after another on one kept-alive connection; the counters are zeroed before a case and
 # dumped after it, so each figure is the broker's own instructions for N calls divided by N. The
 # *-decide cases make the same calls under a manifest with a decide axis whose rules name other
@@ -11,11 +11,14 @@
 #   rpc_instr.sh BROKER [BROKER...]   each binary in turn, the same cases
 #   BENCH_CALLS      calls per case (default 2000)
 #   BENCH_LOG_CALLS  the broker's log_calls (default false: the route alone)
+#   BENCH_STORE      the token store (default memory; a redis:// URL counts the broker's side of the
+#                    Redis path, redis-server's own instructions not included)
 # Needs valgrind, curl and Debian's python3 with python3-msgpack. Loopback only.
 set -u -o pipefail
 
 N=${BENCH_CALLS:-2000}
 LOG_CALLS=${BENCH_LOG_CALLS:-false}
+STORE=${BENCH_STORE:-memory}
 SECRET="bench-admin-secret-$$-0123456789abcdef"
 [ $# -ge 1 ] || { echo "usage: $0 BROKER [BROKER...]" >&2; exit 2; }
 for tool in valgrind callgrind_control curl /usr/bin/python3; do
@@ -59,13 +62,18 @@ for broker in "$@"; do
     : >"$log"
     rm -f "$WORK"/callgrind.out.*
     SANDBOX_BROKER_ADMIN_SECRET=$SECRET SANDBOX_BROKER_LISTEN=127.0.0.1:0 SANDBOX_BROKER_ADMIN_LISTEN=127.0.0.1:0 \
-        SANDBOX_BROKER_THREADS=1 SANDBOX_BROKER_TOKEN_STORE=memory SANDBOX_BROKER_LOG_CALLS=$LOG_CALLS \
+        SANDBOX_BROKER_THREADS=1 SANDBOX_BROKER_TOKEN_STORE=$STORE SANDBOX_BROKER_LOG_CALLS=$LOG_CALLS \
         valgrind --tool=callgrind --callgrind-out-file="$WORK/callgrind.out.%p" "$broker" 2>>"$log" >/dev/null &
     VPID=$!
     for _ in $(seq 600); do grep -q '"event":"started"' "$log" && break; sleep 0.1; done
     port=$(sed -n 's/.*"listener":"public".*"port":\([0-9]*\).*/\1/p' "$log" | head -1)
     admin=$(sed -n 's/.*"listener":"admin".*"port":\([0-9]*\).*/\1/p' "$log" | head -1)
     [ -n "$port" ] && [ -n "$admin" ] || { echo "rpc_instr.sh: $broker did not start: $(tail -3 "$log")" >&2; exit 1; }
+    # the Redis store connects asynchronously: wait until it is ready
+    for _ in $(seq 300); do
+        [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/readyz")" = 200 ] && break
+        sleep 0.1
+    done
     tok=$(curl -s -X POST -H "Authorization: Bearer $SECRET" -H 'Content-Type: application/json' \
         -d '{"runId":"instr","ttlMs":3600000,"quotas":{"calls":1000000,"concurrent":1024},"capabilities":{"services":["svc"]}}' \
         "http://127.0.0.1:$admin/admin/v1/tokens" | sed -n 's/.*"token":"\([0-9a-f]\{64\}\)".*/\1/p')

@@ -22,9 +22,14 @@ class Audit(sbtest.BrokerTestCase):
             # SIGTERM flushes the audit buffer before the broker exits
             self.assertEqual(b.stop(), 0)
         with open(path) as f:
-            lines = [json.loads(l) for l in f.read().splitlines()]
+            records = [json.loads(l) for l in f.read().splitlines()]
         self.assertEqual(os.stat(path).st_mode & 0o777, 0o600)
-        self.assertEqual(len(lines), 3, lines)
+        # the chain around the calls: a genesis first, the shutdown checkpoint last (test_audit_chain.py has the rest)
+        self.assertEqual([r["event"] for r in records],
+                         ["audit.genesis", "audit", "audit", "audit", "audit.checkpoint"])
+        self.assertEqual([r["seq"] for r in records], list(range(5)))
+        self.assertEqual(records[-1]["reason"], "shutdown")
+        lines = [r for r in records if r["event"] == "audit"]
         granted, denied, unknown = lines
         self.assertEqual((granted["decision"], granted["code"], granted["status"]), ("allow", "not_implemented", 501))
         self.assertEqual(granted["runId"], "audit-run")
@@ -57,7 +62,7 @@ class Audit(sbtest.BrokerTestCase):
             self.assertEqual([(e.get("cid"), e.get("reason")) for e in failed], [(cid, reason)])
             self.assertEqual(b.stop(), 0)
         with open(path) as f:
-            lines = [json.loads(l) for l in f.read().splitlines()]
+            lines = [r for r in map(json.loads, f.read().splitlines()) if r["event"] == "audit"]
         self.assertEqual(len(lines), 1, lines)
         self.assertEqual((lines[0]["cid"], lines[0]["decision"], lines[0]["code"], lines[0]["status"], lines[0]["reason"]),
                          (cid, "allow", "execution_error", 500, reason))
@@ -67,9 +72,10 @@ class Audit(sbtest.BrokerTestCase):
             token = b.mint_ok("audit-full", {"services": ["svc"]})
             for _ in range(5):
                 b.rpc(token, "services.svc.fn", {})
-            m = b.admin("GET", "/metrics").raw.decode()
-            # /dev/full fails every write: the lines are lost, the calls are not
-            self.assertIn("sb_audit_dropped_total ", m)
+            # /dev/full fails every write: the lines are lost (and counted), the calls are not
+            dropped = sbtest.poll(lambda: [int(l.split()[1]) for l in b.admin("GET", "/metrics").raw.decode().splitlines()
+                                           if l.startswith("sb_audit_dropped_total ") and int(l.split()[1]) >= 5], 5.0)
+            self.assertEqual(dropped, [5])
 
     def test_unwritable_audit_file_refuses_to_start(self):
         rc, out, err = sbtest.run_broker_once([], sbtest.base_env({"SANDBOX_BROKER_AUDIT": "/nonexistent/dir/audit.log"}))

@@ -162,7 +162,7 @@ class RequestId(sbtest.BrokerTestCase):
             # SIGTERM flushes the audit buffer
             self.assertEqual(b.stop(), 0)
         with open(audit) as f:
-            audited = [json.loads(x) for x in f.read().splitlines()]
+            audited = [a for a in map(json.loads, f.read().splitlines()) if a["event"] == "audit"]
         self.assertEqual([(a["cid"], a["requestId"]) for a in audited], [(line["cid"], rid)])
 
     def test_every_accepted_byte_and_the_length_cap(self):
@@ -247,13 +247,16 @@ class InspectMemory(sbtest.BrokerTestCase):
         self.assertEqual(self.b.rpc(t2, "services.other.send", {}).status, 403)  # denied calls count too
         # the Redis store sends a call's release without waiting for it, so the last one may still be on its way
         self.assertTrue(sbtest.poll(lambda: self.inspect_run(run).body.get("usage", {}).get("inFlight") == 0, 5))
+        # and the timeline's events after the reply (the counts come from them)
+        self.assertTrue(sbtest.poll(lambda: sum(self.inspect_run(run).body.get("callsByOutcome", {}).values()) == 4, 5))
         r = self.inspect_run(run)
         self.assertEqual(r.status, 200, r)
         self.assertEqual(r.headers.get("content-type"), "application/json")
         body = r.body
         toks = sorted(body.pop("tokens"), key=lambda t: t["expiresAt"])
         self.assertEqual(body, {"runId": run, "liveTokens": 2, "truncated": False,
-                                "usage": {"calls": 4, "inFlight": 0, "fetchedBytes": 0}})
+                                "usage": {"calls": 4, "inFlight": 0, "fetchedBytes": 0},
+                                "callsByOutcome": {"not_implemented": 3, "forbidden": 1}, "secretsByHost": {}})
         want1 = {"tokenHash": ref(t1), "expiresAt": e1, "target": "main", "scope": {"tenantId": "t1"},
                  "quotas": {"calls": 50, "concurrent": 16, "fetchBytes": 67108864}, "capabilities": CAPS_ENFORCED}
         want2 = {"tokenHash": ref(t2), "expiresAt": e2, "target": None, "scope": {},

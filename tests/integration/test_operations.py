@@ -38,6 +38,16 @@ def read_lines(path):
     return [json.loads(l) for l in data.splitlines()]
 
 
+def audit_calls(path):
+    """The call records of an audit file, without the chain's own records (docs/audit.md)."""
+    return [l for l in read_lines(path) if l["event"] == "audit"]
+
+
+def audit_verify(*paths):
+    p = subprocess.run([sbtest.BROKER_BIN, "audit-verify"] + list(paths), capture_output=True, text=True, timeout=60)
+    return p.returncode, p.stdout + p.stderr
+
+
 class Environment(sbtest.BrokerTestCase):
     def run_broker(self, args=(), env=None):
         return sbtest.run_broker_once(list(args), sbtest.base_env(env))
@@ -240,7 +250,7 @@ class Rotation(sbtest.BrokerTestCase):
 
     def wait_audit_lines(self, path, n):
         """The audit writer is a thread of its own: wait until n lines are on disk."""
-        self.assertTrue(sbtest.poll(lambda: len(read_lines(path)) >= n, 10), read_lines(path))
+        self.assertTrue(sbtest.poll(lambda: len(audit_calls(path)) >= n, 10), read_lines(path))
 
     def calls(self, b, token, phase, n):
         for _ in range(n):
@@ -259,7 +269,11 @@ class Rotation(sbtest.BrokerTestCase):
         self.calls(b, token, "three", 40)
         self.proc.send_signal(signal.SIGTERM)
         self.assertEqual(self.proc.wait(30), 0)
-        old, new = read_lines(self.audit + ".1"), read_lines(self.audit)
+        old, new = audit_calls(self.audit + ".1"), audit_calls(self.audit)
+        # the chain goes on across the reopen (SIGUSR1: "rotate", SIGHUP: "reload")
+        rc, out = audit_verify(self.audit + ".1", self.audit)
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(read_lines(self.audit + ".1")[-1]["reason"], "rotate" if sig == signal.SIGUSR1 else "reload")
         methods = [l["method"] for l in old + new]
         # none lost, none twice
         self.assertEqual(sorted(methods), sorted(["services.one.fn"] * 40 + ["services.two.fn"] * 40 +
@@ -293,7 +307,7 @@ class Rotation(sbtest.BrokerTestCase):
         self.calls(b, token, "b", 5)
         self.proc.send_signal(signal.SIGTERM)
         self.assertEqual(self.proc.wait(30), 0)
-        self.assertEqual([l["method"] for l in read_lines(self.audit + ".1")], ["services.b.fn"] * 5)
+        self.assertEqual([l["method"] for l in audit_calls(self.audit + ".1")], ["services.b.fn"] * 5)
 
     @unittest.skipUnless(os.path.exists(LOGROTATE), "logrotate is not installed")
     def test_the_shipped_logrotate_file(self):
@@ -329,7 +343,8 @@ class Rotation(sbtest.BrokerTestCase):
         self.proc.send_signal(signal.SIGTERM)
         self.assertEqual(self.proc.wait(30), 0)
         # delaycompress: the rotated files are .1, uncompressed; the new ones were created by logrotate
-        old, new = read_lines(self.audit + ".1"), read_lines(self.audit)
+        old, new = audit_calls(self.audit + ".1"), audit_calls(self.audit)
+        self.assertEqual(audit_verify(self.audit + ".1", self.audit)[0], 0)
         self.assertEqual([l["method"] for l in old], ["services.before.fn"] * 10)
         self.assertEqual([l["method"] for l in new], ["services.after.fn"] * 10)
         self.assertIn("started", [e["event"] for e in self.log_events(".1")])
@@ -373,7 +388,7 @@ class Inspection(sbtest.BrokerTestCase):
         subcommands = set(re.findall(r'strcmp\(argv\[1\], "([a-z-]+)"\)', src))
         self.assertTrue({"--config", "--check-config", "--offline", "--version", "--help", "-h",
                          "--print-config-keys"} <= flags, flags)
-        self.assertEqual(subcommands, {"egress-check"})
+        self.assertEqual(subcommands, {"egress-check", "audit-verify", "audit-pubkey"})
         described = [l.strip() for l in out.splitlines() if l.startswith("  ")]
         for name in flags | subcommands:
             with self.subTest(name=name):

@@ -12,6 +12,8 @@
 //     consistency rules, or it is "an invalid response";
 //   - like the executor service, it mints a scoped token on the broker's
 //     admin API for a run with bindings and revokes it when the run settles.
+// The guests are written for upstream (its store sugar, its error texts), and
+// must get upstream's results.
 // Exits 0 when every scenario held; prints what failed otherwise.
 
 const env = (k) => {
@@ -146,15 +148,24 @@ const scenarios = {
       source: `export default async (input) => {
         const made = await questpie.collections.posts.create({ data: { title: input.title, views: 7 } });
         const rows = await questpie.collections.posts.find({ where: { views: { gte: 7 } } });
-        await questpie.store.notes.create({ data: { key: "k1", data: { from: "guest" } } });
+        // upstream's store sugar, as its documentation writes it
+        await questpie.store.notes.create({ key: "k1", data: { v: 1 } });
+        await questpie.store.notes.create({ key: "k2", data: { v: 2 } });
         const notes = await questpie.store.notes.find({});
+        const one = await questpie.store.notes.findOne({ where: { key: "k1" } });
+        await questpie.store.notes.update({ where: { key: "k1" }, data: { data: { v: 3 } } });
+        await questpie.store.notes.delete({ where: { key: "k2" } });
+        const left = await questpie.store.notes.find({});
         console.log("rows", rows.docs.length);
-        return { created: made.title, rows: rows.docs.length, notes: notes.docs.length };
+        return { created: made.title, rows: rows.docs.length, notes: notes.docs.length, one: one?.data,
+                 left: left.docs.map((d) => [d.key, d.data]) };
       }`,
     });
     expect(r.ok === true, "collections run ok", r);
-    expect(r.output?.created === "written by a guest" && r.output?.rows === 1 && r.output?.notes === 1,
+    expect(r.output?.created === "written by a guest" && r.output?.rows === 1 && r.output?.notes === 2,
            "rows and notes seen", r);
+    expect(JSON.stringify(r.output?.one) === JSON.stringify({ v: 1 }), "store findOne by key", r);
+    expect(JSON.stringify(r.output?.left) === JSON.stringify([["k1", { v: 3 }]]), "store update and delete by key", r);
     expect(r.logs?.includes("log: rows 1"), "logs", r);
   },
   async denied() {
@@ -164,7 +175,8 @@ const scenarios = {
         return "carried on";
       }`,
     });
-    expect(r.ok === false && /forbidden/.test(r.error) && !has(r, "output"), "a denial ends the run", r);
+    expect(r.ok === false && r.error === "sandbox binding operation forbidden" && !has(r, "output"),
+           "a denial ends the run with upstream's text", r);
   },
   async revoked() {
     // a token revoked before the run: the broker refuses the first call
@@ -173,7 +185,7 @@ const scenarios = {
     await admin("DELETE", "/admin/v1/runs/adapter-run-3");
     const r = await postRun({ source: "export default () => questpie.collections.posts.find({})",
                               bindings: { url: BROKER_URL, token: minted.body.token } });
-    expect(r.ok === false && /unauthorized/.test(r.error), "revoked token refused", r);
+    expect(r.ok === false && r.error === "sandbox binding authorization failed", "revoked token refused, upstream's text", r);
   },
   async compute() {
     const r = await postRun({ source: "export default (i) => ({ doubled: i.n * 2, q: typeof questpie })", input: { n: 21 } });
@@ -194,7 +206,19 @@ const scenarios = {
       capabilities: { net: [UPSTREAM_HOST], timeoutMs: 5000 },
       source: `export default async () => { try { await fetch("http://127.0.0.1:1/x"); return "fetched"; } catch (e) { return "refused"; } }`,
     });
-    expect(far.ok === false && /forbidden|not in the net allowlist/.test(far.error), "outside net: the run ends", far);
+    expect(far.ok === false && far.error === "sandbox binding operation forbidden", "outside net: the run ends", far);
+  },
+  async upstreamErrors() {
+    // a method the token does not grant, and one the target does not wire: upstream's texts only
+    const r = await runWithBindings("adapter-run-4", { data: { collections: { posts: ["read"] } } }, { tenantId: "adapter-t4" }, {
+      source: `export default async () => questpie.collections.missing_table.find({})`,
+    });
+    expect(r.ok === false && r.error === "sandbox binding operation forbidden" && !/missing_table/.test(JSON.stringify(r)),
+           "the broker's reason stays out of the answer", r);
+    const b = await runWithBindings("adapter-run-5", { data: { collections: { posts: ["read"] } } }, { tenantId: "adapter-t5" }, {
+      source: `export default async () => questpie.collections.posts.find({ where: { no_such_field: 1 } })`,
+    });
+    expect(b.ok === false && b.error === "invalid sandbox binding arguments", "bad_args in upstream's words", b);
   },
   async timeout() {
     const r = await postRun({ source: "export default () => { while (true) {} }", capabilities: { timeoutMs: 300 } });

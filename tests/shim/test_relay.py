@@ -3,6 +3,7 @@ import sys
 sys.dont_write_bytecode = True  # noqa: E402 - keep tests/shim free of __pycache__
 import json
 import os
+import tempfile
 import time
 
 from common import (FakeBroker, TOKEN, Tap, check, closed_port, free_port, relay_args, run_shim)
@@ -53,15 +54,30 @@ def t_token_fd():
 
 
 def t_normalised_url():
-    """The broker URL is called as normalised: one trailing '/' dropped, the query kept byte for byte."""
+    """The broker URL is called as normalised: one trailing '/' dropped; a query is a usage error."""
     fb.reset()
     base = fb.url
-    rc, o, out, err = run_shim(relay_args(base.replace("http://", "HTTP://") + "/?channel=a%2Fb&x=1",
-                                          {"calls": [[1, "services.echo.x", 1]]}))
+    rc, o, out, err = run_shim(relay_args(base.replace("http://", "HTTP://") + "/", {"calls": [[1, "services.echo.x", 1]]}))
     check(rc == 0 and o["ok"], "run ok", o, err)
-    check(fb.requests[0]["path"] == "/api/sandbox/rpc?channel=a%2Fb&x=1", "normalised target", fb.requests[0]["path"])
+    check(fb.requests[0]["path"] == "/api/sandbox/rpc", "normalised target", fb.requests[0]["path"])
     rc, o, out, err = run_shim(relay_args(base + "?", {"calls": [[1, "services.echo.x", 1]]}))
     check(rc == 0 and o["ok"] and fb.requests[1]["path"] == "/api/sandbox/rpc", "an empty query is none", fb.requests[1:])
+    # a query on the command line: exit 2, the guest never started, the broker never asked
+    marker = os.path.join(tempfile.mkdtemp(prefix="sb-query-"), "started")
+    for mode in ("relay", "run"):
+        n = len(fb.requests)
+        if mode == "relay":
+            args = ["relay", "--broker-url", base + "?channel=a%2Fb", "--token-env", "SB_TEST_TOKEN", "--",
+                    "/bin/sh", "-c", "touch " + marker]
+        else:
+            src = os.path.join(os.path.dirname(marker), "guest.ts")
+            with open(src, "w") as f:
+                f.write("export default () => 1\n")
+            args = ["run", "--broker-url", base + "/?x=1", "--token-env", "SB_TEST_TOKEN", "--source", src]
+        rc, o, out, err = run_shim(args, expect_json=False)
+        check(rc == 2 and "--broker-url must not have a query" in err and out == "", mode + ": query is a usage error",
+              rc, out, err)
+        check(len(fb.requests) == n and not os.path.exists(marker), mode + ": nothing run, no request", fb.requests[n:])
 
 
 def t_out_of_order():
@@ -90,7 +106,7 @@ def t_broker_down():
     url = "http://127.0.0.1:%d/rpc" % closed_port()
     rc, o, out, err = run_shim(relay_args(url, {"calls": [[1, "services.echo.x"]]}))
     check(rc == 0 and not o["ok"], "run fails", o, err)
-    check("sandbox broker request failed" in o["error"] and "connect" in o["error"], "error names the failure", o)
+    check(o["error"] == "sandbox broker request failed" and "connect" in o["detail"], "error; detail names the failure", o)
     rc, o, out, err = run_shim(relay_args(url, {"calls": [[1, "services.echo.x"]]}, "--on-denial", "reply"))
     check(rc == 0 and o["ok"], "reply mode: guest finishes", o, err)
     rep = o["output"]["replies"]["1"]
@@ -100,32 +116,33 @@ def t_broker_down():
 
 def t_5xx_not_msgpack():
     rc, o, out, err = run_shim(relay_args(fb.url, {"calls": [[1, "services.err500.x"]]}))
-    check(rc == 0 and not o["ok"] and "invalid response" in o["error"] and "HTTP 500" in o["error"], "5xx error", o)
+    check(rc == 0 and not o["ok"] and o["error"] == "sandbox broker returned an invalid response" and "HTTP 500" in o["detail"], "5xx error", o)
 
 
 def t_invalid_success():
     rc, o, out, err = run_shim(relay_args(fb.url, {"calls": [[1, "services.weird.x"]]}))
-    check(rc == 0 and not o["ok"] and "invalid response" in o["error"], "{ok:true} without value is invalid", o)
+    check(rc == 0 and not o["ok"] and o["error"] == "sandbox broker returned an invalid response", "{ok:true} without value is invalid", o)
 
 
 def t_redirect():
     fb.reset()
     rc, o, out, err = run_shim(relay_args(fb.url, {"calls": [[1, "services.redirect.x"]]}))
-    check(rc == 0 and not o["ok"] and "redirect" in o["error"] and "302" in o["error"], "3xx is an error", o)
+    check(rc == 0 and not o["ok"] and o["error"] == "sandbox broker request failed" and "redirect" in o["detail"] and "302" in o["detail"], "3xx is an error", o)
     check(len(fb.requests) == 1, "redirect not followed", fb.requests)
 
 
 def t_call_timeout():
     t0 = time.monotonic()
     rc, o, out, err = run_shim(relay_args(fb.url, {"calls": [[1, "services.hang.x"]]}, "--call-timeout-ms", "300"))
-    check(rc == 0 and not o["ok"] and "timed out after 300ms" in o["error"], "per-call timeout", o)
+    check(rc == 0 and not o["ok"] and o["error"] == "sandbox broker request failed" and "timed out after 300ms" in o["detail"], "per-call timeout", o)
     check(time.monotonic() - t0 < 5, "did not wait for the broker")
 
 
 def t_denial_terminate_and_reply():
     rc, o, out, err = run_shim(relay_args(fb.url, {"calls": [[1, "services.deny.x"]]}))
     check(rc == 0 and not o["ok"], "terminate ends the run", o)
-    check(o["error"] == "binding call services.deny.x failed: forbidden: nope (correlationId abc-1)", "error text", o)
+    check(o["error"] == "sandbox binding operation forbidden", "upstream's fixed text", o)
+    check(o["detail"] == "binding call services.deny.x failed: forbidden: nope (correlationId abc-1)", "detail", o)
     rc, o, out, err = run_shim(relay_args(fb.url, {"calls": [[1, "services.deny.x"], [2, "services.echo.x", 2]]},
                                           "--on-denial", "reply"))
     check(rc == 0 and o["ok"], "reply mode continues", o)
@@ -170,7 +187,7 @@ def t_usage_errors():
 tap.case("echo call: headers, body, init frame", t_echo_and_headers)
 tap.case("token is not in the guest's env or argv", t_token_not_in_child)
 tap.case("token read from --token-fd", t_token_fd)
-tap.case("the broker URL is called normalised, query kept", t_normalised_url)
+tap.case("the broker URL is called normalised; a query is a usage error", t_normalised_url)
 tap.case("replies in completion order", t_out_of_order)
 tap.case("--max-inflight backpressure and keep-alive reuse", t_keepalive_and_inflight_limit)
 tap.case("broker down", t_broker_down)

@@ -192,8 +192,20 @@ class Serve:
                     continue
                 if ev.get("event") == name:
                     out.append(ev)
-            if name != "run" or len(out) >= self.posted or time.monotonic() > deadline:
+            # refusals before admission past the log budget are summarised, not logged one by one
+            if name != "run" or len(out) + self.suppressed() >= self.posted or time.monotonic() > deadline:
                 return out
+
+    def suppressed(self):
+        n = 0
+        for line in self.log().splitlines():
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if ev.get("event") == "refusals.suppressed":
+                n += ev["suppressed"]
+        return n
 
     def request(self, method, path, body=None, headers=None, timeout=60):
         if method == "POST" and path == "/run":
@@ -277,7 +289,7 @@ def t_not_found_and_methods():
                                {ADMISSION: SECRET})
         check(st == 404, "404 for %s %s" % (method, path), st, raw)
         if method != "HEAD":
-            check(json.loads(raw) == {"ok": False, "error": "not found", "logs": []}, "404 body", raw)
+            check(raw == b'{"ok":false,"error":"not found"}', "404 body: upstream's, byte for byte", raw)
     check(len(S.events()) == before, "no run was logged", S.events()[before:])
 
 
@@ -364,8 +376,6 @@ def t_schema():
         {"source": src, "capabilities": CAPS, "bindings": None},
         {"source": src, "capabilities": CAPS, "bindings": {"url": broker.url}},
         {"source": src, "capabilities": CAPS, "bindings": {"url": broker.url, "token": TOKEN, "x": 1}},
-        {"source": src, "capabilities": CAPS, "bindings": {"url": "", "token": TOKEN}},
-        {"source": src, "capabilities": CAPS, "bindings": {"url": "not a url", "token": TOKEN}},
         {"source": src, "capabilities": CAPS, "bindings": {"url": broker.url, "token": ""}},
         {"source": src, "capabilities": CAPS, "bindings": {"url": broker.url, "token": "t" * 8193}},
         {"source": src, "capabilities": CAPS, "bindings": {"url": "http://x/" + "a" * 2048, "token": TOKEN}},
@@ -553,7 +563,8 @@ def t_broker_redirect():
     o = ok_run({"source": "export default async () => { try { await globalThis.questpie.collections.posts.find({}); return 'unexpected success'; }"
                           " catch { return 'caught'; } }", "bindings": bindings(token="must-not-leak")})
     check(o["ok"] is False and "output" not in o, "denial is terminal", o)
-    check("sandbox broker request failed" in o["error"] and "307" in o["error"], "redirect is an error", o)
+    check(o["error"] == "sandbox broker request failed", "redirect is an error", o)
+    check("307" in S.events()[-1].get("detail", ""), "the run's log line names the 307", S.events()[-1])
     time.sleep(0.3)
     check(broker.count() == 1 and sink.requests == [], "never followed: the sink saw nothing", sink.requests)
     broker.reset()
@@ -564,7 +575,9 @@ def t_burst():
     o = ok_run({"source": "export default async () => { await Promise.all(Array.from({ length: 300 },"
                           " () => globalThis.questpie.collections.posts.find({}))); return 'unexpected'; }",
                 "capabilities": dict(CAPS, timeoutMs=8000), "bindings": bindings()})
-    check(o["ok"] is False and "call limit exceeded" in o["error"], "a burst above the per-run count is killed", o)
+    check(o["ok"] is False and o["error"] == "sandbox output limit exceeded", "a burst above the per-run count is killed", o)
+    check(S.events()[-1].get("detail") == "binding call limit exceeded (256 calls)", "the log line says why",
+          S.events()[-1])
     check(broker.count() <= 256, "broker effects bounded", broker.count())
     broker.reset()
     o = ok_run({"source": "export default async () => (await Promise.all(Array.from({ length: 250 },"

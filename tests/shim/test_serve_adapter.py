@@ -95,8 +95,8 @@ def main():
         def t_database():
             rows = pg.sql("SELECT tenant_id, title, views FROM posts ORDER BY id")
             check(rows == [["adapter-t1", "written by a guest", "7"]], "the guest's write, in its tenant only", rows)
-            notes = pg.sql("SELECT tenant_id, store, key FROM document_store")
-            check(notes == [["adapter-t1", "notes", "k1"]], "the store write", notes)
+            notes = pg.sql("SELECT tenant_id, store, key, data::text FROM document_store ORDER BY id")
+            check(notes == [["adapter-t1", "notes", "k1", '{"v": 3}']], "the store sugar's writes, in its tenant", notes)
 
         def t_net_tokens():
             evs = broker.events()
@@ -114,6 +114,10 @@ def main():
             check(outcomes.count("ok") >= 3 and "timeout" in outcomes, "runs logged", outcomes)
             check(all(r.get("revoke") == "ok" for r in runs if r.get("revoke") is not None), "revocations ok", runs)
             check(sum(1 for r in runs if r.get("revoke") == "ok") == 2, "two revocations", runs)
+            details = [r.get("detail", "") for r in runs if r["outcome"] == "call_denied"]
+            check(any(d.startswith("binding call collections.posts.create failed: forbidden: ") for d in details)
+                  and any(d.startswith("binding call collections.posts.find failed: unauthorized: ") for d in details),
+                  "the denials' method, code and reason are in serve's log lines", details)
             blob = "".join(lines)
             check(SECRET not in blob and NETMINT not in blob and "written by a guest" not in blob, "nothing private")
 

@@ -502,16 +502,20 @@ def t_call_denied_outcome():
     try:
         bind = {"url": b.url, "token": "t"}
         st, o = s.run("export default () => questpie.collections.denied.find({})", bindings=bind)
-        check(st == 200 and o["ok"] is False and o["error"].startswith("binding call collections.denied.find failed: forbidden"),
-              "the run ends with the denial", o)
-        check("denied" not in o, "the marker stays inside serve", o)
+        check(st == 200 and o["ok"] is False and o["error"] == "sandbox binding operation forbidden",
+              "the run ends with the denial, in upstream's words", o)
+        check("denied" not in o and "detail" not in o, "the marker and the detail stay inside serve", o)
         st, o = s.run("export default () => questpie.collections.other.find({})", bindings=bind)
-        check(st == 200 and o["ok"] is False and "execution_error" in o["error"], "a failing call", o)
+        check(st == 200 and o["ok"] is False and o["error"] == "sandbox binding operation failed", "a failing call", o)
         deadline = time.monotonic() + 10
         while len(s.events("run")) < 2 and time.monotonic() < deadline:
             time.sleep(0.02)
         check([e["outcome"] for e in s.events("run")] == ["call_denied", "failed"], "denied is its own outcome",
               s.events("run"))
+        details = [e.get("detail", "") for e in s.events("run")]
+        check(details[0].startswith("binding call collections.denied.find failed: forbidden")
+              and details[1].startswith("binding call collections.other.find failed: execution_error"),
+              "the run's log line has the call's method, code and reason", details)
         m = s.metrics()
         check(m['sb_serve_runs_total{outcome="call_denied"}'] == "1" and m['sb_serve_runs_total{outcome="failed"}'] == "1",
               "and its own metric", m)

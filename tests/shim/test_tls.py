@@ -81,8 +81,8 @@ def refused(fb, needle, *flags):
     """A call that must not reach the broker: the run error names `needle`, the broker saw TLS but no request."""
     rc, o, out, err = run_shim(relay_args(fb.url, {"calls": [[1, "services.echo.x", {"a": 1}]]}, *flags))
     check(rc == 0 and not o["ok"], "the run fails", rc, o, err)
-    check("sandbox broker request failed" in o["error"] and needle in o["error"], "error names the TLS problem",
-          needle, o["error"])
+    check(o["error"] == "sandbox broker request failed" and needle in o["detail"], "detail names the TLS problem",
+          needle, o)
     check(fb.requests == [], "the broker recorded no request (the token was never sent)", fb.requests)
     # the fake broker records the failed handshake on its own thread: give it a moment to land
     import time
@@ -150,7 +150,7 @@ def t_close_delimited():
         check(rc == 0 and o["ok"] and o["output"]["replies"]["1"]["value"] == "cd",
               "a close-delimited body ended by close_notify is complete", o, err)
         rc, o, out, err = run_shim(relay_args(fb.url, {"calls": [[1, "services.closedelim.bare"]]}, "--ca-file", CA))
-        check(rc == 0 and not o["ok"] and "TLS read failed" in o["error"],
+        check(rc == 0 and not o["ok"] and o["error"] == "sandbox broker request failed" and "TLS read failed" in o["detail"],
               "a bare TCP EOF under TLS may be a truncation: refused", o, err)
     finally:
         fb.close()
@@ -204,7 +204,7 @@ def t_plain_http_server():
     try:
         url = "https://127.0.0.1:%d/api/sandbox/rpc" % fb.port
         rc, o, out, err = run_shim(relay_args(url, {"calls": [[1, "services.echo.x"]]}, "--ca-file", CA))
-        check(rc == 0 and not o["ok"] and "TLS handshake failed" in o["error"], "handshake with a non-TLS server fails",
+        check(rc == 0 and not o["ok"] and o["error"] == "sandbox broker request failed" and "TLS handshake failed" in o["detail"], "handshake with a non-TLS server fails",
               o, err)
         check(fb.requests == [], "no request recorded", fb.requests)
     finally:

@@ -283,7 +283,7 @@ static void test_audit_lines(void)
     json_t *o;
 
     capture_begin();
-    if (sb_audit_open("stderr", err, sizeof(err)) != SB_OK)
+    if (sb_audit_open("stderr", NULL, 0, err, sizeof(err)) != SB_OK)
         abort();
     sb_log_begin_always(&l, "rpc");
     sb_log_str(&l, "method", S("collections.\xff\xfe.find"));
@@ -291,6 +291,17 @@ static void test_audit_lines(void)
     sb_log_end_audit(&l);
     sb_audit_close();
     capture_end();
+    {
+        /* the stream is the genesis, the line, and the shutdown checkpoint: keep the line */
+        const char *a = memchr(captured, '\n', captured_len),
+                   *b = a != NULL ? memchr(a + 1, '\n', captured_len - (size_t)(a + 1 - captured)) : NULL;
+        ok(b != NULL && memchr(b + 1, '\n', captured_len - (size_t)(b + 1 - captured)) == captured + captured_len - 1,
+           "audit: three records (genesis, the line, the checkpoint)");
+        if (b == NULL)
+            return;
+        memmove(captured, a + 1, (size_t)(b + 1 - (a + 1)));
+        captured_len = (size_t)(b + 1 - (a + 1));
+    }
     if ((o = one_line("audit line")) != NULL) {
         ok(str_is(json_object_get(o, "method"), S("collections." FFFD FFFD ".find")), "audit: method replaced");
         ok(str_is(json_object_get(o, "reason"), S("unknown field \"ab" FFFD "\"")), "audit: a cut code point replaced");

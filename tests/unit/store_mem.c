@@ -14,6 +14,7 @@
 #include "sb/mem.h"
 #include "store/store_int.h"
 #include "authz/manifest_int.h"
+#include "obs/log.h"
 #include "util/util.h"
 
 #define CAPS                                                                                                                       \
@@ -25,6 +26,9 @@ typedef struct st_result_t {
     sb_status_t st;
     sb_token_t *tok;
     const char *why;
+    /* a timeline read */
+    size_t n, first_len;
+    char last[SB_LOGLINE_MAX + 1];
 } result_t;
 
 static void on_done(void *arg, sb_status_t st)
@@ -53,7 +57,7 @@ static void on_lookup(void *arg, sb_status_t st, sb_token_t *tok, const char *wh
 
 static sb_store_t *create(size_t max_tokens)
 {
-    sb_store_config_t c = {"memory", "sb:", max_tokens, 1000, NULL, NULL, NULL, NULL};
+    sb_store_config_t c = {"memory", "sb:", max_tokens, 1000, NULL, NULL, NULL, NULL, 0, 0};
     sb_store_t *s = NULL;
     const char *err;
     if (sb_store_create(&c, &s, &err) != SB_OK)
@@ -385,6 +389,67 @@ static void test_modules(void)
     sb_store_destroy(s);
 }
 
+static void got_events(void *arg, sb_status_t st, const sb_view_t *events, size_t n)
+{
+    result_t *r = arg;
+    ++r->called;
+    r->st = st;
+    r->n = n;
+    r->first_len = n != 0 ? events[0].len : 0;
+    if (n != 0 && events[n - 1].len < sizeof(r->last))
+        memcpy(r->last, events[n - 1].base, events[n - 1].len);
+    if (n != 0 && events[n - 1].len < sizeof(r->last))
+        r->last[events[n - 1].len] = '\0';
+}
+
+static void add_event(sb_store_conn_t *c, const char *run, long long v, int64_t expires_at)
+{
+    sb_logline_t l;
+    sb_store_timeline_begin(&l, "call");
+    sb_log_int(&l, "v", v);
+    sb_store_timeline_end(&l, c, run, expires_at);
+}
+
+/* the memory store's run timeline: capped per run (the newest kept, the rest counted), bounded in runs */
+static void test_timeline(void)
+{
+    sb_store_config_t conf = {"memory", "sb:", 16, 1000, NULL, NULL, NULL, NULL, 2, 60000};
+    sb_store_t *s = NULL;
+    sb_store_conn_t *c;
+    const char *err;
+    result_t r;
+    uint64_t dropped0 = sb_store_timeline_dropped();
+    char run[32];
+
+    if (!ok(sb_store_create(&conf, &s, &err) == SB_OK, "store with a timeline of 2 events per run"))
+        return;
+    c = sb_store_conn_create(s, NULL);
+    ok(sb_store_timeline_enabled(c), "the timeline is on");
+    for (int i = 1; i <= 3; ++i)
+        add_event(c, "r1", i, 0);
+    memset(&r, 0, sizeof(r));
+    sb_store_timeline_get(c, "r1", got_events, &r);
+    is_int(r.called, 1, "answered at once");
+    is_int((int)r.n, 2, "two events kept of three");
+    ok(strstr(r.last, "\"v\":3") != NULL && r.last[strlen(r.last) - 1] == '}', "the newest is last, closed: %s", r.last);
+    ok(sb_store_timeline_dropped() - dropped0 == 1, "the oldest was dropped and counted");
+    /* more runs than the store keeps: the one that would expire first goes, with its events counted */
+    for (int i = 0; i < SB_TIMELINE_MAX_RUNS; ++i) {
+        snprintf(run, sizeof(run), "run-%d", i);
+        add_event(c, run, i, sb_now_ms() + 3600000);
+    }
+    ok(s->tl_nruns <= SB_TIMELINE_MAX_RUNS, "at most SB_TIMELINE_MAX_RUNS runs (%zu)", s->tl_nruns);
+    memset(&r, 0, sizeof(r));
+    sb_store_timeline_get(c, "r1", got_events, &r);
+    is_int((int)r.n, 0, "the run that expires first was evicted");
+    ok(sb_store_timeline_dropped() - dropped0 == 3, "its two events were counted");
+    memset(&r, 0, sizeof(r));
+    sb_store_timeline_get(c, "run-9999", got_events, &r);
+    is_int((int)r.n, 1, "the newest run is kept");
+    sb_store_conn_destroy(c);
+    sb_store_destroy(s);
+}
+
 int main(void)
 {
     test_shared_manifest();
@@ -392,5 +457,6 @@ int main(void)
     test_growth_and_bounds();
     test_quotas();
     test_modules();
+    test_timeline();
     return done_testing();
 }

@@ -13,7 +13,7 @@
 
 static sb_store_t *create(const char *url, const char **err)
 {
-    sb_store_config_t c = {url, "sb:", 16, 1000, NULL, NULL, NULL, NULL};
+    sb_store_config_t c = {url, "sb:", 16, 1000, NULL, NULL, NULL, NULL, 0, 0};
     sb_store_t *s = NULL;
     *err = NULL;
     if (sb_store_create(&c, &s, err) != SB_OK)
@@ -126,46 +126,46 @@ static void passwords(void)
     ok(fd >= 0 && write(fd, "from-a-file\n", 12) == 12, "a password file");
     close(fd);
     {
-        sb_store_config_t c = {"redis://127.0.0.1:1", "sb:", 16, 1000, NULL, path, NULL, NULL};
+        sb_store_config_t c = {"redis://127.0.0.1:1", "sb:", 16, 1000, NULL, path, NULL, NULL, 0, 0};
         ok(sb_store_create(&c, &s, &err) == SB_OK && strcmp(s->password, "from-a-file") == 0,
            "redis_password_file: read, trailing newline dropped");
         sb_store_destroy(s);
     }
     {
-        sb_store_config_t c = {"redis-sentinel://127.0.0.1:1/m", "sb:", 16, 1000, "data", NULL, NULL, path};
+        sb_store_config_t c = {"redis-sentinel://127.0.0.1:1/m", "sb:", 16, 1000, "data", NULL, NULL, path, 0, 0};
         ok(sb_store_create(&c, &s, &err) == SB_OK && strcmp(s->password, "data") == 0 &&
                strcmp(s->sentinel_password, "from-a-file") == 0,
            "sentinel: an inline data password, the sentinel password from a file");
         sb_store_destroy(s);
     }
     {
-        sb_store_config_t c = {"redis://:inurl@127.0.0.1:1", "sb:", 16, 1000, "again", NULL, NULL, NULL};
+        sb_store_config_t c = {"redis://:inurl@127.0.0.1:1", "sb:", 16, 1000, "again", NULL, NULL, NULL, 0, 0};
         s = NULL;
         ok(sb_store_create(&c, &s, &err) != SB_OK &&
                strcmp(err, "token_store: a password in the URL and in redis_password: give one of the two") == 0,
            "a password in the URL and in the option is refused");
     }
     {
-        sb_store_config_t c = {"redis://127.0.0.1:1", "sb:", 16, 1000, "inline", path, NULL, NULL};
+        sb_store_config_t c = {"redis://127.0.0.1:1", "sb:", 16, 1000, "inline", path, NULL, NULL, 0, 0};
         ok(sb_store_create(&c, &s, &err) != SB_OK &&
                strcmp(err, "redis_password and redis_password_file: give one of the two") == 0,
            "inline and file together are refused");
     }
     {
-        sb_store_config_t c = {"redis://127.0.0.1:1", "sb:", 16, 1000, NULL, NULL, "x", NULL};
+        sb_store_config_t c = {"redis://127.0.0.1:1", "sb:", 16, 1000, NULL, NULL, "x", NULL, 0, 0};
         ok(sb_store_create(&c, &s, &err) != SB_OK &&
                strcmp(err, "redis_sentinel_password: token_store is not a redis-sentinel:// URL") == 0,
            "a sentinel password without Sentinel is refused");
     }
     {
-        sb_store_config_t c = {"memory", "sb:", 16, 1000, "x", NULL, NULL, NULL};
+        sb_store_config_t c = {"memory", "sb:", 16, 1000, "x", NULL, NULL, NULL, 0, 0};
         ok(sb_store_create(&c, &s, &err) != SB_OK &&
                strcmp(err, "redis_password and redis_sentinel_password need a Redis token_store") == 0,
            "a password with the memory store is refused");
     }
     unlink(path);
     {
-        sb_store_config_t c = {"redis://127.0.0.1:1", "sb:", 16, 1000, NULL, path, NULL, NULL};
+        sb_store_config_t c = {"redis://127.0.0.1:1", "sb:", 16, 1000, NULL, path, NULL, NULL, 0, 0};
         char want[256];
         snprintf(want, sizeof(want), "redis_password_file: cannot open %s: No such file or directory", path);
         ok(sb_store_create(&c, &s, &err) != SB_OK && strcmp(err, want) == 0, "a missing file names the file and why");
@@ -174,7 +174,7 @@ static void passwords(void)
     ok(fd >= 0 && write(fd, "\n", 1) == 1, "an empty password file");
     close(fd);
     {
-        sb_store_config_t c = {"redis://127.0.0.1:1", "sb:", 16, 1000, NULL, path, NULL, NULL};
+        sb_store_config_t c = {"redis://127.0.0.1:1", "sb:", 16, 1000, NULL, path, NULL, NULL, 0, 0};
         char want[256];
         snprintf(want, sizeof(want), "redis_password_file: %s is empty", path);
         ok(sb_store_create(&c, &s, &err) != SB_OK && strcmp(err, want) == 0, "an empty password file is refused");

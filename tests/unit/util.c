@@ -78,8 +78,31 @@ static void test_quote(void)
     is_str(sb_quote_printable("abcdef", 6, 3, buf, sizeof(buf)), "abc", "quote: at most max");
 }
 
+/* a token is exactly 64 lowercase hex digits: every other byte at every position is refused */
+static void test_token_format(void)
+{
+    char t[66];
+    int wrong = 0;
+    memset(t, 'a', sizeof(t));
+    memcpy(t, "0123456789abcdef", 16);
+    ok(sb_is_token_format(t, 64), "64 lowercase hex digits are a token");
+    ok(!sb_is_token_format(t, 63) && !sb_is_token_format(t, 65) && !sb_is_token_format(t, 0), "63, 65 and 0 bytes are not");
+    for (int pos = 0; pos < 64; ++pos) {
+        for (int c = 0; c < 256; ++c) {
+            int hex = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+            char keep = t[pos];
+            t[pos] = (char)c;
+            if (sb_is_token_format(t, 64) != hex)
+                ++wrong;
+            t[pos] = keep;
+        }
+    }
+    is_int(wrong, 0, "each of the 256 byte values at each of the 64 positions: accepted exactly when lowercase hex");
+}
+
 int main(void)
 {
+    test_token_format();
     test_cut();
     test_trim_tail();
     test_quote();

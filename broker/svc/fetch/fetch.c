@@ -451,6 +451,22 @@ static int decide_secrets(fetch_t *f)
             }
         }
     }
+    /* the run's timeline: each secret placed on this hop, by name and host, never its value */
+    if (f->store != NULL && sb_store_timeline_enabled(f->store)) {
+        for (size_t i = 0; i < f->nheaders; ++i) {
+            req_header_t *h = &f->headers[i];
+            for (size_t k = 0; k < h->nph; ++k) {
+                sb_logline_t l;
+                sb_store_timeline_begin(&l, "secret");
+                sb_log_cstr(&l, "cid", f->cid);
+                sb_log_int(&l, "hop", f->hop);
+                sb_log_str(&l, "name", h->value + h->ph[k].name, h->ph[k].name_len);
+                sb_log_cstr(&l, "host", f->url.host);
+                sb_log_cstr(&l, "header", h->name);
+                sb_store_timeline_end(&l, f->store, f->tok->run_id, f->tok->expires_at_ms);
+            }
+        }
+    }
     return 1;
 }
 
@@ -768,8 +784,24 @@ static void on_response(void *arg, const char *err, sb_http_response_t *res)
         sb_log_int(&l, "reused", res->reused);
         sb_log_end(&l);
     }
+    loc = res->status >= 300 && res->status <= 399 ? find_header(res, "location", &loc_len) : NULL;
+    if (f->store != NULL && f->tok != NULL && sb_store_timeline_enabled(f->store)) {
+        /* the run's timeline: this hop, where it went (the pinned address) and what came back */
+        sb_logline_t l;
+        sb_store_timeline_begin(&l, "fetch");
+        sb_log_cstr(&l, "cid", f->cid);
+        sb_log_int(&l, "hop", f->hop);
+        sb_log_cstr(&l, "method", f->method);
+        sb_log_cstr(&l, "host", f->url.host);
+        sb_log_int(&l, "port", f->url.port);
+        sb_log_cstr(&l, "address", ipbuf);
+        sb_log_int(&l, "status", res->status);
+        sb_log_int(&l, "bytes", (long long)res->body_len);
+        sb_log_int(&l, "redirect", loc != NULL);
+        sb_store_timeline_end(&l, f->store, f->tok->run_id, f->tok->expires_at_ms);
+    }
     /* RFC 9110 section 15.4: only a 3xx with Location is a redirect; anything else is the answer */
-    if (res->status < 300 || res->status > 399 || (loc = find_header(res, "location", &loc_len)) == NULL) {
+    if (loc == NULL) {
         succeed(f, res);
         return;
     }
