@@ -370,7 +370,15 @@ sb_shim_jail_t *sb_shim_jail_new(const sb_shim_jail_config_t *cfg, char *err, si
         goto Fail;
 
     {
-        char ids[128], mem[512];
+        char ids[128], mem[512], left[200] = "";
+        unsigned removed = 0, kept = 0;
+        /* what guests of an older shim left under TMPDIR, whose uids run nothing now (leftovers.c) */
+        if (j->privileged)
+            sb_shim_jail__sweep((uid_t)j->uid_base, j->slots, &removed, &kept);
+        if (removed != 0 || kept != 0)
+            snprintf(left, sizeof(left),
+                     "; %u work directories older guests left under TMPDIR removed, %u kept (their uids are not handed out)",
+                     removed, kept);
         if (j->privileged)
             snprintf(ids, sizeof(ids), "uid/gid %lu+slot (%u slots)", j->uid_base, j->slots);
         else
@@ -391,9 +399,9 @@ sb_shim_jail_t *sb_shim_jail_new(const sb_shim_jail_config_t *cfg, char *err, si
                  "scratch /work %llu MiB / %u inodes; no host /tmp, /etc, /home, /sys); %s, no groups or capabilities; "
                  "no_new_privs; seccomp allow-list (%u rules, everything else EPERM); rlimits nproc %u, fsize %llu MiB, data "
                  "memory limit + %u MiB + "
-                 "%u MiB per CPU, core 0; %s",
+                 "%u MiB per CPU, core 0; %s%s",
                  j->fsize / (1024u * 1024u), SB_SHIM_JAIL_SCRATCH_INODES, ids, j->rules, j->nproc, j->fsize / (1024u * 1024u),
-                 SB_SHIM_JAIL_DATA_BASE_MB, SB_SHIM_JAIL_DATA_PER_CPU_MB, mem);
+                 SB_SHIM_JAIL_DATA_BASE_MB, SB_SHIM_JAIL_DATA_PER_CPU_MB, mem, left);
     }
     return j;
 Fail:
@@ -437,7 +445,7 @@ const char *sb_shim_jail_describe(const sb_shim_jail_t *j)
  * guest is gone (the guest dies of PR_SET_PDEATHSIG a moment later, or a guest of an older shim
  * outlived it): the slot is taken only once nothing runs as its uid any more.
  */
-static int uid_in_use(uid_t uid)
+int sb_shim_jail__uid_in_use(uid_t uid)
 {
     DIR *d = opendir("/proc");
     struct dirent *de;
@@ -501,7 +509,8 @@ static int take_uid(const sb_shim_jail_t *j, sb_shim_jail_run_t *run, char *err,
         fl.l_start = (off_t)uid;
         fl.l_len = 1;
         if (fcntl(fd, F_OFD_SETLK, &fl) == 0) {
-            if (uid_in_use((uid_t)uid)) {
+            /* still running as it, or owning what an older shim's guest left: not handed out */
+            if (sb_shim_jail__uid_in_use((uid_t)uid) || sb_shim_jail__uid_owns_files((uid_t)uid)) {
                 fl.l_type = F_UNLCK;
                 (void)fcntl(fd, F_OFD_SETLK, &fl);
                 continue;

@@ -213,6 +213,23 @@ unsigned sb_shim_jail_sweep(sb_shim_jail_t *j, pid_t owner);
  */
 uint64_t sb_shim_jail_failures(void);
 
+/* ---- leftovers.c: what guests of older shims left on the host ---- */
+
+/** 1 when a process runs as `uid`, or when that cannot be known (jail.c) */
+int sb_shim_jail__uid_in_use(uid_t uid);
+
+/**
+ * 1 when `uid` owns an entry at the top of /tmp, /var/tmp, /dev/shm or TMPDIR, or the `home` of an
+ * old work directory (TMPDIR/sb-shim-*): such a uid is never handed out
+ */
+int sb_shim_jail__uid_owns_files(uid_t uid);
+
+/**
+ * Removes the old work directories under TMPDIR whose guest uid is in [base, base + slots) and runs
+ * nothing, fd-relative and bounded; counts what went and what had to stay.
+ */
+void sb_shim_jail__sweep(uid_t base, unsigned slots, unsigned *removed, unsigned *kept);
+
 /* ---- used by child.c ---- */
 
 /* failure stages inside the child (sb_shim_jail_fail_t.stage) */

@@ -547,6 +547,54 @@ def t_uid_in_use():
     check(guest_uid(res) == uid, "handed out once nothing runs as it", res)
 
 
+def t_leftovers():
+    """What a guest of an older shim left: its old work directory under TMPDIR (its home owned by a
+    guest uid that runs nothing) is removed at start-up, fd-relative, and said; a uid that still owns
+    a file at the top of /tmp (or TMPDIR) is never handed out."""
+    if os.geteuid() != 0:
+        return  # uids per guest need root (CI runs as root)
+    base = UID_BASE + 62000
+    lock = os.path.join(TMP, "uids-left.lock")
+    tmpdir = tempfile.mkdtemp(prefix="tmpdir-left-", dir=TMP)
+    os.chmod(tmpdir, 0o755)
+    flags = ["--jail-uid-base", str(base), "--jail-slots", "2", "--jail-lock-file", lock]
+    # an old run's directory: 0711, its home 0700 and a deep tree, owned by slot 1's uid
+    old = os.path.join(tmpdir, "sb-shim-OLD123")
+    os.makedirs(os.path.join(old, "home", "deno", "a", "b"))
+    with open(os.path.join(old, "home", "deno", "a", "b", "secret.txt"), "w") as f:
+        f.write("a former run's data")
+    for d, _, files in os.walk(os.path.join(old, "home")):
+        os.chown(d, base + 1, base + 1)
+        os.chmod(d, 0o700)
+        for n in files:
+            os.chown(os.path.join(d, n), base + 1, base + 1)
+    os.chmod(old, 0o711)
+    # and a file slot 0's uid left in TMPDIR itself
+    stale = os.path.join(tmpdir, "left-by-slot-0")
+    with open(stale, "w") as f:
+        f.write("x")
+    os.chown(stale, base, base)
+    try:
+        env = dict(os.environ, TMPDIR=tmpdir)
+        p = subprocess.run([SHIM, "jail-check"] + flags, env=env, capture_output=True, text=True, timeout=60)
+        check(p.returncode == 0, "jail-check ran", p.returncode, p.stdout, p.stderr)
+        check(not os.path.exists(old), "the old run's directory is gone", os.listdir(tmpdir))
+        check("1 work directories older guests left under TMPDIR removed, 0 kept" in p.stdout + p.stderr,
+              "and said", p.stdout, p.stderr)
+        # slot 0's uid owns a file: every guest gets slot 1's uid, never slot 0's
+        seen = set()
+        for _ in range(4):
+            rc, o, out, err, _ = shim_relay(flags, ["--only", "status"], wrap=["env", "TMPDIR=" + tmpdir])
+            check(rc == 0 and o is not None and o["ok"], "probe ran", rc, out, err)
+            seen.add(guest_uid(o["output"]))
+        check(seen == {base + 1}, "the uid that owns a file is not handed out", seen)
+        os.unlink(stale)
+        rc, o, out, err, _ = shim_relay(flags, ["--only", "status"], wrap=["env", "TMPDIR=" + tmpdir])
+        check(rc == 0 and o["ok"], "probe ran", rc, out, err)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
 def t_spawn_filters():
     """A Deno guest (run, serve) may start threads but no process, so that RLIMIT_DATA bounds the
     whole run; a relay guest may fork. Neither gets shared anonymous memory."""
@@ -582,5 +630,6 @@ tap.case("unprivileged shim: shared uid, still jailed, RLIMIT_NPROC per run", t_
 tap.case("cgroup: start-up line, refusals, per-run cgroup where the machine delegates one", t_cgroup)
 tap.case("SIGTERM reaches a jailed guest that catches it", t_sigterm_reaches_a_catching_guest)
 tap.case("jail option usage errors", t_usage)
+tap.case("leftovers of older shims: old work directories removed at start-up, a uid owning files never handed out", t_leftovers)
 shutil.rmtree(TMP, ignore_errors=True)
 tap.done()
