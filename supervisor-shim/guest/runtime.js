@@ -569,35 +569,44 @@ function maskProcess() {
 // descriptor is read once, into a copy, so a getter cannot answer one thing
 // to the check and another to V8.
 function closeSharedWasmMemory() {
+  // Everything the guard calls is taken now, into its own bindings: guest code runs later and may
+  // replace Function.prototype.call, Reflect.construct, Array iteration or TypeError, and none of
+  // those may reach the original getters or constructor.
+  const apply = Reflect.apply;
+  const construct = Reflect.construct;
+  const getOwnDesc = Object.getOwnPropertyDescriptor;
+  const defineProp = Object.defineProperty;
+  const RealTypeError = TypeError;
   // this realm's SharedArrayBuffer.prototype, from a buffer made before the guard is up
   const sabProto = Object.getPrototypeOf(new WebAssembly.Memory({ initial: 0, maximum: 0, shared: true }).buffer);
-  const sabLength = Object.getOwnPropertyDescriptor(sabProto, "byteLength").get;
+  const sabLength = getOwnDesc(sabProto, "byteLength").get;
   const isShared = (b) => {
-    try { sabLength.call(b); return true; } catch (_) { return false; }
+    try { apply(sabLength, b, []); return true; } catch (_) { return false; }
   };
-  const refuse = () => new TypeError("shared WebAssembly memory is not available in the sandbox");
+  const refuse = () => new RealTypeError("shared WebAssembly memory is not available in the sandbox");
+  const KEYS = ["initial", "maximum", "shared", "address", "index"];
   const RealMemory = WebAssembly.Memory;
   const proto = RealMemory.prototype;
   const Memory = function Memory(desc) {
-    if (new.target === undefined) throw new TypeError("WebAssembly.Memory must be invoked with 'new'");
+    if (new.target === undefined) throw new RealTypeError("WebAssembly.Memory must be invoked with 'new'");
     if (desc === null || (typeof desc !== "object" && typeof desc !== "function")) return new RealMemory(desc);
-    const copy = {};
-    for (const k of ["initial", "maximum", "shared", "address", "index"]) {
-      const v = desc[k];
-      if (v !== undefined) copy[k] = v;
+    // each key read once, into an object with no prototype: V8 reads only what the check saw
+    const copy = Object.create(null);
+    for (let i = 0; i < KEYS.length; i++) {
+      const v = desc[KEYS[i]];
+      if (v !== undefined) copy[KEYS[i]] = v;
     }
     if (copy.shared) throw refuse();
-    return Reflect.construct(RealMemory, [copy], new.target === Memory ? RealMemory : new.target);
+    return construct(RealMemory, [copy], new.target === Memory ? RealMemory : new.target);
   };
-  Object.defineProperty(Memory, "prototype", { value: proto, writable: false, configurable: false, enumerable: false });
-  Object.defineProperty(proto, "constructor", { value: Memory, writable: true, configurable: true, enumerable: false });
-  for (const name of ["buffer"]) {
-    const d = Object.getOwnPropertyDescriptor(proto, name);
-    if (d?.get === undefined) continue;
+  defineProp(Memory, "prototype", { value: proto, writable: false, configurable: false, enumerable: false });
+  defineProp(proto, "constructor", { value: Memory, writable: true, configurable: true, enumerable: false });
+  const d = getOwnDesc(proto, "buffer");
+  if (d?.get !== undefined) {
     const get = d.get;
-    Object.defineProperty(proto, name, {
+    defineProp(proto, "buffer", {
       get() {
-        const b = get.call(this);
+        const b = apply(get, this, []);
         if (isShared(b)) throw refuse();
         return b;
       },
@@ -608,9 +617,9 @@ function closeSharedWasmMemory() {
   for (const name of ["toResizableBuffer", "toFixedLengthBuffer"]) {
     const fn = proto[name];
     if (typeof fn !== "function") continue;
-    Object.defineProperty(proto, name, {
+    defineProp(proto, name, {
       value: function () {
-        const b = fn.call(this);
+        const b = apply(fn, this, []);
         if (isShared(b)) throw refuse();
         return b;
       },
@@ -619,7 +628,7 @@ function closeSharedWasmMemory() {
       enumerable: false,
     });
   }
-  Object.defineProperty(WebAssembly, "Memory", { value: Memory, writable: false, configurable: false, enumerable: false });
+  defineProp(WebAssembly, "Memory", { value: Memory, writable: false, configurable: false, enumerable: false });
 }
 
 // What needs no run: everything here happens before the init frame arrives

@@ -245,6 +245,7 @@ static __attribute__((noreturn)) void pooled_main(const sb_serve_conf_t *conf, p
     sb_shim_deno_t d = conf->deno;
     char err[512], ready = 'R';
     struct sigaction sa;
+    sigset_t term, waiting;
     int keep[1] = {SB_SERVE_CONTROL_FD}, nul;
 
     child_common(launcher);
@@ -260,8 +261,13 @@ static __attribute__((noreturn)) void pooled_main(const sb_serve_conf_t *conf, p
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = on_idle_stop;
     sigemptyset(&sa.sa_mask);
-    if (sigaction(SIGTERM, &sa, NULL) != 0)
+    /* SIGTERM is blocked but while it waits (ppoll below), so that one arriving between the check
+     * and the wait is not lost */
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    if (sigaction(SIGTERM, &sa, NULL) != 0 || sigprocmask(SIG_BLOCK, &term, &waiting) != 0)
         _exit(1);
+    sigdelset(&waiting, SIGTERM);
 
     d.memory_mb = memory_mb;
     d.timeout_ms = SB_SERVE_MAX_TIMEOUT_MS; /* its run is not known yet: the longest; lowered at the hand-over */
@@ -273,7 +279,7 @@ static __attribute__((noreturn)) void pooled_main(const sb_serve_conf_t *conf, p
     }
     for (;;) {
         struct pollfd p[2] = {{SB_SERVE_CONTROL_FD, POLLIN, 0}, {g.child.pidfd >= 0 ? g.child.pidfd : g.child.out_fd, POLLIN, 0}};
-        int n = poll(p, 2, -1);
+        int n = ppoll(p, 2, NULL, &waiting);
         if (idle_stop) {
             sb_shim_deno_discard(&g);
             _exit(0);
@@ -297,6 +303,7 @@ static __attribute__((noreturn)) void pooled_main(const sb_serve_conf_t *conf, p
             if (r == 1 && kind == 'J' && (nfds == 2 || nfds == 3)) {
                 /* the run: from here on this process is the run's; SIGTERM cancels it (serve_run.c) */
                 signal(SIGTERM, SIG_DFL);
+                (void)sigprocmask(SIG_UNBLOCK, &term, NULL);
                 close(SB_SERVE_CONTROL_FD);
                 if (arrange_run_fds(fds[1], nfds == 3 ? fds[2] : -1) != 0) {
                     sb_shim_deno_discard(&g);
@@ -346,6 +353,32 @@ static void set_gauges(launcher_t *L)
     }
     __atomic_store_n(&L->stats->idle, idle, __ATOMIC_RELAXED);
     __atomic_store_n(&L->stats->starting, starting, __ATOMIC_RELAXED);
+}
+
+/*
+ * Signals a pooled process through its pidfd: the launcher reaps its children as they end, so by
+ * the time one is seen gone its pid may already be another process's. Without a pidfd (the kernel
+ * had none at its start) it is left to its own end, or to PR_SET_PDEATHSIG.
+ */
+static void pool_signal(const pooled_t *p, int sig)
+{
+#ifdef SYS_pidfd_send_signal
+    if (p->pidfd >= 0)
+        (void)syscall(SYS_pidfd_send_signal, p->pidfd, sig, NULL, 0);
+#else
+    (void)p;
+    (void)sig;
+#endif
+}
+
+/* a class whose pooled guests fail to start, or die while they wait, waits before the next one */
+static void pool_backoff(launcher_t *L, unsigned cls, int64_t now)
+{
+    int64_t b = L->backoff_ms[cls] == 0 ? BACKOFF_MIN_MS : L->backoff_ms[cls] * 2;
+    if (b > BACKOFF_MAX_MS)
+        b = BACKOFF_MAX_MS;
+    L->backoff_ms[cls] = b;
+    L->backoff_until[cls] = now + b;
 }
 
 static void pool_remove(launcher_t *L, size_t i)
@@ -415,26 +448,22 @@ static void pool_event(launcher_t *L, size_t i, int64_t now)
     ssize_t r = recv(p->sock, &b, 1, MSG_DONTWAIT);
 
     if (r == 1 && b == 'R' && !p->ready) {
+        /* started: its runtime prepares itself now; the backoff ends only when one takes a run */
         p->ready = 1;
-        L->backoff_ms[p->cls] = 0;
         bump(&L->stats->refills, 1);
         set_gauges(L);
         return;
     }
     if (r < 0 && (errno == EAGAIN || errno == EINTR))
         return;
-    /* it ended without a run: its guest died while idle, or never started */
-    if (p->ready) {
-        bump(&L->stats->died, 1);
-    } else {
-        int64_t b2 = L->backoff_ms[p->cls] == 0 ? BACKOFF_MIN_MS : L->backoff_ms[p->cls] * 2;
-        if (b2 > BACKOFF_MAX_MS)
-            b2 = BACKOFF_MAX_MS;
-        L->backoff_ms[p->cls] = b2;
-        L->backoff_until[p->cls] = now + b2;
-        bump(&L->stats->refill_failures, 1);
-    }
-    (void)kill(p->pid, SIGKILL); /* not reaped yet (the launcher reaps), so the pid is still its own */
+    /*
+     * It ended without a run: its guest died while idle, or never started. Either way its class
+     * waits before the next start, doubling, so a guest that dies every time (a runtime that no
+     * longer prepares itself on this Deno, say) cannot keep the CPUs busy with restarts.
+     */
+    bump(p->ready ? &L->stats->died : &L->stats->refill_failures, 1);
+    pool_backoff(L, p->cls, now);
+    pool_signal(p, SIGKILL);
     pool_remove(L, i);
 }
 
@@ -471,12 +500,15 @@ static void handle_submit(launcher_t *L, int ctl, const submit_t *s, int *fds, s
             if (p->cls != (unsigned)cls || !p->ready)
                 continue;
             if (send_fds(p->sock, &j, 1, fds, nfds) != 1) {
-                /* it died just now: the next one, or a cold start */
-                pool_event(L, i, 0);
+                /* it died just now, or cannot take descriptors: it goes, and the next one is tried, or a cold start */
+                bump(&L->stats->died, 1);
+                pool_signal(p, SIGKILL);
+                pool_remove(L, i);
                 --i;
                 continue;
             }
             bump(&L->stats->hits, 1);
+            L->backoff_ms[cls] = 0; /* a pooled guest took its run: the class is healthy */
             reply(ctl, p->pid, p->pidfd, 1, NULL);
             pool_remove(L, i);
             goto Close;
@@ -605,7 +637,7 @@ static __attribute__((noreturn)) void launcher_main(const sb_serve_conf_t *conf,
                 L.stopping = 1;
                 stop_deadline = now + 60000;
                 for (size_t i = 0; i < L.npool; ++i)
-                    (void)kill(L.pool[i].pid, SIGTERM);
+                    pool_signal(&L.pool[i], SIGTERM);
             } else {
                 for (size_t i = 0; i < nfds; ++i)
                     close(fds[i]);

@@ -855,6 +855,11 @@ static void handle_health(h2o_req_t *req)
         S.health_ok = guest_deno_version(version, sizeof(version), S.health_err, sizeof(S.health_err)) == 0;
         S.health_at = sb_serve_now_ms();
     }
+    /* every run's process comes from the launcher: without it no run can start (launcher.h) */
+    if (S.health_ok && !sb_serve_launcher_alive(&S.launcher)) {
+        S.health_ok = 0;
+        snprintf(S.health_err, sizeof(S.health_err), "the launcher is gone: no run can start until serve is restarted");
+    }
     if (S.health_ok) {
         int n = snprintf(body, sizeof(body), "{\"ok\":true,\"runtime\":\"deno\",\"version\":\"%s\"}", S.deno_version);
         send_json(req, 200, "OK", body, (size_t)n);

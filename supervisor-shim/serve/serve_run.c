@@ -127,7 +127,8 @@ static sb_serve_outcome_t classify(const json_t *answer, int denied)
 /*
  * A pooled guest was started with the longest run's RLIMIT_CPU (it did not know its run): the
  * hand-over lowers it to this run's, plus what its start may have used (SB_SERVE_POOL_START_CPU_S).
- * Lowering a hard limit needs no privilege. Should the kernel refuse, the guest keeps the longest
+ * prlimit(2) on the guest is allowed: this process owns the guest's user namespace (and is root, or
+ * shares its uid). Should the kernel refuse, the guest keeps the longest
  * run's limit, which still bounds it, and the run's wall clock kills it first in any case.
  */
 static void lower_cpu_limit(const sb_shim_guest_t *g, int64_t timeout_ms)

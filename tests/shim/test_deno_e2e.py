@@ -632,6 +632,40 @@ export default async () => ({
     check(out["resizable"] in (refused, "open: refused: absent"), "toResizableBuffer refuses a shared memory", out)
     check(out["plain"] == "open: true,65536,131072", "plain WebAssembly memory still works", out)
     check(out["reach"] == "open: false", "the guarded getter cannot be redefined", out)
+    # what guest code can replace after the guard is up must not open it (the guard took its own copies)
+    o, _, _, _ = guest("""
+const attempt = async (f) => { try { const v = await f(); return "open: " + String(v); } catch (e) { return e.message; } };
+export default async () => {
+  const { instance } = await WebAssembly.instantiate(new Uint8Array([%s]));
+  const m = instance.exports.m;
+  const out = {};
+  let leaked = null;
+  const realCall = Function.prototype.call;
+  Function.prototype.call = function (self, ...args) {
+    if (leaked === null && typeof this === "function") leaked = this;
+    if (this.name === "get byteLength") throw new Error("not shared, honest");
+    return Reflect.apply(this, self, args);
+  };
+  out.call = await attempt(() => m.buffer.constructor.name);
+  out.leak = await attempt(() => leaked === null ? "nothing" : Reflect.apply(leaked, m, []).constructor.name);
+  Function.prototype.call = realCall;
+  const realConstruct = Reflect.construct;
+  let got = null;
+  Reflect.construct = (C, a, t) => { got = C; return realConstruct(C, a, t); };
+  out.construct = await attempt(() => { new WebAssembly.Memory({ initial: 1 });
+    return got === null ? "nothing" : new got({ initial: 1, maximum: 1, shared: true }).buffer.constructor.name; });
+  Reflect.construct = realConstruct;
+  Object.defineProperty(Object.prototype, "shared", { get() { return true; }, configurable: true });
+  out.proto = await attempt(() => new WebAssembly.Memory(Object.create(null, { initial: { value: 1 }, maximum: { value: 1 } }))
+    .buffer.constructor.name);
+  delete Object.prototype.shared;
+  return out;
+};""" % SHARED_MEMORY_WASM)
+    check(o["ok"], "run completed", o)
+    out = o["output"]
+    check(out["call"] == refused and out["leak"] in ("open: nothing", refused), "a replaced Function.prototype.call", out)
+    check(out["construct"] == "open: nothing", "a replaced Reflect.construct never sees the real constructor", out)
+    check(out["proto"] == "open: ArrayBuffer", "a shared getter on Object.prototype is not read", out)
 
 
 def t_hardening_vm_context():

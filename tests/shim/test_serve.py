@@ -1190,6 +1190,28 @@ def t_pool_guest_dies():
         s2.stop()
 
 
+def t_launcher_gone():
+    """The launcher gone (killed): /health answers 503 and says why, runs fail to spawn, the log says it once."""
+    s2 = Serve(args=["--pool-size", "1"])
+    try:
+        wait_pool_ready(s2, 1)
+        kids = {pid: argv for pid, (pp, argv) in descendants(s2.proc.pid).items() if pp == s2.proc.pid}
+        check(len(kids) == 1, "one child of the service: the launcher", kids)
+        launcher = next(iter(kids))
+        os.kill(launcher, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        code, raw = 200, b""
+        while time.monotonic() < deadline and code == 200:
+            code, raw, _ = s2.request("GET", "/health")
+            time.sleep(0.1)
+        check(code == 503 and "the launcher is gone" in json.loads(raw)["error"], "health tells", code, raw)
+        st, o = s2.run({"source": "export default () => 1"})
+        check(st == 200 and o["ok"] is False and o["error"].startswith("failed to spawn sandbox subprocess: "), "no run", o)
+        check(len(s2.events("launcher.down")) == 1, "logged once", s2.log())
+    finally:
+        s2.stop()
+
+
 def t_pool_drain_kills_pooled():
     """SIGTERM: the pooled guests are killed, the run in flight is answered, serve exits 0."""
     s2 = Serve(args=["--pool-size", "2"])
@@ -1315,6 +1337,7 @@ tap.case("pool: no state crosses runs", t_pool_no_state_crosses_runs)
 tap.case("pool: the timeout starts at the hand-over", t_pool_timeout_from_handover)
 tap.case("pool: a pooled guest that dies is replaced and counted", t_pool_guest_dies)
 tap.case("pool: a drain kills the pooled guests", t_pool_drain_kills_pooled)
+tap.case("launcher gone: /health 503, runs refused, logged once", t_launcher_gone)
 tap.case("launcher: a run's processes hold no other run's data", t_clean_launcher)
 tap.case("pool: usage errors", t_pool_usage)
 tap.case("PORT and --admission-secret-file", t_port_env_and_file_secret)
