@@ -107,8 +107,8 @@ static const double HANDOVER_BUCKETS[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.0
 typedef struct st_conn_t {
     struct st_conn_t *next, *prev;
     h2o_socket_t *sock;
-    struct sockaddr_storage peer;
-    socklen_t peer_len;
+    struct sockaddr_storage peer, local; /* the connection's two ends: together they name it */
+    socklen_t peer_len, local_len;
     int gated;         /* still in the gate: serve reads its head, h2o does not have it yet */
     int lingering;     /* a refusal was written: its input is dropped until LINGER_MS or LINGER_BYTES */
     int admitted;      /* its first head carried the admission header: h2o keeps it alive */
@@ -663,16 +663,22 @@ static void on_req_dispose(void *p)
     signal_run(r, SIGTERM);
 }
 
-/* the client's connection, found by its peer address (unique among open loopback connections) */
+/* the client's connection, found by its two ends (peer and local address) among the open ones */
 static int client_fd(h2o_req_t *req)
 {
-    struct sockaddr_storage sa;
-    socklen_t len;
+    struct sockaddr_storage sa, la;
+    socklen_t len, llen;
 
-    if (req->conn->callbacks->get_peername == NULL || (len = req->conn->callbacks->get_peername(req->conn, (void *)&sa)) == 0)
+    /*
+     * by both ends: one client address may hold connections to two of our addresses (a wildcard
+     * --listen on a host with several), and a run must never hold another client's connection
+     */
+    if (req->conn->callbacks->get_peername == NULL || req->conn->callbacks->get_sockname == NULL ||
+        (len = req->conn->callbacks->get_peername(req->conn, (void *)&sa)) == 0 ||
+        (llen = req->conn->callbacks->get_sockname(req->conn, (void *)&la)) == 0)
         return -1;
     for (conn_t *c = S.conns; c != NULL; c = c->next)
-        if (c->peer_len == len && memcmp(&c->peer, &sa, len) == 0)
+        if (c->peer_len == len && memcmp(&c->peer, &sa, len) == 0 && c->local_len == llen && memcmp(&c->local, &la, llen) == 0)
             return h2o_socket_get_fd(c->sock);
     return -1;
 }
@@ -1243,6 +1249,7 @@ static void on_accept(h2o_socket_t *listener, const char *err)
         }
         c->sock = sock;
         c->peer_len = h2o_socket_getpeername(sock, (void *)&c->peer);
+        c->local_len = h2o_socket_getsockname(sock, (void *)&c->local);
         c->gated = 1;
         c->since_ms = sb_serve_now_ms();
         c->next = S.conns;

@@ -1212,6 +1212,60 @@ def t_launcher_gone():
         s2.stop()
 
 
+MULTIHOMED = r"""
+import json, os, socket, subprocess, sys, time
+shim, deno, secret = sys.argv[1], sys.argv[2], sys.argv[3]
+subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_")}
+env["SANDBOX_HOST_ADMISSION_SECRET"] = secret
+p = subprocess.Popen([shim, "serve", "--listen", "0.0.0.0:0", "--deno", deno, "--pool-size", "0"], env=env,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+port = None
+for raw in p.stderr:
+    ev = json.loads(raw)
+    if ev.get("event") == "listening":
+        port = ev["port"]
+        break
+def conn(dst):
+    c = socket.socket()
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    c.bind(("127.0.0.5", 40555))
+    c.connect((dst, port))
+    return c
+a = conn("127.0.0.1")
+b = conn("127.0.0.2")
+body = json.dumps({"mode": "host", "capabilities": {"net": [], "import": [], "timeoutMs": 5000, "memoryMb": 128},
+                   "source": "export default async () => { await new Promise(r => setTimeout(r, 1500)); return 'A'; }"}).encode()
+a.sendall(b"POST /run HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nx-questpie-sandbox-host-admission: " +
+          secret.encode() + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+time.sleep(0.8)
+b.close()  # the other connection from the same client address hangs up
+a.settimeout(20)
+data = b""
+while b"\r\n\r\n" not in data or not data.rstrip().endswith(b"}"):
+    chunk = a.recv(65536)
+    if not chunk:
+        break
+    data += chunk
+print(data.split(b"\r\n\r\n", 1)[-1].decode())
+p.terminate()
+p.wait(30)
+"""
+
+
+def t_client_connection_by_both_ends():
+    """A run holds its own client's connection, found by both of its ends: another connection from
+    the same client address and port to another of serve's addresses hanging up does not cancel it.
+    (serve on 0.0.0.0, in a network namespace of the test's own with only lo)"""
+    if os.geteuid() != 0:
+        return  # a network namespace of its own needs root here (CI runs as root)
+    p = subprocess.run(["unshare", "--net", "--", "/usr/bin/python3", "-c", MULTIHOMED, SHIM, DENO, SECRET],
+                       capture_output=True, text=True, timeout=90)
+    check(p.returncode == 0, "the namespaced client ran", p.returncode, p.stdout, p.stderr)
+    o = json.loads(p.stdout.strip().splitlines()[-1])
+    check(o["ok"] is True and o["output"] == "A", "the run was not cancelled by the other connection", o)
+
+
 def t_pool_drain_kills_pooled():
     """SIGTERM: the pooled guests are killed, the run in flight is answered, serve exits 0."""
     s2 = Serve(args=["--pool-size", "2"])
@@ -1338,6 +1392,7 @@ tap.case("pool: the timeout starts at the hand-over", t_pool_timeout_from_handov
 tap.case("pool: a pooled guest that dies is replaced and counted", t_pool_guest_dies)
 tap.case("pool: a drain kills the pooled guests", t_pool_drain_kills_pooled)
 tap.case("launcher gone: /health 503, runs refused, logged once", t_launcher_gone)
+tap.case("a run's client connection is found by both its ends", t_client_connection_by_both_ends)
 tap.case("launcher: a run's processes hold no other run's data", t_clean_launcher)
 tap.case("pool: usage errors", t_pool_usage)
 tap.case("PORT and --admission-secret-file", t_port_env_and_file_secret)
