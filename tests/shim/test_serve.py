@@ -1301,7 +1301,7 @@ def process_holds(pid, needle):
             if len(parts) < 2 or parts[1][0] != "r" or (len(parts) > 5 and parts[5] in ("[vvar]", "[vsyscall]", "[vvar_vclock]")):
                 continue
             lo, hi = (int(x, 16) for x in parts[0].split("-"))
-            if hi - lo > 256 * 1024 * 1024:
+            if hi - lo > 256 * 1024 * 1024:  # reservations (ASan's shadow), not memory a process wrote
                 continue
             try:
                 if needle in os.pread(fd, hi - lo, lo):
@@ -1335,10 +1335,14 @@ def t_clean_launcher():
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and s2.metrics()["sb_serve_runs_in_flight"] < 2:
             time.sleep(0.02)
-        time.sleep(0.3)
-        procs = {pid: argv for pid, (_, argv) in descendants(s2.proc.pid).items() if argv and argv[0] != b"/runtime/deno"}
-        holders1 = [pid for pid in procs if process_holds(pid, secret1.encode())]
-        holders2 = [pid for pid in procs if process_holds(pid, secret2.encode())]
+        # each run's process reads its job a moment after it is counted in flight (later under ASan): look
+        # until both secrets are found somewhere, then judge where
+        deadline, holders1, holders2, procs = time.monotonic() + 10, [], [], {}
+        while time.monotonic() < deadline and not (holders1 and holders2):
+            time.sleep(0.2)
+            procs = {pid: argv for pid, (_, argv) in descendants(s2.proc.pid).items() if argv and argv[0] != b"/runtime/deno"}
+            holders1 = [pid for pid in procs if process_holds(pid, secret1.encode())]
+            holders2 = [pid for pid in procs if process_holds(pid, secret2.encode())]
         check(len(procs) >= 4, "the launcher, two runs' processes and the refilled pool", procs)
         check(len(holders1) == 1 and len(holders2) == 1 and holders1 != holders2,
               "each secret is in exactly one process below the service: its own run's", holders1, holders2)
