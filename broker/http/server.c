@@ -27,7 +27,15 @@
 #include "util/util.h"
 
 /* on shutdown, an idle keep-alive connection is closed after this long (see on_shutdown_msg) */
-#define SB_DRAIN_IDLE_CLOSE_MS 100
+/*
+ * Draining, a keep-alive connection idle this long is closed. Connections a proxy used within it get
+ * "connection: close" on their next answer and are closed by the proxy itself, cleanly; only those
+ * it left idle longer are closed from our side, which races with a request it sends on one at that
+ * moment (HTTP/1.1 has no way around it, and a proxy does not replay a POST). A proxy's keep-alive
+ * cache hands out the connection used last first, so the ones idle this long are the ones it is
+ * least likely to pick: 100 ms closed connections it was picking under load (nginx answered 500).
+ */
+#define SB_DRAIN_IDLE_CLOSE_MS 1000
 /* the threads files operations run on, shared by every worker (svc/files/files.c says why they exist) */
 #define FILES_THREADS 2u
 
