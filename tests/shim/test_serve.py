@@ -1343,7 +1343,8 @@ def t_clean_launcher():
             procs = {pid: argv for pid, (_, argv) in descendants(s2.proc.pid).items() if argv and argv[0] != b"/runtime/deno"}
             holders1 = [pid for pid in procs if process_holds(pid, secret1.encode())]
             holders2 = [pid for pid in procs if process_holds(pid, secret2.encode())]
-        check(len(procs) >= 4, "the launcher, two runs' processes and the refilled pool", procs)
+        # the pool's refill may or may not have started yet (slower under ASan): at least these three
+        check(len(procs) >= 3, "the launcher and the two runs' processes", procs)
         check(len(holders1) == 1 and len(holders2) == 1 and holders1 != holders2,
               "each secret is in exactly one process below the service: its own run's", holders1, holders2)
         t1.join(30)
