@@ -42,7 +42,8 @@ typedef struct st_stream_t {
     where_t last_at;
     int has_key; /* the stream is signed by `key` */
     uint8_t key[32];
-    int key_checked; /* the signatures were checked (against --key or the genesis) */
+    int key_checked;   /* the signatures were checked (against --key or the genesis) */
+    int sig_unchecked; /* it carries signatures that no key was there to check */
     int from_genesis;
     where_t cp_at; /* the last checkpoint */
     uint64_t cp_seq;
@@ -60,10 +61,11 @@ struct st_sb_audit_verifier_t {
     uint8_t key[32];
     stream_t *streams;
     size_t nstreams;
-    /* lines that are not records, waiting for a gap record that says "torn" */
+    /* a line that is not a record, waiting for the gap record that says "torn" */
     int bad_pending, bad_partial;
     where_t bad_at;
     const char *bad_why;
+    const char *last_file; /* the file read last: only there may a stream stay open (--allow-open) */
     FILE *out;
     int failed;
     uint64_t records;
@@ -121,8 +123,12 @@ static stream_t *find_stream(sb_audit_verifier_t *v, const char *inst)
 static int check_sig(sb_audit_verifier_t *v, stream_t *s, where_t at, const sb_audit_record_t *r, const char *line)
 {
     const uint8_t *pub = v->have_key ? v->key : s->has_key ? s->key : NULL;
-    if (pub == NULL)
+    if (pub == NULL) {
+        /* a stream whose genesis is not in the files given, and no --key: said, never called checked */
+        if (r->has_sig)
+            s->sig_unchecked = 1;
         return 0;
+    }
     if (!r->has_sig)
         return fail(v, at, "%s seq %llu of instance %s has no signature in a signed stream (edited)",
                     r->kind == SB_AUDIT_REC_GENESIS ? "genesis" : "checkpoint", (unsigned long long)r->seq, r->inst);
@@ -162,10 +168,15 @@ static int record(sb_audit_verifier_t *v, where_t at, const char *line, size_t l
     uint8_t h[32];
 
     if (s == NULL) {
-        if (r->kind != SB_AUDIT_REC_GENESIS && r->kind != SB_AUDIT_REC_CHECKPOINT)
+        /*
+         * A stream starts at its genesis, or (its older files dropped by retention) at the "reopen"
+         * checkpoint the writer puts first in every new file; any other record first means the
+         * records before it were removed.
+         */
+        if (r->kind != SB_AUDIT_REC_GENESIS && !(r->kind == SB_AUDIT_REC_CHECKPOINT && strcmp(r->reason, "reopen") == 0))
             return fail(v, at,
-                        "record seq %llu of instance %s comes before any genesis or checkpoint of its stream: the records "
-                        "before it were removed, or it was inserted",
+                        "record seq %llu of instance %s comes before any genesis or reopen checkpoint of its stream: the "
+                        "records before it were removed, or it was inserted",
                         (unsigned long long)r->seq, r->inst);
         if (r->kind == SB_AUDIT_REC_GENESIS) {
             static const uint8_t zero[32];
@@ -274,23 +285,30 @@ int sb_audit_verifier_line(sb_audit_verifier_t *v, const char *file, uint64_t li
     if (v->failed)
         return -1;
     if (sb_audit_record_parse(line, len, &r, &why) != SB_OK) {
-        /* held back: a write that failed part-way leaves a torn record, and the gap record after it says so */
-        if (!v->bad_pending) {
-            v->bad_pending = 1;
-            v->bad_partial = 0;
-            v->bad_at = at;
-            v->bad_why = why;
-        }
+        /* the newline that closes a record torn at the end of the file before: not a second bad line */
+        if (v->bad_pending && v->bad_partial && lineno == 1 && len == 0)
+            return 0;
+        /* one line is held back: a write that failed part-way leaves one torn record, and a gap record says so */
+        if (v->bad_pending)
+            return bad_line(v);
+        v->bad_pending = 1;
+        v->bad_partial = 0;
+        v->bad_at = at;
+        v->bad_why = why;
         return 0;
     }
     /*
-     * Lines that are not records wait for a gap record that says "torn": the
-     * writer's own account of a write that failed part-way. It comes in the
-     * same stream after the torn line, possibly after a reopen checkpoint in
-     * the next file; without one they fail at the end.
+     * A line that is not a record must be followed by the gap record that says "torn", the
+     * writer's own account of a write that failed part-way, before any other record: only a
+     * "reopen" checkpoint (the next file's first record) may come between them. Anything else
+     * next, or a second such line, and the line was inserted or edited.
      */
-    if (v->bad_pending && r.kind == SB_AUDIT_REC_GAP && r.torn)
-        v->bad_pending = 0;
+    if (v->bad_pending) {
+        if (r.kind == SB_AUDIT_REC_GAP && r.torn)
+            v->bad_pending = 0;
+        else if (!(r.kind == SB_AUDIT_REC_CHECKPOINT && strcmp(r.reason, "reopen") == 0))
+            return bad_line(v);
+    }
     return record(v, at, line, len, &r);
 }
 
@@ -299,8 +317,11 @@ int sb_audit_verifier_end_file(sb_audit_verifier_t *v, const char *file, uint64_
     where_t at = {file, lineno};
     if (v->failed)
         return -1;
+    v->last_file = file;
     /* a torn record (a write that failed part-way) is closed by the gap record in the next file */
-    if (partial && !v->bad_pending) {
+    if (partial && v->bad_pending)
+        return bad_line(v);
+    if (partial) {
         v->bad_pending = 1;
         v->bad_partial = 1;
         v->bad_at = at;
@@ -313,16 +334,18 @@ int sb_audit_verifier_finish(sb_audit_verifier_t *v)
 {
     if (v->failed)
         return -1;
-    if (v->bad_pending && !(v->bad_partial && v->allow_open))
+    /* --allow-open is for the file a live broker still writes: the last one given, never an older one */
+    if (v->bad_pending && !(v->bad_partial && v->allow_open && v->bad_at.file == v->last_file))
         return bad_line(v);
     for (size_t i = 0; i < v->nstreams; ++i) {
         stream_t *s = &v->streams[i];
         if (s->jumped)
             return resolve_jump(v, s, NULL, s->jump_at);
-        if (!s->closed && !v->allow_open)
+        if (!s->closed && !(v->allow_open && s->last_at.file == v->last_file))
             return fail(v, s->last_at,
                         "the stream of instance %s ends at seq %llu without its shutdown checkpoint: the records after it were "
-                        "truncated (or the broker is still running, or crashed: --allow-open accepts an open stream)",
+                        "truncated (or the broker is still running, or crashed: --allow-open accepts a stream left open in the "
+                        "last file given)",
                         s->inst, (unsigned long long)s->last_seq);
     }
     if (v->out != NULL) {
@@ -334,9 +357,10 @@ int sb_audit_verifier_finish(sb_audit_verifier_t *v)
             fprintf(v->out, "stream %s: seq %llu..%llu, %llu records, %llu checkpoints, %llu gaps (%llu records lost), %s%s%s, %s",
                     s->inst, (unsigned long long)s->first_seq, (unsigned long long)s->last_seq, (unsigned long long)s->records,
                     (unsigned long long)s->checkpoints, (unsigned long long)s->gaps, (unsigned long long)s->lost,
-                    s->key_checked ? "signed by "
-                    : s->has_key   ? "signature not checked "
-                                   : "unsigned",
+                    s->key_checked     ? "signed by "
+                    : s->has_key       ? "signature not checked "
+                    : s->sig_unchecked ? "signed, but not checked (its genesis is not in the files given: give --key)"
+                                       : "unsigned",
                     s->key_checked ? key : "", s->key_checked && !v->have_key ? " (the genesis's key: give --key to pin it)" : "",
                     s->closed ? "closed" : "open");
             if (!s->closed)

@@ -282,7 +282,43 @@ class Chain(sbtest.BrokerTestCase):
         rc, out = verify("--key", self.pub, f2)
         self.assertEqual(rc, 1, out)
         self.assertIn("FAILED: %s:1: record seq" % f2, out)
-        self.assertIn("comes before any genesis or checkpoint of its stream", out)
+        self.assertIn("comes before any genesis or reopen checkpoint of its stream", out)
+
+    def test_head_removed_up_to_a_checkpoint(self):
+        """A stream starts at its genesis or at the reopen checkpoint that opens a file: the head of a file cut
+        away up to any other checkpoint is a removal, whatever that checkpoint's signature says."""
+        f1, _ = self.copies()
+        lines = read_lines(f1)
+        i, inst = next((i, rec(l)["inst"]) for i, l in enumerate(lines)
+                       if rec(l)["event"] == "audit.checkpoint" and rec(l)["reason"] == "every")
+        write_lines(f1, [l for l in lines[i:] if rec(l)["inst"] == inst])
+        rc, out = verify("--key", self.pub, "--allow-open", f1)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("FAILED: %s:1: record seq %d of instance %s comes before any genesis or reopen checkpoint of its "
+                      "stream: the records before it were removed" % (f1, rec(lines[i])["seq"], inst), out)
+
+    def test_allow_open_is_for_the_last_file_only(self):
+        """--allow-open accepts a stream left open where a live broker still writes: the last file given. An
+        older file cut after its last checkpoint is a truncation, whatever files follow it."""
+        f1, _ = self.copies()
+        lines = read_lines(f1)
+        write_lines(f1, lines[:-4])
+        empty = os.path.join(os.path.dirname(f1), "later.log")
+        open(empty, "wb").close()
+        rc, out = verify("--key", self.pub, "--allow-open", f1)
+        self.assertEqual(rc, 0, out)
+        rc, out = verify("--key", self.pub, "--allow-open", f1, empty)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("FAILED: %s:" % f1, out)
+        self.assertIn("without its shutdown checkpoint: the records after it were truncated", out)
+
+    def test_unsigned_report_without_the_genesis(self):
+        """Without --key and without the genesis, a stream's signatures cannot be checked: it is said so, never
+        reported as unsigned."""
+        rc, out = verify(self.files[1])
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(out.count("signed, but not checked (its genesis is not in the files given: give --key)"), 2, out)
+        self.assertNotIn(", unsigned,", out)
 
     def test_another_key_is_refused(self):
         rc, out = verify("--key", self.other_pub, *self.files)
@@ -366,6 +402,16 @@ class Gap(sbtest.BrokerTestCase):
         rc, out = verify(path + ".1")
         self.assertEqual(rc, 1, out)
         self.assertIn("the file ends inside a record (truncated)", out)
+        # one torn record is explained by one gap record: lines inserted anywhere before it are not
+        forged = os.path.join(d, "forged.1")
+        with open(path + ".1", "rb") as f:
+            older = f.read().split(b"\n")
+        older.insert(3, b'{"ts":"2026-12-01T00:00:00.000Z","event":"audit","runId":"x","decision":"allow"}')
+        with open(forged, "wb") as f:
+            f.write(b"\n".join(older))
+        rc, out = verify(forged, path)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("FAILED: %s:4: not an audit chain record (inserted, or edited)" % forged, out)
 
 
 if __name__ == "__main__":
