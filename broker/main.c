@@ -378,6 +378,33 @@ static void check_problem(int kind, const char *msg)
         check_status = kind;
 }
 
+/*
+ * A database that does not answer now: libpq's own words for a connection that never reached a
+ * server, or a server's for one starting or stopping. --allow-down lets only these pass; any
+ * other refusal of a connection (a localised message, a bad sslmode, a database that does not
+ * exist) is the configuration's, so that a start that would never become ready fails its check.
+ */
+static int pg_down(const char *err)
+{
+    static const char *const down[] = {"Connection refused",
+                                       "could not connect to server",
+                                       "timeout expired",
+                                       "Connection timed out",
+                                       "could not translate host name",
+                                       "No route to host",
+                                       "Network is unreachable",
+                                       "server closed the connection unexpectedly",
+                                       "No such file or directory",
+                                       "the database system is starting up",
+                                       "the database system is shutting down",
+                                       "the database system is in recovery mode",
+                                       "too many connections"};
+    for (size_t i = 0; i < sizeof(down) / sizeof(down[0]); ++i)
+        if (strstr(err, down[i]) != NULL)
+            return 1;
+    return 0;
+}
+
 /* a database that answered but refused who we are (libpq says so in its message only) */
 static int pg_auth_refused(const char *err)
 {
@@ -388,15 +415,17 @@ static int pg_auth_refused(const char *err)
 /*
  * --env-file: KEY=VALUE lines into the environment, as systemd's EnvironmentFile= reads them:
  * blank lines and lines starting with # or ; are skipped, white space around the key and the
- * value is dropped, a value in matching single or double quotes loses them. The values are never
- * printed (they may be secrets); the variables' names are, by config.sources at start.
- * @return the number of variables set, or -1 with `err` set
+ * value is dropped, a value in matching single or double quotes loses them. A variable already in
+ * the environment is left as it is (see below). Neither the values nor a line that cannot be read is
+ * ever printed (they may be secrets, or part of one); the variables' names are, by config.sources.
+ * @return the number of the file's variables now in the environment, or -1 with `err` set
  */
 static int load_env_file(const char *path, char *err, size_t errsz)
 {
     FILE *f = fopen(path, "re");
-    char *buf, *line, *save = NULL;
+    char *buf, *line, *next;
     size_t n;
+    unsigned lineno = 0;
     int count = 0;
 
     if (f == NULL) {
@@ -412,14 +441,19 @@ static int load_env_file(const char *path, char *err, size_t errsz)
         return -1;
     }
     buf[n] = '\0';
-    for (line = strtok_r(buf, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
+    for (line = buf; line != NULL; line = next) {
         char *k = line, *eq, *v, *end;
+        next = strchr(line, '\n');
+        if (next != NULL)
+            *next++ = '\0';
+        ++lineno;
         while (*k == ' ' || *k == '\t')
             ++k;
         if (*k == '\0' || *k == '#' || *k == ';' || *k == '\r')
             continue;
         if ((eq = strchr(k, '=')) == NULL) {
-            snprintf(err, errsz, "--env-file %s: a line without '=' (%.40s)", path, strchr(k, ' ') == NULL ? "a bare word" : k);
+            /* the line is never echoed: it may be the continuation of a secret */
+            snprintf(err, errsz, "--env-file %s: line %u has no '=' (its text is not shown: it may hold a secret)", path, lineno);
             count = -1;
             break;
         }
@@ -437,14 +471,24 @@ static int load_env_file(const char *path, char *err, size_t errsz)
         }
         for (const char *c = k; *c != '\0'; ++c) {
             if (!((*c >= 'A' && *c <= 'Z') || (*c >= 'a' && *c <= 'z') || *c == '_' || (c != k && *c >= '0' && *c <= '9'))) {
-                snprintf(err, errsz, "--env-file %s: \"%.64s\" is not a variable name", path, k);
+                snprintf(err, errsz, "--env-file %s: line %u: what stands before '=' is not a variable name (not shown)", path,
+                         lineno);
                 count = -1;
                 break;
             }
         }
         if (count < 0)
             break;
-        if (setenv(k, v, 1) != 0) {
+        /*
+         * A variable already in the environment wins: under the unit, systemd has read this file
+         * (with its own quoting and escapes) before ExecStartPre runs, and those values are what the
+         * broker will get; by hand, the file fills in what the shell does not set.
+         */
+        if (getenv(k) != NULL) {
+            ++count;
+            continue;
+        }
+        if (setenv(k, v, 0) != 0) {
             snprintf(err, errsz, "--env-file %s: cannot set %.64s", path, k);
             count = -1;
             break;
@@ -575,6 +619,8 @@ int main(int argc, char **argv)
             st = sb_pg_check_schema(conf->database_url, targets, &reachable, errbuf, sizeof(errbuf));
         if (check_only && st == SB_E_UNAVAILABLE && pg_auth_refused(errbuf))
             st = SB_E_UNAUTHORIZED;
+        else if (check_only && st == SB_E_UNAVAILABLE && !pg_down(errbuf))
+            st = SB_E_BAD_ARGS; /* refused, not down: fail closed, --allow-down does not cover it */
         if (check_only) {
             if (st != SB_OK)
                 check_problem(st == SB_E_BAD_ARGS       ? CHECK_INVALID

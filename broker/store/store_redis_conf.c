@@ -479,6 +479,10 @@ Exit:
  */
 static sb_status_t check_kind(const char *err)
 {
+    /* a node that is loading its data set, busy with a script, or without its primary: an outage, not the configuration */
+    if (strstr(err, " refused: LOADING") != NULL || strstr(err, " refused: BUSY") != NULL ||
+        strstr(err, " refused: MASTERDOWN") != NULL || strstr(err, " refused: TRYAGAIN") != NULL)
+        return SB_E_UNAVAILABLE;
     if (strstr(err, ": AUTH refused: ") != NULL || strstr(err, " refused: NOAUTH") != NULL ||
         strstr(err, " refused: WRONGPASS") != NULL)
         return SB_E_UNAUTHORIZED;
@@ -503,7 +507,8 @@ sb_status_t sb_store__redis_check(sb_store_t *s, char *err, size_t errsz)
         char one[384];
         if (check_sentinel(s, &s->sentinels[i], &primary, one, sizeof(one)) == 0)
             return check_primary(s, &primary, err, errsz) == 0 ? SB_OK : check_kind(err);
-        if (check_kind(one) != SB_E_UNAVAILABLE)
+        /* the most telling of the sentinels' answers: a configuration error, then refused credentials, then an outage */
+        if (check_kind(one) == SB_E_BAD_ARGS || (check_kind(one) == SB_E_UNAUTHORIZED && worst == SB_E_UNAVAILABLE))
             worst = check_kind(one);
         if (used + 3 < errsz) {
             int n = snprintf(err + used, errsz - used, "%s%s", used == 0 ? "no sentinel named the primary: " : "; ", one);

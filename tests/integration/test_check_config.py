@@ -124,6 +124,13 @@ class Statuses(sbtest.BrokerTestCase):
         for kw in ({"db_pw": "wrong"}, {"redis_pw": "wrong"}):
             rc, out, err = self.check(args=["--allow-down"], **kw)
             self.assertEqual((rc, out), (4, ""), err)
+        # a server that answers and refuses for another reason (here: a database that does not exist) is not an
+        # outage: the check fails as the configuration's, --allow-down or not
+        rc, out, err = self.check(args=["--allow-down"], SANDBOX_BROKER_DATABASE_URL="postgresql://%s:%s@127.0.0.1:%d/%s"
+                                  % (ROLE, ROLE_PW, PG.port, "no_such_database_here"))
+        self.assertEqual((rc, out), (1, ""), err)
+        self.assertIn("sandbox-broker: invalid configuration: database_url: cannot connect", err)
+        self.assertIn("no_such_database_here", err)
         rc, out, err = sbtest.run_broker_once(["--allow-down"], sbtest.base_env())
         self.assertEqual(rc, 2, err)
         self.assertIn("--allow-down goes with --check-config", err)
@@ -153,6 +160,11 @@ class EnvironmentFile(sbtest.BrokerTestCase):
         rc, out, err = sbtest.run_broker_once(["--check-config", "--offline", "--env-file", path], sbtest.base_env())
         self.assertEqual(rc, 1, err)
         self.assertIn("SANDBOX_BROKER_THREADS", err)
+        # a variable already in the environment wins (under the unit systemd has read the file, its way)
+        path = self.write("SANDBOX_BROKER_THREADS=100\n")
+        env = dict(sbtest.base_env(), SANDBOX_BROKER_THREADS="3")
+        rc, out, err = sbtest.run_broker_once(["--check-config", "--offline", "--env-file", path], env)
+        self.assertEqual((rc, out), (0, "configuration OK (offline: no backend contacted)\n"), err)
         # a misspelt name in it is refused like one in the environment
         path = self.write("SANDBOX_BROKER_THREAD=2\n")
         rc, out, err = sbtest.run_broker_once(["--check-config", "--offline", "--env-file", path], sbtest.base_env())
@@ -160,11 +172,15 @@ class EnvironmentFile(sbtest.BrokerTestCase):
         self.assertIn("did you mean SANDBOX_BROKER_THREADS?", err)
 
     def test_malformed_and_missing_files(self):
-        for text, needle in (("NOT A LINE\n", "a line without '='"), ("1X=2\n", '"1X" is not a variable name')):
+        # a line it cannot read is named by number, never shown: it may be the continuation of a secret
+        for text, needle, secret in (("# c\nSANDBOX_BROKER_ADMIN_SECRET=\\\nq8V+3kZr/5tYw 1eJ0nP2sQ==\n",
+                                      "line 3: what stands before '=' is not a variable name", "q8V+3kZr"),
+                                     ("X=1\nq8V+3kZr/5tYw 1eJ0nP2sQ\n", "line 2 has no '='", "q8V+3kZr")):
             path = self.write(text)
             rc, out, err = sbtest.run_broker_once(["--check-config", "--offline", "--env-file", path], sbtest.base_env())
             self.assertEqual(rc, 1, err)
             self.assertIn(needle, err)
+            self.assertNotIn(secret, err + out)
         missing = os.path.join(self.tmp, "none")
         rc, out, err = sbtest.run_broker_once(["--check-config", "--env-file", missing], sbtest.base_env())
         self.assertEqual(rc, 1, err)
