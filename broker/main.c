@@ -231,6 +231,9 @@ static void reload(void)
             {!same_str(conf->log_file, cur->log_file), "log_file"},
             {!same_str(conf->audit_key_file, cur->audit_key_file), "audit_key_file"},
             {conf->audit_checkpoint_records != cur->audit_checkpoint_records, "audit_checkpoint_records"},
+            /* the token store took them at start (store.c) */
+            {conf->timeline_max_events != cur->timeline_max_events, "timeline_max_events"},
+            {conf->timeline_retention_ms != cur->timeline_retention_ms, "timeline_retention_ms"},
             {conf->max_tokens != cur->max_tokens, "max_tokens"},
         };
         for (size_t i = 0; i < sizeof(restart_only) / sizeof(restart_only[0]); ++i)
@@ -261,6 +264,8 @@ static void reload(void)
     sb_mem_free(conf->audit_key_file);
     conf->audit_key_file = cur->audit_key_file != NULL ? sb_mem_strdup(cur->audit_key_file) : NULL;
     conf->audit_checkpoint_records = cur->audit_checkpoint_records;
+    conf->timeline_max_events = cur->timeline_max_events;
+    conf->timeline_retention_ms = cur->timeline_retention_ms;
     sb_mem_free(conf->log_file);
     conf->log_file = sb_mem_strdup(cur->log_file);
     conf->max_tokens = cur->max_tokens;

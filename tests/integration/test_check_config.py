@@ -222,7 +222,7 @@ class ReloadLines(sbtest.BrokerTestCase):
             self.assertEqual(len(applied), 1, b.log())
             self.assertEqual(applied[0]["logLevel"], "warn")
             # only the restart-only keys that changed, and no line twice per SIGHUP
-            self.write({"log_level": "warn", "threads": 3, "quota_calls": 5})
+            self.write({"log_level": "warn", "threads": 3, "quota_calls": 5, "timeline_max_events": 7})
             before = len(b.events())
             self.hup(b, 1)
             new = b.events()[before:]
@@ -230,7 +230,7 @@ class ReloadLines(sbtest.BrokerTestCase):
             self.assertEqual(len(names), len(set(names)), new)
             restart = [e for e in new if e["event"] == "reload.restart_needed"]
             self.assertEqual(len(restart), 1, new)
-            self.assertEqual(restart[0]["keys"], "threads")
+            self.assertEqual(restart[0]["keys"], "threads, timeline_max_events")
             # a file with two mistakes: one line, the reasons separated
             self.write({"log_level": "loud", "threads": "x"})
             before = len(b.events())
