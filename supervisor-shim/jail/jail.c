@@ -388,20 +388,22 @@ sb_shim_jail_t *sb_shim_jail_new(const sb_shim_jail_config_t *cfg, char *err, si
             snprintf(mem, sizeof(mem), "a cgroup per run under %s (memory.max = memory limit + %u MiB, pids.max %u)",
                      j->cgroup_path, SB_SHIM_JAIL_DENO_OVERHEAD_MB, j->nproc);
         else
-            snprintf(mem, sizeof(mem),
-                     "no cgroup v2 subtree (--jail-cgroup): memory is bounded only by the V8 heap cap and "
-                     "RLIMIT_DATA (per process: a Deno guest is one process, its filter allows threads only; a relay "
-                     "guest may fork up to RLIMIT_NPROC processes, each with its own), and the scratch tmpfs by its "
-                     "size; shared anonymous memory, memfd and shm are refused; processes by RLIMIT_NPROC");
-        snprintf(j->describe, sizeof(j->describe),
-                 "jail: on: user, mount, pid, net (lo down), ipc, uts, cgroup namespaces; a tmpfs root of its own (the "
-                 "executable and its libraries read-only, /dev null zero random urandom, /proc/self/exe only, "
-                 "scratch /work %llu MiB / %u inodes; no host /tmp, /etc, /home, /sys); %s, no groups or capabilities; "
-                 "no_new_privs; seccomp allow-list (%u rules, everything else EPERM); rlimits nproc %u, fsize %llu MiB, data "
-                 "memory limit + %u MiB + "
-                 "%u MiB per CPU, core 0; %s%s",
-                 j->fsize / (1024u * 1024u), SB_SHIM_JAIL_SCRATCH_INODES, ids, j->rules, j->nproc, j->fsize / (1024u * 1024u),
-                 SB_SHIM_JAIL_DATA_BASE_MB, SB_SHIM_JAIL_DATA_PER_CPU_MB, mem, left);
+            snprintf(
+                mem, sizeof(mem),
+                "no cgroup v2 subtree (--jail-cgroup): memory is bounded only by the V8 heap cap and "
+                "RLIMIT_DATA (per process: a Deno guest is one process, its filter allows threads only; a relay "
+                "guest may fork up to RLIMIT_NPROC processes, each with its own), and the scratch tmpfs by its "
+                "size; shared anonymous memory, memfd, shm and (for Deno guests) /dev/zero are refused; processes by RLIMIT_NPROC");
+        snprintf(
+            j->describe, sizeof(j->describe),
+            "jail: on: user, mount, pid, net (lo down), ipc, uts, cgroup namespaces; a tmpfs root of its own (the "
+            "executable and its libraries read-only, /dev null random urandom (and zero for relay guests), /proc/self/exe only, "
+            "scratch /work %llu MiB / %u inodes; no host /tmp, /etc, /home, /sys); %s, no groups or capabilities; "
+            "no_new_privs; seccomp allow-list (%u rules, everything else EPERM); rlimits nproc %u, fsize %llu MiB, data "
+            "memory limit + %u MiB + "
+            "%u MiB per CPU, core 0; %s%s",
+            j->fsize / (1024u * 1024u), SB_SHIM_JAIL_SCRATCH_INODES, ids, j->rules, j->nproc, j->fsize / (1024u * 1024u),
+            SB_SHIM_JAIL_DATA_BASE_MB, SB_SHIM_JAIL_DATA_PER_CPU_MB, mem, left);
     }
     return j;
 Fail:

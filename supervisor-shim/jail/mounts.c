@@ -304,9 +304,18 @@ sb_shim_jail_fs_t *sb_shim_jail_plan_fs(const sb_shim_jail_fs_spec_t *spec, char
     }
     snprintf(fs->scratch_opts, sizeof(fs->scratch_opts), "size=%llu,nr_inodes=%u,mode=0700", spec->scratch_bytes,
              spec->scratch_inodes);
-    for (size_t i = 0; i < sizeof(devs) / sizeof(devs[0]); ++i)
+    for (size_t i = 0; i < sizeof(devs) / sizeof(devs[0]); ++i) {
+        /*
+         * A shared writable mapping of /dev/zero is shared anonymous memory, which RLIMIT_DATA does not
+         * count: a Deno guest (no `system`: it reads no file anyway) gets no /dev/zero, so that
+         * RLIMIT_DATA bounds its memory where no cgroup does. A relay guest may start processes, each
+         * with its own RLIMIT_DATA: its memory is the cgroup's to bound.
+         */
+        if (!spec->system && strcmp(devs[i], "/dev/zero") == 0)
+            continue;
         if (add_bind(fs, devs[i], devs[i], SB_SHIM_JAIL_BIND_DEV) != 0)
             goto Errno;
+    }
     if (spec->system) {
         struct stat st;
         if (add_bind(fs, "/usr", "/usr", SB_SHIM_JAIL_BIND_DIR | SB_SHIM_JAIL_BIND_EXEC) != 0)

@@ -41,6 +41,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -56,7 +57,7 @@
 static const char *const allowed[] = {
     /* the program itself */
     "execve", "execveat", "exit", "exit_group", "arch_prctl", "set_tid_address", "set_robust_list", "get_robust_list",
-    "rseq", "prctl", "prlimit64", "getrlimit", "uname", "sysinfo", "getrandom", "getcpu", "restart_syscall",
+    "rseq", "prlimit64", "getrlimit", "uname", "sysinfo", "getrandom", "getcpu", "restart_syscall",
     /* memory (mmap: below, no shared anonymous memory) */
     "brk", "munmap", "mprotect", "mremap", "madvise", "msync", "mincore", "pkey_alloc", "pkey_free",
     "pkey_mprotect", "membarrier",
@@ -155,6 +156,44 @@ int sb_shim_jail_build_filter(struct sock_fprog *prog, unsigned *rules, int thre
         if (add_rule(ctx, allow, nr, 0, NULL, err, errsz, allowed[i]) != 0)
             goto Exit;
         ++*rules;
+    }
+    /*
+     * prctl: the options a guest was seen to use (naming threads and memory), reading, and nothing
+     * that undoes the jail: PR_SET_PDEATHSIG only to a signal (0 would let the guest outlive the
+     * process that runs it), never PR_SET_DUMPABLE, PR_SET_PTRACER, PR_SET_CHILD_SUBREAPER, PR_SET_MM,
+     * the securebits or the capability sets.
+     */
+    {
+        static const unsigned long prctl_ok[] = {PR_SET_NAME,
+                                                 PR_GET_NAME,
+                                                 PR_SET_VMA,
+                                                 PR_GET_DUMPABLE,
+                                                 PR_GET_PDEATHSIG,
+                                                 PR_GET_NO_NEW_PRIVS,
+                                                 PR_SET_NO_NEW_PRIVS,
+                                                 PR_GET_SECCOMP,
+                                                 PR_CAPBSET_READ,
+                                                 PR_GET_TIMERSLACK,
+                                                 PR_SET_TIMERSLACK,
+                                                 PR_GET_KEEPCAPS,
+                                                 PR_GET_CHILD_SUBREAPER,
+                                                 PR_GET_THP_DISABLE,
+                                                 PR_GET_TID_ADDRESS,
+                                                 PR_GET_SECUREBITS,
+                                                 PR_GET_SPECULATION_CTRL,
+                                                 PR_SET_SPECULATION_CTRL};
+        for (size_t i = 0; i < sizeof(prctl_ok) / sizeof(prctl_ok[0]); ++i) {
+            cmp = SCMP_A0(SCMP_CMP_EQ, prctl_ok[i]);
+            if (add_rule(ctx, allow, SCMP_SYS(prctl), 1, &cmp, err, errsz, "prctl") != 0)
+                goto Exit;
+            ++*rules;
+        }
+        {
+            struct scmp_arg_cmp pd[2] = {SCMP_A0(SCMP_CMP_EQ, PR_SET_PDEATHSIG), SCMP_A1(SCMP_CMP_NE, 0)};
+            if (add_rule(ctx, allow, SCMP_SYS(prctl), 2, pd, err, errsz, "prctl") != 0)
+                goto Exit;
+            ++*rules;
+        }
     }
     /* sockets: AF_UNIX only (the comparison is on the full register, so high bits cannot sneak past) */
     cmp = SCMP_A0(SCMP_CMP_EQ, AF_UNIX);

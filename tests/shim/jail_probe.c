@@ -520,6 +520,14 @@ static void probe_spawn(void)
         void *m = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
         add("mmap_shared", m == MAP_FAILED ? -1 : 0, errno);
     }
+    if (wanted("mmap_devzero")) {
+        /* a shared writable mapping of /dev/zero is shared anonymous memory, outside RLIMIT_DATA */
+        int fd = open("/dev/zero", O_RDWR | O_CLOEXEC);
+        void *m = fd < 0 ? MAP_FAILED : mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        add("mmap_devzero", m == MAP_FAILED ? -1 : 0, errno);
+        if (fd >= 0)
+            close(fd);
+    }
     if (wanted("mmap_private")) {
         void *m = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         add("mmap_private", m == MAP_FAILED ? -1 : 0, errno);
@@ -539,6 +547,15 @@ static void probe_kernel(void)
         int sig = -1;
         r = TRY("pdeathsig", prctl(PR_GET_PDEATHSIG, &sig, 0, 0, 0));
         snprintf(r->detail, sizeof(r->detail), "%d", sig);
+    }
+    /* what would undo the jail from inside: refused; naming a thread: allowed (Deno does it) */
+    if (wanted("prctl")) {
+        TRY("prctl_pdeathsig_0", prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0));
+        TRY("prctl_dumpable", prctl(PR_SET_DUMPABLE, 1, 0, 0, 0));
+        TRY("prctl_subreaper", prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0));
+        TRY("prctl_ptracer", prctl(0x59616d61 /* PR_SET_PTRACER */, -1L, 0, 0, 0));
+        TRY("prctl_set_name", prctl(PR_SET_NAME, "probe-named", 0, 0, 0));
+        TRY("prctl_pdeathsig_kill", prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0));
     }
     if (wanted("rlimit_cpu")) {
         struct rlimit rl;
@@ -740,10 +757,11 @@ int main(int argc, char **argv)
     if (argc >= 3 && strncmp(argv[1], "deny-", 5) == 0)
         return deny(argv[1], argv + 2);
     if (strcmp(argv[0], "/runtime/deno") == 0) {
-        only = "fork_once,thread,mmap_shared,mmap_private,fs_view";
+        only = "fork_once,thread,mmap_shared,mmap_devzero,mmap_private,prctl,fs_view";
         if (skip_init() != 0)
             return 3;
         probe_spawn();
+        probe_kernel();
         probe_view(NULL, NULL);
         return send_result() == 0 ? 0 : 4;
     }

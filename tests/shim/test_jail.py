@@ -597,7 +597,7 @@ def t_leftovers():
 
 def t_spawn_filters():
     """A Deno guest (run, serve) may start threads but no process, so that RLIMIT_DATA bounds the
-    whole run; a relay guest may fork. Neither gets shared anonymous memory."""
+    whole run; a relay guest may fork. Neither gets shared anonymous memory, nor a prctl that undoes the jail."""
     src = os.path.join(TMP, "any.js")
     with open(src, "w") as f:
         f.write("export default () => 1;")
@@ -608,11 +608,20 @@ def t_spawn_filters():
     res = json.loads(p.stdout)["output"]
     refused(res, "fork_once", "EPERM")
     refused(res, "mmap_shared", "EPERM")
+    # no /dev/zero for a Deno guest: a shared writable mapping of it is memory RLIMIT_DATA does not count
+    refused(res, "mmap_devzero", "ENOENT")
     check(res["thread"]["ret"] == 0 and res["mmap_private"]["ret"] == 0, "threads and private memory", res)
+    for name in ("prctl_pdeathsig_0", "prctl_dumpable", "prctl_subreaper", "prctl_ptracer"):
+        refused(res, name, "EPERM")
+    check(res["prctl_set_name"]["ret"] == 0 and res["prctl_pdeathsig_kill"]["ret"] == 0, "naming and a death signal", res)
     check("runtime" in res["fs_view"]["detail"].split(";")[0], "at /runtime/deno in its root", res["fs_view"])
-    res, _, _ = probe(probe_args=["--only", "fork_once,thread,mmap_shared,mmap_private"])
+    res, _, _ = probe(probe_args=["--only", "fork_once,thread,mmap_shared,mmap_private,prctl,pdeathsig"])
     check(res["fork_once"]["ret"] > 0 and res["thread"]["ret"] == 0, "a relay guest forks", res)
     refused(res, "mmap_shared", "EPERM")
+    # the guest cannot take back its death signal, become dumpable, a subreaper, or name a tracer
+    for name in ("prctl_pdeathsig_0", "prctl_dumpable", "prctl_subreaper", "prctl_ptracer"):
+        refused(res, name, "EPERM")
+    check(res["pdeathsig"]["detail"] == "9", "the death signal is still SIGKILL", res["pdeathsig"])
 
 
 tap.case("jailed probe: every refusal with its errno, credentials and namespaces", t_refusals)
