@@ -711,9 +711,12 @@ int sb_shim_jail_enter(const sb_shim_jail_t *j, const sb_shim_jail_run_t *run, u
     }
     /* a root of its own (mounts.c), while we still hold CAP_SYS_ADMIN in our user namespace; as the
      * guest's uid already, so nothing is bound that the guest could not read anyway */
-    if (run->fs != NULL) {
-        int stage = 0;
-        if (sb_shim_jail_mount(run->fs, &stage) != 0)
+    {
+        int stage = SB_SHIM_JAIL_STAGE_ROOT;
+        /* no planned root is a failure, never the host's root */
+        if (run->fs == NULL)
+            errno = EINVAL;
+        if (run->fs == NULL || sb_shim_jail_mount(run->fs, &stage) != 0)
             ENTER_FAIL(stage);
     }
     /*

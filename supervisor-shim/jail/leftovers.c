@@ -51,7 +51,9 @@ static int dir_owned_by(const char *dir, uid_t uid)
         struct stat st;
         if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
             continue;
-        if (fstatat(fd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && st.st_uid == uid)
+        if (fstatat(fd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+            continue; /* gone meanwhile */
+        if (st.st_uid == uid)
             found = 1;
         if (!found && strncmp(de->d_name, PREFIX, sizeof(PREFIX) - 1) == 0 && S_ISDIR(st.st_mode)) {
             char home[300];

@@ -146,7 +146,11 @@ static int elf_needs(const char *path, char *interp, size_t interpsz, char neede
                 goto Exit;
             }
             interp[ph[i].p_filesz - 1] = '\0';
-            if (interp[0] != '/' || strlen(interp) != ph[i].p_filesz - 1) {
+            /* an absolute path without "." or ".." segments: its directories are made in the new root as named */
+            if (interp[0] != '/' || strlen(interp) != ph[i].p_filesz - 1 || strstr(interp, "/./") != NULL ||
+                strstr(interp, "/../") != NULL || strstr(interp, "//") != NULL ||
+                (strlen(interp) >= 2 && strcmp(interp + strlen(interp) - 2, "/.") == 0) ||
+                (strlen(interp) >= 3 && strcmp(interp + strlen(interp) - 3, "/..") == 0)) {
                 errno = ENOEXEC;
                 goto Exit;
             }
