@@ -591,6 +591,8 @@ static __attribute__((noreturn)) void launcher_main(const sb_serve_conf_t *conf,
     sigaddset(&chld, SIGCHLD);
     if (sigprocmask(SIG_BLOCK, &chld, NULL) != 0 || (L.sigfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK)) < 0)
         _exit(1);
+    /* the net-mint credential travels with each net run's job (the service's current one): none here */
+    explicit_bzero((char *)conf->netmint.secret, sizeof(conf->netmint.secret));
     L.conf = conf;
     L.pc = *pc;
     L.stats = stats;

@@ -731,6 +731,7 @@ static void job_dispose(sb_serve_job_t *job)
 {
     msgpack_sbuffer_destroy(&job->init);
     explicit_bzero(job->token, sizeof(job->token));
+    explicit_bzero(job->netmint_secret, sizeof(job->netmint_secret));
     json_decref(job->net);
 }
 
@@ -823,6 +824,7 @@ static void handle_run(h2o_req_t *req)
         }
         job.kind = SB_SERVE_NET;
         job.net = json_incref((json_t *)run.net);
+        memcpy(job.netmint_secret, S.conf.netmint.secret, sizeof(job.netmint_secret));
     } else {
         job.kind = SB_SERVE_COMPUTE;
     }

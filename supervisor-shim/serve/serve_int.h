@@ -102,7 +102,10 @@ typedef struct st_sb_serve_job_t {
     unsigned memory_mb;
     char token[SB_SHIM_MAX_TOKEN + 1]; /* SB_SERVE_BINDINGS */
     json_t *net;                       /* SB_SERVE_NET: capabilities.net (a reference) */
-    int64_t started_ms;                /* CLOCK_MONOTONIC, when the request was taken */
+    /* SB_SERVE_NET: the net-mint credential as the service holds it now (a reload changes it); the
+     * launcher keeps no copy, so the run gets it with its job */
+    char netmint_secret[SB_SHIM_NETMINT_MAX_SECRET + 1];
+    int64_t started_ms; /* CLOCK_MONOTONIC, when the request was taken */
 } sb_serve_job_t;
 
 /* the run process's fixed descriptors (launcher.c arranges them; serve_run.c uses them) */

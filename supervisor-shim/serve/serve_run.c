@@ -152,7 +152,8 @@ __attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, sb_s
     const sb_serve_conf_t *conf = job->conf;
     static sb_shim_config_t cfg; /* 8 KiB of token: not on the stack */
     static sb_shim_guest_t cold;
-    sb_shim_guest_t *guest = NULL; /* released after the answer: it is reaped by then */
+    static sb_shim_netmint_t netmint; /* the URL from the configuration, the secret from the job */
+    sb_shim_guest_t *guest = NULL;    /* released after the answer: it is reaped by then */
     json_t *outcome = NULL, *answer = NULL, *meta, *detail = NULL;
     sb_serve_outcome_t outcome_kind = SB_SERVE_OUT_COUNT; /* COUNT: not decided yet */
     const char *revoke = NULL;
@@ -198,7 +199,11 @@ __attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, sb_s
         memcpy(cfg.token, job->token, sizeof(cfg.token));
         break;
     case SB_SERVE_NET: {
-        sb_status_t st = sb_shim_netmint_mint(&conf->netmint, job->net, job->timeout_ms, token, err, sizeof(err));
+        sb_status_t st;
+        /* the credential the service held when it took the run (its launcher keeps none) */
+        netmint = conf->netmint;
+        memcpy(netmint.secret, job->netmint_secret, sizeof(netmint.secret));
+        st = sb_shim_netmint_mint(&netmint, job->net, job->timeout_ms, token, err, sizeof(err));
         if (st != SB_OK) {
             char e[600];
             snprintf(e, sizeof(e), "egress blocked: %s", err);
@@ -257,7 +262,7 @@ __attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, sb_s
         record(SB_SERVE_REC_GONE, NULL, 0, NULL, 0);
     explicit_bzero(cfg.token, sizeof(cfg.token));
     if (token[0] != '\0') {
-        revoke = sb_shim_netmint_revoke(&conf->netmint, token, revoke_err, sizeof(revoke_err)) == SB_OK ? "ok" : "failed";
+        revoke = sb_shim_netmint_revoke(&netmint, token, revoke_err, sizeof(revoke_err)) == SB_OK ? "ok" : "failed";
         explicit_bzero(token, sizeof(token));
     }
 
@@ -314,7 +319,7 @@ Answer:
 /* ---- the job, from the service to its run process (launcher.h) ---- */
 
 #define JOB_MAGIC "SBJ1"
-#define JOB_HEAD 37u                      /* magic 4, kind 1, memory 4, timeout 8, started 8, three lengths 4 each */
+#define JOB_HEAD 41u                      /* magic 4, kind 1, memory 4, timeout 8, started 8, four lengths 4 each */
 #define JOB_MAX_INIT (8u * 1024u * 1024u) /* an init frame is far smaller: source, input and secrets are capped */
 #define JOB_MAX_NET (256u * 1024u)        /* capabilities.net: at most SB_SERVE_MAX_HOSTS short names */
 
@@ -378,6 +383,7 @@ sb_status_t sb_serve_job_write(int fd, const sb_serve_job_t *job)
     size_t token_len = job->kind == SB_SERVE_BINDINGS ? strnlen(job->token, sizeof(job->token)) : 0;
     char *net = job->net != NULL ? json_dumps(job->net, JSON_COMPACT) : NULL;
     size_t net_len = net != NULL ? strlen(net) : 0;
+    size_t mint_len = job->kind == SB_SERVE_NET ? strnlen(job->netmint_secret, sizeof(job->netmint_secret)) : 0;
     sb_status_t st = SB_E_EXECUTION;
 
     if ((job->net != NULL && net == NULL) || job->init.size > JOB_MAX_INIT || net_len > JOB_MAX_NET)
@@ -390,8 +396,10 @@ sb_status_t sb_serve_job_write(int fd, const sb_serve_job_t *job)
     put32(head + 25, (uint32_t)token_len);
     put32(head + 29, (uint32_t)job->init.size);
     put32(head + 33, (uint32_t)net_len);
+    put32(head + 37, (uint32_t)mint_len);
     if (write_fd_all(fd, head, sizeof(head)) == 0 && write_fd_all(fd, job->token, token_len) == 0 &&
-        write_fd_all(fd, job->init.data, job->init.size) == 0 && write_fd_all(fd, net, net_len) == 0)
+        write_fd_all(fd, job->init.data, job->init.size) == 0 && write_fd_all(fd, net, net_len) == 0 &&
+        write_fd_all(fd, job->netmint_secret, mint_len) == 0)
         st = SB_OK;
 Exit:
     sb_mem_free_foreign(net);
@@ -401,7 +409,7 @@ Exit:
 sb_status_t sb_serve_job_read(int fd, const sb_serve_conf_t *conf, sb_serve_job_t *job)
 {
     uint8_t head[JOB_HEAD];
-    uint32_t token_len, init_len, net_len;
+    uint32_t token_len, init_len, net_len, mint_len;
     char *net = NULL;
 
     memset(job, 0, sizeof(*job));
@@ -412,8 +420,10 @@ sb_status_t sb_serve_job_read(int fd, const sb_serve_conf_t *conf, sb_serve_job_
     token_len = get32(head + 25);
     init_len = get32(head + 29);
     net_len = get32(head + 33);
+    mint_len = get32(head + 37);
     if (head[4] > SB_SERVE_NET || token_len > SB_SHIM_MAX_TOKEN || init_len == 0 || init_len > JOB_MAX_INIT ||
-        net_len > JOB_MAX_NET || (head[4] == SB_SERVE_NET) != (net_len != 0) || (head[4] == SB_SERVE_BINDINGS) != (token_len != 0))
+        net_len > JOB_MAX_NET || mint_len > SB_SHIM_NETMINT_MAX_SECRET || (head[4] == SB_SERVE_NET) != (net_len != 0) ||
+        (head[4] == SB_SERVE_NET) != (mint_len != 0) || (head[4] == SB_SERVE_BINDINGS) != (token_len != 0))
         return SB_E_EXECUTION;
     job->kind = (sb_serve_kind_t)head[4];
     job->memory_mb = get32(head + 5);
@@ -441,5 +451,8 @@ sb_status_t sb_serve_job_read(int fd, const sb_serve_conf_t *conf, sb_serve_job_
         }
         sb_mem_free(net);
     }
+    if (read_fd_all(fd, job->netmint_secret, mint_len) != 0)
+        return SB_E_EXECUTION;
+    job->netmint_secret[mint_len] = '\0';
     return SB_OK;
 }

@@ -363,9 +363,31 @@ def t_sighup_rereads_secret_files():
         f.write(SECRET + "\n")
     with open(mint, "w") as f:
         f.write("m" * 40)
+    # the broker's admin listener, as far as a mint goes: it records the credential each mint carries
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    seen = []
+
+    class Admin(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(401)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    admin = ThreadingHTTPServer(("127.0.0.1", 0), Admin)
+    threading.Thread(target=admin.serve_forever, daemon=True).start()
     s = Serve(args=["--admission-secret-file", adm, "--net-mint-secret-file", mint, "--broker-url",
-                    "http://127.0.0.1:1/api/sandbox/rpc", "--broker-admin-url", "http://127.0.0.1:2"], secret=None)
+                    "http://127.0.0.1:1/api/sandbox/rpc", "--broker-admin-url",
+                    "http://127.0.0.1:%d" % admin.server_address[1]], secret=None)
     try:
+        net = {"net": ["api.example.com"], "import": [], "timeoutMs": 5000}
+        st, o = s.run("export default () => 1", capabilities=net)
+        check(st == 200 and o["ok"] is False and seen == ["Bearer " + "m" * 40], "a net run mints with the credential",
+              st, o, seen)
         open(mint, "w").close()
         s.proc.send_signal(signal.SIGHUP)
         ev = s.wait_event("reload.rejected")[0]
@@ -375,9 +397,13 @@ def t_sighup_rereads_secret_files():
         s.proc.send_signal(signal.SIGHUP)
         ev = s.wait_event("reload.applied")[0]
         check(ev["reloaded"] == "the host admission secret, the net-mint secret", "both reloaded", ev)
+        # the runs get the reloaded credential (their launcher, forked at start-up, holds none)
+        st, o = s.run("export default () => 1", capabilities=net)
+        check(st == 200 and seen[-1] == "Bearer " + "n" * 40, "a net run after the reload mints with the new one", seen)
         check("n" * 40 not in s.text() and "m" * 40 not in s.text(), "no secret logged")
     finally:
         s.stop()
+        admin.shutdown()
 
 
 def t_sigterm_drains():
