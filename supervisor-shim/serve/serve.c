@@ -155,7 +155,7 @@ static struct {
     h2o_evloop_t *loop;
     h2o_socket_t *listener;
     conn_t *conns;
-    size_t nconns, ngated;
+    size_t nconns, ngated, nlingering; /* ngated + nlingering: connections not (yet) admitted */
     run_t *runs;
     unsigned nruns, guests;
     unsigned active; /* runs holding a --max-runs slot: from the fork to their answer */
@@ -1094,6 +1094,8 @@ static void on_conn_close(void *data)
     --S.nconns;
     if (c->gated)
         --S.ngated;
+    if (c->lingering)
+        --S.nlingering;
     sb_mem_free(c);
 }
 
@@ -1133,8 +1135,7 @@ static void on_refusal_written(h2o_socket_t *sock, const char *err)
     /* the answer is sent: say so (FIN), and read what the client still sends, so that closing with
      * unread bytes (a reset) does not destroy the answer before the client reads it */
     (void)shutdown(h2o_socket_get_fd(sock), SHUT_WR);
-    c->lingering = 1;
-    c->since_ms = sb_serve_now_ms();
+    c->since_ms = sb_serve_now_ms(); /* lingering since refuse_gated; its time counts from the answer */
     h2o_buffer_consume(&sock->input, sock->input->size);
     h2o_socket_read_start(sock, on_linger_read);
 }
@@ -1165,6 +1166,10 @@ static void refuse_gated(conn_t *c, sb_serve_gate_t verdict, const sb_serve_gate
     }
     c->gated = 0;
     --S.ngated;
+    /* refused, it still holds a slot until it is closed: it counts in the unadmitted share, first to go */
+    c->lingering = 1;
+    c->since_ms = sb_serve_now_ms();
+    ++S.nlingering;
     h2o_socket_read_stop(c->sock);
     if (head != NULL && head->is_run) {
         /* a POST /run: its outcome and run line as the handler would have given them, within the log budget */
@@ -1210,13 +1215,23 @@ static void on_gate_read(h2o_socket_t *sock, const char *err)
     h2o_accept(&S.actx, sock);
 }
 
-/* the oldest connection still in the gate is closed, for a new one; 0 if there is none */
+/*
+ * An unadmitted connection is closed, for a new one: the oldest refused one (answered already), else
+ * the oldest still waiting for its head; 0 if there is none
+ */
 static int evict_gated(void)
 {
-    conn_t *oldest = NULL;
-    for (conn_t *c = S.conns; c != NULL; c = c->next)
+    conn_t *oldest = NULL, *refused = NULL;
+    for (conn_t *c = S.conns; c != NULL; c = c->next) {
         if (c->gated)
             oldest = c; /* the list is newest first */
+        else if (c->lingering)
+            refused = c;
+    }
+    if (refused != NULL) {
+        h2o_socket_close(refused->sock);
+        return 1;
+    }
     if (oldest == NULL)
         return 0;
     refused_event(REFUSE_EVICTED, "a connection waiting for its head was closed for a newer one");
@@ -1240,7 +1255,7 @@ static void on_accept(h2o_socket_t *listener, const char *err)
          * yet hold at most their share of the slots, the oldest giving way to a new one; the rest is
          * kept for connections that showed the admission header. Past the cap a new one is closed.
          */
-        if ((S.ngated >= gated_cap || S.nconns >= S.max_connections) && !evict_gated()) {
+        if ((S.ngated + S.nlingering >= gated_cap || S.nconns >= S.max_connections) && !evict_gated()) {
             ++S.refusals[REFUSE_CONN_LIMIT];
             h2o_socket_close(sock);
             continue;

@@ -446,13 +446,26 @@ def t_slots_for_admitted():
     check(m1['sb_serve_refused_total{refusal="evicted"}'] > m0['sb_serve_refused_total{refusal="evicted"}'],
           "strangers were evicted for newer connections", m1)
     check(m1['sb_serve_connections{state="gated"}'] <= MAX_CONNECTIONS * 3 // 4, "at most their share", m1)
+    for c in silent:
+        c.close()
+    # refused connections that never close count in the strangers' share too: a crowd of them (each answered
+    # 400, each kept open by its client) does not keep a new admitted client out
+    refused = []
+    for _ in range(MAX_CONNECTIONS):
+        c = S.connect()
+        c.sendall(b"X\r\n\r\n")
+        c.settimeout(5)
+        check(c.recv(12) == b"HTTP/1.1 400", "refused, and left open by its client")
+        refused.append(c)
+    st, o = S.run({"source": "export default () => 8"})
+    check(st == 200 and o.get("output") == 8, "a new admitted client gets a run past refused connections", st, o)
+    for c in refused:
+        c.close()
     # an unadmitted request without a body is answered once, and its connection closes
     s = S.connect()
     s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n\r\n")
     raw = read_all(s)
     check(raw.count(b"HTTP/1.1 200") == 1 and b"connection: close" in raw.lower(), "one answer, then closed", raw)
-    for c in silent:
-        c.close()
     keep.close()
 
 
