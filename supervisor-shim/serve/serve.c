@@ -191,7 +191,10 @@ static struct {
 
 static volatile sig_atomic_t stop_requested, reopen_requested, reload_requested, other_signal;
 
-static int guest_deno_version(char *version, size_t vsz, char *err, size_t errsz);
+static int guest_deno_version(char *version, size_t vsz, int64_t limit_ms, char *err, size_t errsz);
+/* how long the start-up check waits for `deno --version` as a guest, and /health's (which holds the loop) */
+#define DENO_CHECK_START_MS 20000
+#define DENO_CHECK_HEALTH_MS 2000
 
 /* ---- logging: one JSON line per event on stderr (the broker's format) ---- */
 
@@ -860,7 +863,7 @@ static void handle_health(h2o_req_t *req)
     char *text;
 
     if (S.health_at == 0 || now - S.health_at >= HEALTH_EVERY_MS) {
-        S.health_ok = guest_deno_version(version, sizeof(version), S.health_err, sizeof(S.health_err)) == 0;
+        S.health_ok = guest_deno_version(version, sizeof(version), DENO_CHECK_HEALTH_MS, S.health_err, sizeof(S.health_err)) == 0;
         S.health_at = sb_serve_now_ms();
     }
     /* every run's process comes from the launcher: without it no run can start (launcher.h) */
@@ -1459,7 +1462,7 @@ static int check_admission(const char *secret, const char *file, char *err, size
  * @return 0 with the version; -1 with `err` saying what is wrong: "spawn: <why>" when no guest
  *         started (child.c's reason: "jail: ..." or "cannot execute ..."), else what Deno answered
  */
-static int guest_deno_version(char *version, size_t vsz, char *err, size_t errsz)
+static int guest_deno_version(char *version, size_t vsz, int64_t limit_ms, char *err, size_t errsz)
 {
     char *argv[] = {"deno", "--version", NULL};
     char *envp[] = {"NO_COLOR=1", "DENO_NO_UPDATE_CHECK=1", "HOME=/nonexistent", NULL};
@@ -1467,7 +1470,7 @@ static int guest_deno_version(char *version, size_t vsz, char *err, size_t errsz
     sb_shim_child_t c;
     char out[4096], why[400];
     size_t n = 0;
-    int64_t deadline = sb_serve_now_ms() + 20000;
+    int64_t deadline = sb_serve_now_ms() + limit_ms;
     int status = 0;
     const char *v;
 
@@ -1507,7 +1510,9 @@ static int guest_deno_version(char *version, size_t vsz, char *err, size_t errsz
     out[n] = '\0';
     if (strncmp(out, "deno ", 5) != 0) {
         snprintf(err, errsz, "%s --version did not answer like Deno (%s)", S.conf.deno.exe,
-                 n == 0 ? "no output" : "its first line is not \"deno VERSION\"");
+                 n != 0                          ? "its first line is not \"deno VERSION\""
+                 : sb_serve_now_ms() >= deadline ? "no answer within the check's time"
+                                                 : "no output");
         return -1;
     }
     v = out + 5;
@@ -1550,7 +1555,7 @@ static int check_deno(const char *deno, const char *src, const sb_shim_jail_conf
                  S.conf.deno.exe, strerror(errno));
         return -1;
     }
-    if (guest_deno_version(S.deno_version, sizeof(S.deno_version), why, sizeof(why)) == 0)
+    if (guest_deno_version(S.deno_version, sizeof(S.deno_version), DENO_CHECK_START_MS, why, sizeof(why)) == 0)
         return 0;
     if (strncmp(why, "spawn: cannot execute", 21) == 0) {
         char uids[96];

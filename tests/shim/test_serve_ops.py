@@ -456,6 +456,19 @@ def t_health_deno_gone_and_unreachable():
                   "unreachable by the guests' uid: 503", st, o)
             os.chmod(d, 0o755)
             check(wait_health(s, 200)[0] == 200, "reachable again")
+        # a Deno that hangs: /health holds the loop at most the check's 2 s, and answers 503 saying so
+        hang_c = os.path.join(d, "hang.c")
+        with open(hang_c, "w") as f:
+            f.write("#include <unistd.h>\nint main(void) { for (;;) pause(); }\n")
+        subprocess.run(["cc", "-O2", "-o", os.path.join(d, "hang"), hang_c], check=True)
+        os.unlink(link)
+        os.symlink(os.path.join(d, "hang"), link)
+        st, o = wait_health(s, 503)
+        check(st == 503 and o["error"] == "%s --version did not answer like Deno (no answer within the check's time)" % link,
+              "a hanging Deno: 503", st, o)
+        os.unlink(link)
+        os.symlink(DENO, link)
+        check(wait_health(s, 200)[0] == 200, "back once it answers")
     finally:
         s.stop()
 
