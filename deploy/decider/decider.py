@@ -11,15 +11,23 @@ stdout (the journal under systemd). Python 3 standard library only.
 rules.json:
 
     {"rules": [
-       {"method": "collections.posts.delete", "args": {"where": {"id": 1}}, "decision": "deny",
-        "reason": "post 1 is the front page"},
-       {"method": "collections.*.delete", "decision": "allow"},
-       {"method": "http.fetch", "urlPrefix": "https://pay.example/v1/refunds/", "decision": "allow"}],
+       {"method": "collections.notes.delete", "decision": "allow"},
+       {"method": "collections.posts.delete", "args": {"where": {"id": 7}}, "decision": "allow"},
+       {"method": "http.fetch", "urlPrefix": "https://pay.example:443/v1/refunds/", "decision": "allow"}],
      "default": {"decision": "deny", "reason": "no rule allows this call"}}
 
 A rule matches when its `method` pattern matches (segments, `*` for one whole
 segment, as the manifest's decide.methods), every key of its `args` equals the
-described argument of that name, and the `url` starts with its `urlPrefix`.
+described argument of that name, and the `url` starts with its `urlPrefix`
+(the broker writes the port: https://host:443/...).
+
+Allow what you know and deny the rest: a rule that denies particular argument
+values is easy to walk around (one where can be written many ways: {"id": 1},
+{"id": {"equals": 1}}, {"and": [{"id": 1}]}). So an allow rule never matches a
+description that left arguments out ("omitted": too large to describe, the
+decider cannot see them), and a urlPrefix never matches a URL whose path an
+upstream could read otherwise than this prefix does (encoded dots, slashes,
+backslashes or percents, ";", dot segments).
 With --secret-file, requests without `Authorization: Bearer <that secret>` are
 answered 401 (which the broker treats as a refusal). SIGHUP reloads the rules.
 
@@ -71,12 +79,23 @@ def decide(desc):
     for i, r in enumerate(rules):
         if not method_matches(r["method"], desc.get("method", "")):
             continue
+        if r["decision"] == "allow" and desc.get("omitted"):
+            continue  # what it cannot see it does not allow
         if any(args.get(k) != v for k, v in (r.get("args") or {}).items()):
             continue
-        if "urlPrefix" in r and not str(args.get("url", "")).startswith(r["urlPrefix"]):
-            continue
+        if "urlPrefix" in r:
+            url = str(args.get("url", ""))
+            if not url.startswith(r["urlPrefix"]) or ambiguous_path(url):
+                continue
         return r["decision"], r.get("reason"), i
     return default["decision"], default.get("reason"), None
+
+
+def ambiguous_path(url):
+    """1 when an upstream might read the URL's path otherwise than a prefix match does"""
+    path = url.split("?", 1)[0].split("#", 1)[0].lower()
+    return (any(x in path for x in ("%2e", "%2f", "%5c", "%25", ";", "\\")) or "/./" in path or "/../" in path
+            or path.endswith("/.") or path.endswith("/.."))
 
 
 def log(**fields):

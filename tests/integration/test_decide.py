@@ -501,6 +501,23 @@ class Reuse(DecideCase):
         m = self.b.admin("GET", "/metrics").raw.decode()
         self.assertRegex(m, r"sb_decisions_reused_total [1-9]")
 
+    def test_a_call_described_in_part_is_never_reused(self):
+        """Two calls whose wheres are both too large to describe look alike to the decider: the answer to one is
+        never taken for the other (nor for itself again), so that an approval of what the decider did not see
+        cannot cover a different call."""
+        tok = self.token({"data": {"collections": {"posts": ["read", "delete"]}},
+                          "decide": {"methods": ["collections.*.delete"]}})
+        self.d.reset("allow")
+        for v in ("a", "b", "a"):
+            r = self.b.rpc(tok, "collections.posts.delete", {"where": {"title": {"in": [v * 200] * 100}}})
+            self.assertError(r, 501, "not_implemented")
+            self.assertEqual(self.d.requests[-1]["body"]["omitted"], ["where"])
+        self.assertEqual(self.d.count(), 3)
+        # a where that fits is still reused
+        for _ in range(2):
+            self.assertError(self.b.rpc(tok, "collections.posts.delete", {"where": {"id": 1}}), 501, "not_implemented")
+        self.assertEqual(self.d.count(), 4)
+
 
 class NoReuseByDefault(DecideCase):
     threads = "1"
@@ -558,10 +575,13 @@ class ExampleDecider(sbtest.BrokerTestCase):
                 self.assertError(r, 403, "forbidden", DENIED + ": writes are reviewed by a person")
                 self.assertFalse(os.path.exists(os.path.join(base, "t1", "e.txt")))
                 r = b.rpc(tok, "collections.posts.delete", {"where": {"id": 1}})
-                self.assertError(r, 403, "forbidden", "the decider denied collections.posts.delete: post 1 is the front page")
+                self.assertError(r, 403, "forbidden", "the decider denied collections.posts.delete: posts are deleted by a person")
                 # allowed: the target (no database here) answers not_implemented, so the call went past the decider
                 r = b.rpc(tok, "collections.notes.delete", {"where": {"id": 1}})
                 self.assertError(r, 501, "not_implemented")
+                # what the decider cannot see (a where too large to describe) it does not allow
+                r = b.rpc(tok, "collections.notes.delete", {"where": {"title": {"in": ["v" * 200] * 100}}})
+                self.assertError(r, 403, "forbidden", "the decider denied collections.notes.delete: no rule allows this call")
             with sbtest.Broker(config=config(base, {"url": url, "secret_file": wrong_file})) as b:
                 tok = b.mint_ok("run-example-2", caps, target="app", scope={"tenantId": "t1"})
                 r = b.rpc(tok, "collections.notes.delete", {"where": {"id": 1}})
@@ -574,7 +594,7 @@ class ExampleDecider(sbtest.BrokerTestCase):
         lines = [json.loads(x) for x in out.splitlines() if x.strip()]
         decisions = [(x["method"], x["decision"]) for x in lines if x.get("event") == "decision"]
         self.assertEqual(decisions, [("files.write", "deny"), ("collections.posts.delete", "deny"),
-                                     ("collections.notes.delete", "allow")])
+                                     ("collections.notes.delete", "allow"), ("collections.notes.delete", "deny")])
         self.assertTrue(any(x.get("event") == "refused" for x in lines), out)
         self.assertNotIn(SECRET, out)
 

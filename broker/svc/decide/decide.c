@@ -41,8 +41,9 @@
 /* a connect attempt's own bound; the decision's deadline ends it sooner */
 #define CONNECT_TIMEOUT_MS 60000u
 /* the request head around the body: request line, Host, the bearer secret, the fixed headers */
-#define REQUEST_HEAD_ROOM (SB_URL_MAX_HOST + SB_MAX_URL + 1024u)
 #define MAX_SECRET 1024u
+/* the request's head: the target and Host (the URL), the bearer secret, and the fixed lines (about 200 bytes) */
+#define REQUEST_HEAD_ROOM (SB_URL_MAX_HOST + SB_MAX_URL + MAX_SECRET + 1024u)
 
 struct st_sb_decide_conf_t {
     char *url_text;
@@ -563,11 +564,16 @@ int sb_decide_start(sb_decide_ctx_t *ctx, const sb_decide_conf_t *conf, const sb
         }
         memcpy(in, tok->hash, 32);
         sb_sha256(body.base, body.len, in + 32);
-        sb_buf_reset(&body);
+        /*
+         * A description that left arguments out (too large for the decider's request) names
+         * different calls alike: such a call is decided on its own, never from another's answer.
+         * (A guest's own "omitted" key in a where can only turn reuse off, never on.)
+         */
         r = sb_mem_calloc(1, sizeof(*r));
+        r->cacheable = memmem(body.base, body.len, ",\"omitted\":[", 12) == NULL;
+        sb_buf_reset(&body);
         sb_sha256(in, sizeof(in), r->key);
-        r->cacheable = 1;
-        if ((e = cache_find(ctx, conf, r->key, (int64_t)(started_us / 1000u))) != NULL) {
+        if (r->cacheable && (e = cache_find(ctx, conf, r->key, (int64_t)(started_us / 1000u))) != NULL) {
             snprintf(reason, sizeof(reason), "%s", e->reason);
             sb_mem_free(r);
             sb_buf_free(&body);
