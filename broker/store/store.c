@@ -34,6 +34,7 @@ sb_status_t sb_store_create(const sb_store_config_t *conf, sb_store_t **out, con
     pthread_mutex_init(&s->tl_mu, NULL);
     s->tl_max_events = conf->timeline_max_events;
     s->tl_retention_ms = conf->timeline_retention_ms;
+    s->tl_max_bytes = SB_TIMELINE_MAX_BYTES;
     s->max_tokens = conf->max_tokens != 0 ? conf->max_tokens : 100000;
     s->timeout_ms = conf->timeout_ms != 0 ? conf->timeout_ms : 1000;
     s->prefix = sb_mem_strdup(conf->prefix != NULL ? conf->prefix : "sb:");

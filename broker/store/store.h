@@ -244,6 +244,8 @@ const char *sb_store__modules_verdict(int64_t modules, int64_t bytes, unsigned a
 
 /** the most runs the memory backend keeps a timeline for (per instance) */
 #define SB_TIMELINE_MAX_RUNS 10000
+/* the memory backend's timeline holds at most this many bytes, events and their rings together */
+#define SB_TIMELINE_MAX_BYTES (256u * 1024u * 1024u)
 /** the most events one Redis worker queues between two loop passes; more are dropped and counted */
 #define SB_TIMELINE_QUEUE_MAX 4096
 

@@ -46,6 +46,8 @@ struct st_sb_store_t {
     pthread_mutex_t tl_mu;
     struct st_tl_run_t **tl_buckets;
     size_t tl_nruns;
+    size_t tl_bytes;     /* held by the memory backend's runs */
+    size_t tl_max_bytes; /* SB_TIMELINE_MAX_BYTES (a test may lower it) */
     /* the scripts' SHA-1 digests (hex), computed once */
     char sha[SB_STORE_NSCRIPTS][41];
 };

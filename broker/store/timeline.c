@@ -15,8 +15,9 @@
  * write drops events, counted in sb_timeline_dropped_total, never a call.
  *
  * The memory backend keeps, per instance, at most timeline_max_events
- * events per run (the newest) and SB_TIMELINE_MAX_RUNS runs; a run's events
- * are forgotten timeline_retention_ms after its last token expires.
+ * events per run (the newest), SB_TIMELINE_MAX_RUNS runs and SB_TIMELINE_MAX_BYTES
+ * bytes (the run whose events expire first goes); a run's events are
+ * forgotten timeline_retention_ms after its last token expires.
  */
 #include <stdatomic.h>
 #include <stdio.h>
@@ -112,39 +113,59 @@ static size_t tl_bucket(const char *run_id)
     return (size_t)(h % TL_BUCKETS);
 }
 
-static void free_run(tl_run_t *r, size_t max)
+/* what a run's ring costs besides its events */
+static size_t run_overhead(size_t max)
 {
-    for (size_t i = 0; i < max; ++i)
+    return sizeof(tl_run_t) + max * (sizeof(char *) + sizeof(size_t));
+}
+
+static void free_run(sb_store_t *s, tl_run_t *r)
+{
+    size_t max = s->tl_max_events;
+    for (size_t i = 0; i < max; ++i) {
+        if (r->ev[i] != NULL)
+            s->tl_bytes -= r->evlen[i];
         sb_mem_free(r->ev[i]);
+    }
+    s->tl_bytes -= run_overhead(max);
     sb_mem_free(r->ev);
     sb_mem_free(r->evlen);
     sb_mem_free(r);
 }
 
-/* drops expired runs; when still at the cap, the one whose events expire first */
-static void make_room_locked(sb_store_t *s, int64_t now)
+/*
+ * Drops expired runs; then, while the runs (`need_run`: one more run) or the bytes (`need_bytes`
+ * more) are over their caps, the run whose events expire first, never `keep`. 0 when there is room.
+ */
+static int make_room_locked(sb_store_t *s, int64_t now, int need_run, size_t need_bytes, const tl_run_t *keep)
 {
-    tl_run_t **victim = NULL;
-    for (size_t b = 0; b < TL_BUCKETS; ++b) {
-        for (tl_run_t **pp = &s->tl_buckets[b]; *pp != NULL;) {
-            if ((*pp)->keep_until_ms <= now) {
-                tl_run_t *r = *pp;
-                *pp = r->next;
-                free_run(r, s->tl_max_events);
-                --s->tl_nruns;
-                continue;
+    for (;;) {
+        tl_run_t **victim = NULL;
+        for (size_t b = 0; b < TL_BUCKETS; ++b) {
+            for (tl_run_t **pp = &s->tl_buckets[b]; *pp != NULL;) {
+                if ((*pp)->keep_until_ms <= now && *pp != keep) {
+                    tl_run_t *r = *pp;
+                    *pp = r->next;
+                    free_run(s, r);
+                    --s->tl_nruns;
+                    continue;
+                }
+                if (*pp != keep && (victim == NULL || (*pp)->keep_until_ms < (*victim)->keep_until_ms))
+                    victim = pp;
+                pp = &(*pp)->next;
             }
-            if (victim == NULL || (*pp)->keep_until_ms < (*victim)->keep_until_ms)
-                victim = pp;
-            pp = &(*pp)->next;
         }
-    }
-    if (s->tl_nruns >= SB_TIMELINE_MAX_RUNS && victim != NULL) {
-        tl_run_t *r = *victim;
-        *victim = r->next;
-        sb_store__timeline_dropped_add(r->count);
-        free_run(r, s->tl_max_events);
-        --s->tl_nruns;
+        if (!(need_run && s->tl_nruns >= SB_TIMELINE_MAX_RUNS) && s->tl_bytes + need_bytes <= s->tl_max_bytes)
+            return 0;
+        if (victim == NULL)
+            return -1;
+        {
+            tl_run_t *r = *victim;
+            *victim = r->next;
+            sb_store__timeline_dropped_add(r->count);
+            free_run(s, r);
+            --s->tl_nruns;
+        }
     }
 }
 
@@ -161,8 +182,12 @@ static void memory_add(sb_store_t *s, const char *run_id, int64_t keep_until_ms,
         ;
     if (r == NULL) {
         size_t rl = strlen(run_id);
-        if (s->tl_nruns >= SB_TIMELINE_MAX_RUNS)
-            make_room_locked(s, now);
+        if ((s->tl_nruns >= SB_TIMELINE_MAX_RUNS || s->tl_bytes + run_overhead(s->tl_max_events) + len > s->tl_max_bytes) &&
+            make_room_locked(s, now, 1, run_overhead(s->tl_max_events) + len, NULL) != 0) {
+            sb_store__timeline_dropped_add(1);
+            pthread_mutex_unlock(&s->tl_mu);
+            return;
+        }
         r = sb_mem_calloc(1, sizeof(*r) + rl + 1);
         memcpy(r->run_id, run_id, rl + 1);
         r->ev = sb_mem_calloc(s->tl_max_events, sizeof(*r->ev));
@@ -170,6 +195,12 @@ static void memory_add(sb_store_t *s, const char *run_id, int64_t keep_until_ms,
         r->next = s->tl_buckets[b];
         s->tl_buckets[b] = r;
         ++s->tl_nruns;
+        s->tl_bytes += run_overhead(s->tl_max_events);
+    } else if (s->tl_bytes + len > s->tl_max_bytes && make_room_locked(s, now, 0, len, r) != 0) {
+        /* over the byte budget with nothing else to give way: the event is not kept */
+        sb_store__timeline_dropped_add(1);
+        pthread_mutex_unlock(&s->tl_mu);
+        return;
     }
     if (keep_until_ms > r->keep_until_ms)
         r->keep_until_ms = keep_until_ms;
@@ -177,6 +208,7 @@ static void memory_add(sb_store_t *s, const char *run_id, int64_t keep_until_ms,
         /* capped: the oldest goes */
         slot = r->first;
         r->first = (r->first + 1) % s->tl_max_events;
+        s->tl_bytes -= r->evlen[slot];
         sb_mem_free(r->ev[slot]);
         sb_store__timeline_dropped_add(1);
     } else {
@@ -185,6 +217,7 @@ static void memory_add(sb_store_t *s, const char *run_id, int64_t keep_until_ms,
     r->ev[slot] = sb_mem_alloc(len);
     memcpy(r->ev[slot], ev, len);
     r->evlen[slot] = len;
+    s->tl_bytes += len;
     pthread_mutex_unlock(&s->tl_mu);
 }
 
@@ -255,7 +288,7 @@ void sb_store__timeline_free(sb_store_t *s)
             tl_run_t *r = s->tl_buckets[b];
             while (r != NULL) {
                 tl_run_t *next = r->next;
-                free_run(r, s->tl_max_events);
+                free_run(s, r);
                 r = next;
             }
         }

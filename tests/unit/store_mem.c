@@ -446,6 +446,20 @@ static void test_timeline(void)
     memset(&r, 0, sizeof(r));
     sb_store_timeline_get(c, "run-9999", got_events, &r);
     is_int((int)r.n, 1, "the newest run is kept");
+    /* the bytes are bounded too: under a small budget the runs that expire first give way, the rest fits */
+    s->tl_max_bytes = 8192;
+    for (int i = 0; i < 50; ++i) {
+        snprintf(run, sizeof(run), "bytes-%d", i);
+        add_event(c, run, i, sb_now_ms() + 7200000 + i);
+        add_event(c, run, i, sb_now_ms() + 7200000 + i);
+    }
+    ok(s->tl_bytes <= s->tl_max_bytes, "within the byte budget (%zu of %zu)", s->tl_bytes, s->tl_max_bytes);
+    memset(&r, 0, sizeof(r));
+    sb_store_timeline_get(c, "bytes-49", got_events, &r);
+    is_int((int)r.n, 2, "the run that expires last is kept whole");
+    memset(&r, 0, sizeof(r));
+    sb_store_timeline_get(c, "bytes-0", got_events, &r);
+    is_int((int)r.n, 0, "the one that expires first gave way");
     sb_store_conn_destroy(c);
     sb_store_destroy(s);
 }
