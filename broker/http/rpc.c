@@ -126,30 +126,37 @@ static void audit_secrets(sb_logline_t *l, const sb_call_t *call)
 /* one log line (log_calls) and one audit line (audit sink) per call */
 static void log_call(rpc_call_t *c, sb_status_t st, const char *message, size_t bytes_out)
 {
-    sb_logline_t l;
+    sb_logline_t l, al;
+    size_t from = 0;
+    int described = 0;
     if (sb_current_worker->server->conf->log_calls) {
         sb_log_begin(&l, st == SB_OK ? SB_LOG_INFO : SB_LOG_WARN, "rpc");
+        from = l.len;
         describe_call(&l, c, st, message, bytes_out);
-        sb_log_end(&l);
+        described = l.enabled;
     }
     if (sb_audit_enabled() || (c->run_id[0] != '\0' && sb_store_timeline_enabled(sb_current_worker->store))) {
-        sb_log_begin_always(&l, "audit");
-        describe_call(&l, c, st, message, bytes_out);
+        sb_log_begin_always(&al, "audit");
+        /* the call's fields once: the rpc line's, copied (so both say the same "us"), else described here */
+        if (!described || !sb_log_copy_fields(&al, &l, from))
+            describe_call(&al, c, st, message, bytes_out);
         /* the capability decision; the outcome of a granted call is in code/status */
-        sb_log_cstr(&l, "decision", c->granted ? "allow" : "deny");
+        sb_log_cstr(&al, "decision", c->granted ? "allow" : "deny");
         if (c->decided) {
-            sb_log_cstr(&l, "decider", sb_decide_outcome_name(c->decision));
+            sb_log_cstr(&al, "decider", sb_decide_outcome_name(c->decision));
             if (c->decision_reused)
-                sb_log_int(&l, "deciderReused", 1);
-            sb_log_int(&l, "deciderUs", (long long)c->decision_us);
+                sb_log_int(&al, "deciderReused", 1);
+            sb_log_int(&al, "deciderUs", (long long)c->decision_us);
         }
-        audit_secrets(&l, &c->call);
+        audit_secrets(&al, &c->call);
         /* the run's timeline (store.h): the same fields, kept with the token store, sent after the reply */
         if (c->run_id[0] != '\0' && sb_store_timeline_enabled(sb_current_worker->store))
-            sb_store_timeline_from(&l, "call", sb_current_worker->store, c->run_id, c->tok != NULL ? c->tok->expires_at_ms : 0);
+            sb_store_timeline_from(&al, "call", sb_current_worker->store, c->run_id, c->tok != NULL ? c->tok->expires_at_ms : 0);
         if (sb_audit_enabled())
-            sb_log_end_audit(&l);
+            sb_log_end_audit(&al);
     }
+    if (sb_current_worker->server->conf->log_calls)
+        sb_log_end(&l); /* after the copy: the end appends the line's closing bytes */
 }
 
 /* logs the call and sends `body`, whose storage goes to the request */

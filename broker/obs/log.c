@@ -446,6 +446,20 @@ void sb_log_begin_always(sb_logline_t *l, const char *event)
     close_quote(l);
 }
 
+int sb_log_copy_fields(sb_logline_t *dst, const sb_logline_t *src, size_t from)
+{
+    size_t n, limit = sizeof(dst->buf) - LINE_RESERVE;
+
+    if (!src->enabled || src->truncated || from > src->len || !dst->enabled || dst->truncated)
+        return 0;
+    n = src->len - from;
+    if (dst->len > limit || n > limit - dst->len)
+        return 0;
+    memcpy(dst->buf + dst->len, src->buf + from, n);
+    dst->len += n;
+    return 1;
+}
+
 void sb_log_end_audit(sb_logline_t *l)
 {
     if (!l->enabled)

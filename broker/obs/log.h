@@ -43,6 +43,12 @@ void sb_log_end_audit(sb_logline_t *l);
 /** starts a line regardless of the log level (audit lines are not logs) */
 void sb_log_begin_always(sb_logline_t *l, const char *event);
 /**
+ * Appends to `dst` the fields `src` holds from byte `from` on (an offset `src->len` had after its
+ * begin), as they were written: one line's fields given to another without formatting them again.
+ * @return 1, or 0 when `src` was cut short or `dst` cannot take them (then nothing is appended)
+ */
+int sb_log_copy_fields(sb_logline_t *dst, const sb_logline_t *src, size_t from);
+/**
  * Worker threads collect their lines and write them once per loop pass: one
  * write() per call was the largest single cost of a call. Lines are written
  * whole, so lines of different threads never interleave: to a regular file

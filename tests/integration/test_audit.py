@@ -60,10 +60,16 @@ class Audit(sbtest.BrokerTestCase):
             self.assertNotIn(b"127.0.0.2", r.raw)
             failed = sbtest.poll(lambda: [e for e in b.events() if e.get("event") == "egress.failed"], 5.0)
             self.assertEqual([(e.get("cid"), e.get("reason")) for e in failed], [(cid, reason)])
+            rpc = sbtest.poll(lambda: [e for e in b.events() if e.get("event") == "rpc"], 5.0)
             self.assertEqual(b.stop(), 0)
         with open(path) as f:
             lines = [r for r in map(json.loads, f.read().splitlines()) if r["event"] == "audit"]
         self.assertEqual(len(lines), 1, lines)
+        # the call is described once: the log line and the audit line say the same, to the microsecond
+        self.assertEqual(len(rpc), 1, rpc)
+        shared = ("cid", "runId", "method", "code", "status", "reason", "us", "bytesIn", "bytesOut", "token")
+        self.assertEqual({k: rpc[0].get(k) for k in shared}, {k: lines[0].get(k) for k in shared})
+        self.assertTrue(all(lines[0].get(k) is not None for k in shared), lines[0])
         self.assertEqual((lines[0]["cid"], lines[0]["decision"], lines[0]["code"], lines[0]["status"], lines[0]["reason"]),
                          (cid, "allow", "execution_error", 500, reason))
 

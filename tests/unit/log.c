@@ -309,6 +309,57 @@ static void test_audit_lines(void)
     json_decref(o);
 }
 
+/* one line's fields given to another: copied as written, or refused whole */
+static void test_copy_fields(void)
+{
+    static char big[SB_LOGLINE_MAX];
+    sb_logline_t src, dst;
+    size_t from, before;
+    json_t *o;
+
+    sb_log_begin(&src, SB_LOG_ERROR, "rpc");
+    from = src.len;
+    sb_log_str(&src, "method", S("files.\xffread"));
+    sb_log_int(&src, "us", 1234);
+    capture_begin();
+    sb_log_begin(&dst, SB_LOG_ERROR, "audit");
+    is_int(sb_log_copy_fields(&dst, &src, from), 1, "copy: the fields of a whole line are taken");
+    sb_log_cstr(&dst, "decision", "allow");
+    sb_log_end(&dst);
+    capture_end();
+    if ((o = one_line("copied line")) != NULL) {
+        ok(str_is(json_object_get(o, "event"), S("audit")), "copy: the line keeps its own event");
+        ok(str_is(json_object_get(o, "method"), S("files." FFFD "read")), "copy: a string field as it was written");
+        is_int(json_integer_value(json_object_get(o, "us")), 1234, "copy: a number as it was written");
+        ok(str_is(json_object_get(o, "decision"), S("allow")), "copy: fields added after the copy follow it");
+    }
+    json_decref(o);
+
+    /* a source cut short is never copied: its marker belongs to its own end */
+    memset(big, 'a', sizeof(big));
+    sb_log_str(&src, "big", big, sizeof(big));
+    ok(src.truncated, "copy: the source was cut");
+    sb_log_begin(&dst, SB_LOG_ERROR, "audit");
+    before = dst.len;
+    is_int(sb_log_copy_fields(&dst, &src, from), 0, "copy: a truncated source is refused");
+    is_int((long long)dst.len, (long long)before, "copy: nothing was appended");
+
+    /* a destination without room takes nothing (not a part of the fields) */
+    sb_log_begin(&src, SB_LOG_ERROR, "rpc");
+    from = src.len;
+    sb_log_str(&src, "big", big, SB_LOGLINE_MAX / 2);
+    sb_log_begin(&dst, SB_LOG_ERROR, "audit");
+    sb_log_str(&dst, "other", big, SB_LOGLINE_MAX / 2);
+    before = dst.len;
+    ok(!src.truncated && !dst.truncated, "copy: both halves fit their own lines");
+    is_int(sb_log_copy_fields(&dst, &src, from), 0, "copy: a destination without room refuses");
+    is_int((long long)dst.len, (long long)before, "copy: and stays as it was");
+    ok(!dst.truncated, "copy: a refusal does not mark the destination");
+
+    /* an offset past the source's end is refused */
+    is_int(sb_log_copy_fields(&dst, &src, src.len + 1), 0, "copy: an offset past the end is refused");
+}
+
 int main(void)
 {
     test_well_formed_passes();
@@ -317,5 +368,6 @@ int main(void)
     test_truncation();
     test_every_cut_point();
     test_audit_lines();
+    test_copy_fields();
     return done_testing();
 }
