@@ -56,8 +56,12 @@ for _ in range(n):
 print(bad)
 EOF
 
-printf '%-40s %-18s %8s\n' "broker" "case" "Ir/call"
+# Ratios, measured in this run: a *-decide case against the same call without the decide axis, and
+# every case against the first BROKER's same case (the baseline when two builds are compared).
+declare -A FIRST=() OWN=()
+printf '%-40s %-26s %8s %10s %10s\n' "broker" "case" "Ir/call" "x-undecided" "x-first"
 for broker in "$@"; do
+    OWN=()
     log=$WORK/broker.log
     : >"$log"
     rm -f "$WORK"/callgrind.out.*
@@ -106,7 +110,11 @@ for broker in "$@"; do
             sleep 0.1
         done
         ir=$(grep -E '^(summary|totals):' "$f" | head -1 | awk '{print $2}')
-        printf '%-40s %-18s %8d\n' "$broker" "$1" $((ir / N))
+        OWN[$1]=$((ir / N))
+        [ -n "${FIRST[$1]:-}" ] || FIRST[$1]=${OWN[$1]}
+        twin=${1%%-decide*}
+        awk -v b="$broker" -v c="$1" -v v="${OWN[$1]}" -v t="$([ "$twin" != "$1" ] && echo "${OWN[$twin]}")" -v f="${FIRST[$1]}" \
+            'BEGIN { printf "%-40s %-26s %8d %10s %10s\n", b, c, v, (t > 0 ? sprintf("%.3fx", v / t) : "-"), (f > 0 ? sprintf("%.3fx", v / f) : "-") }'
     done
     kill -TERM "$VPID"
     wait "$VPID" 2>/dev/null
