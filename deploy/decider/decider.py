@@ -47,6 +47,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MAX_BODY = 16384  # the broker's request cap (PROTOCOL.md section 8)
+MAX_REASON = 256  # bytes of UTF-8 the broker takes in a reason
+IO_TIMEOUT = 10.0  # seconds a connection may stay silent (the broker's deadline is far shorter)
 
 lock = threading.Lock()
 state = {"rules": [], "default": {"decision": "deny", "reason": "no rule allows this call"}}
@@ -107,6 +109,7 @@ def log(**fields):
 class Handler(BaseHTTPRequestHandler):
     secret = None
     protocol_version = "HTTP/1.1"
+    timeout = IO_TIMEOUT  # a peer that connects and says nothing does not keep a thread for ever
 
     def answer(self, status, obj):
         body = json.dumps(obj).encode()
@@ -142,7 +145,8 @@ class Handler(BaseHTTPRequestHandler):
             return
         out = {"v": 1, "decision": decision}
         if decision == "deny" and reason:
-            out["reason"] = reason[:256]
+            # the broker takes at most 256 bytes of reason (PROTOCOL.md section 5a): cut between characters
+            out["reason"] = reason.encode("utf-8")[:MAX_REASON].decode("utf-8", "ignore")
         log(event="decision", id=desc.get("id"), runId=desc.get("runId"), method=desc.get("method"),
             decision=decision, reason=reason, rule=rule)
         self.answer(200, out)
@@ -171,6 +175,7 @@ def main():
     signal.signal(signal.SIGHUP, reload)
     host, _, port = a.listen.rpartition(":")
     srv = ThreadingHTTPServer((host.strip("[]"), int(port)), Handler)
+    srv.daemon_threads = True
     log(event="listening", host=host, port=srv.server_address[1], rules=len(state["rules"]))
     srv.serve_forever()
 

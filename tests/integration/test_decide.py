@@ -545,9 +545,9 @@ class NoDecider(sbtest.BrokerTestCase):
 class ExampleDecider(sbtest.BrokerTestCase):
     """deploy/decider/decider.py with deploy/decider/rules.example.json, in front of a real broker."""
 
-    def start_example(self, port, secret_file):
+    def start_example(self, port, secret_file, rules=None):
         script = os.path.join(sbtest.SOURCE_DIR, "deploy", "decider", "decider.py")
-        rules = os.path.join(sbtest.SOURCE_DIR, "deploy", "decider", "rules.example.json")
+        rules = rules or os.path.join(sbtest.SOURCE_DIR, "deploy", "decider", "rules.example.json")
         p = subprocess.Popen([sys.executable, script, "--listen", "127.0.0.1:%d" % port, "--rules", rules,
                               "--secret-file", secret_file], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         first = json.loads(p.stdout.readline())
@@ -597,6 +597,33 @@ class ExampleDecider(sbtest.BrokerTestCase):
                                      ("collections.notes.delete", "allow"), ("collections.notes.delete", "deny")])
         self.assertTrue(any(x.get("event") == "refused" for x in lines), out)
         self.assertNotIn(SECRET, out)
+
+
+    def test_long_reason_is_cut_between_characters(self):
+        """A rule's reason longer than the broker takes (256 bytes) reaches the guest cut at a character
+        boundary: the call is denied with the reason, not failed as a malformed answer."""
+        base = tempfile.mkdtemp(prefix="sbdecide-example-")
+        secret_file = os.path.join(base, "secret")
+        with open(secret_file, "w") as f:
+            f.write(SECRET + "\n")
+        reason = "\u00e9" * 127 + "\u20ac" * 10  # 254 bytes, then 3-byte characters: the 256-byte cut is inside one
+        rules = os.path.join(base, "rules.json")
+        with open(rules, "w") as f:
+            json.dump({"rules": [{"method": "files.write", "decision": "deny", "reason": reason}],
+                       "default": {"decision": "deny"}}, f)
+        port = sbtest.free_port()
+        p = self.start_example(port, secret_file, rules)
+        try:
+            with sbtest.Broker(config=config(base, {"url": "http://127.0.0.1:%d/" % port,
+                                                   "secret_file": secret_file})) as b:
+                tok = b.mint_ok("run-example-reason", {"files": {"write": ["**"]}, "decide": {"methods": ["files.write"]}},
+                                target="app", scope={"tenantId": "t1"})
+                r = b.rpc(tok, "files.write", {"path": "e.txt", "content": "x"})
+                self.assertError(r, 403, "forbidden", DENIED + ": " + "\u00e9" * 127)
+        finally:
+            p.terminate()
+            p.communicate(timeout=10)
+            shutil.rmtree(base, ignore_errors=True)
 
 
 class Tls(sbtest.BrokerTestCase):
