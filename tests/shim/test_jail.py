@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 
-from common import SHIM, TOKEN, Tap, check, closed_port
+from common import SHIM, TOKEN, Tap, check, closed_port, needs_root
 
 PROBE = os.environ.get("SB_JAIL_PROBE") or os.path.join(os.path.dirname(SHIM), "..", "tests", "jail_probe")
 URL = "http://127.0.0.1:%d/rpc" % closed_port()  # the probe makes no broker call
@@ -528,7 +528,7 @@ def t_shim_killed():
 
 def t_uid_in_use():
     """A uid that a process still runs as is never handed out, lock or no lock."""
-    if os.geteuid() != 0:
+    if not needs_root("uids per guest"):
         return
     lock = os.path.join(TMP, "uids-inuse.lock")
     uid = UID_BASE + 61000
@@ -551,8 +551,8 @@ def t_leftovers():
     """What a guest of an older shim left: its old work directory under TMPDIR (its home owned by a
     guest uid that runs nothing) is removed at start-up, fd-relative, and said; a uid that still owns
     a file at the top of /tmp (or TMPDIR) is never handed out."""
-    if os.geteuid() != 0:
-        return  # uids per guest need root (CI runs as root)
+    if not needs_root("uids per guest"):
+        return
     base = UID_BASE + 62000
     lock = os.path.join(TMP, "uids-left.lock")
     tmpdir = tempfile.mkdtemp(prefix="tmpdir-left-", dir=TMP)

@@ -22,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import msgpack
 
-from common import SHIM, SOURCE_DIR, RealBroker, Tap, check, closed_port, find_deno
+from common import SHIM, SOURCE_DIR, RealBroker, Tap, check, closed_port, find_deno, needs_root
 
 DENO = find_deno()
 if DENO is None:
@@ -1257,8 +1257,8 @@ def t_client_connection_by_both_ends():
     """A run holds its own client's connection, found by both of its ends: another connection from
     the same client address and port to another of serve's addresses hanging up does not cancel it.
     (serve on 0.0.0.0, in a network namespace of the test's own with only lo)"""
-    if os.geteuid() != 0:
-        return  # a network namespace of its own needs root here (CI runs as root)
+    if not needs_root("a network namespace of the test's own"):
+        return
     p = subprocess.run(["unshare", "--net", "--", "/usr/bin/python3", "-c", MULTIHOMED, SHIM, DENO, SECRET],
                        capture_output=True, text=True, timeout=90)
     check(p.returncode == 0, "the namespaced client ran", p.returncode, p.stdout, p.stderr)
@@ -1316,8 +1316,8 @@ def process_holds(pid, needle):
 def t_clean_launcher():
     """A run's processes hold that run's data and nothing else: while run 1 (with a secret) is in flight,
     the launcher, the pooled processes and run 2's process hold none of its bytes."""
-    if os.geteuid() != 0:
-        return  # reading other processes' memory needs root; CI runs as root (SB_TEST_NO_SKIP holds there)
+    if not needs_root("reading other processes' memory"):
+        return
     s2 = Serve(args=["--pool-size", "2"])
     try:
         wait_pool_ready(s2, 2)

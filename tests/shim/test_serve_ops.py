@@ -30,7 +30,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import msgpack
 
-from common import SHIM, Tap, check, find_deno
+from common import SHIM, Tap, check, find_deno, needs_root
 
 DENO = find_deno()
 if DENO is None:
@@ -474,8 +474,8 @@ def t_health_deno_gone_and_unreachable():
 
 
 def t_health_uid_slots_exhausted():
-    if os.geteuid() != 0:
-        return  # unprivileged there are no uid slots: the guests share serve's uid
+    if not needs_root("uid slots (unprivileged, the guests share serve's uid)"):
+        return
     lock = os.path.join(TMP, "uids.lock")
     base = UID_BASE + 62000
     # no pool: its guests would hold the two slots (test_serve.py's pool cases cover pooled guests)
