@@ -146,6 +146,7 @@ struct st_sb_pg_pool_t {
     int64_t last_recheck; /* while privileges are missing: when they were last looked at */
     char addr[128];       /* host:port of database_url, for the log (never the password) */
     char *missing;        /* the privileges the role lacks ("table: PRIVILEGE, ..."), or NULL */
+    uint64_t look;        /* the number of this pool's introspection in flight (sb_pg__next_look) */
 };
 
 /* ---- pool.c ---- */
@@ -170,6 +171,13 @@ int sb_pg__uses_database(const sb_targets_t *targets);
 /** builds the pool's schemas from the introspection result; err names the first mismatch */
 int sb_pg__build_schemas(sb_pg_pool_t *p, PGresult *res, char *err, size_t errsz);
 void sb_pg__free_schemas(sb_pg_pool_t *p);
+/**
+ * Numbers an introspection as it is sent, across every worker's pool: the
+ * privilege log follows the looks in the order they were sent, so a look that
+ * answers late (sent before a GRANT, read after a later look that saw it)
+ * never logs a state the database has left.
+ */
+uint64_t sb_pg__next_look(void);
 /** the job callback of the introspection statement */
 int sb_pg__on_introspected(job_t *job, PGresult *res, const char *err);
 /**

@@ -569,6 +569,7 @@ static void start_introspection(sb_pg_pool_t *p, pconn_t *c)
     job->arg = p;
     job->unnamed = 1; /* once per pool: not worth a prepared statement */
     p->introspecting = 1;
+    p->look = sb_pg__next_look();
     run(c, job);
 }
 

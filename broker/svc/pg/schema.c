@@ -8,6 +8,7 @@
  * and for a table global its fixed statement. Identifiers reach SQL only from
  * here, quoted.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -429,15 +430,30 @@ int sb_pg__uses_database(const sb_targets_t *targets)
     return 0;
 }
 
-/* 1 once missing privileges were logged: every worker's pool finds them, the log says it once per change */
+/* the privilege state the log last told, and the number of the look that told it: every worker's pool looks, the
+ * log says it once per change, in the order the looks were sent */
+static pthread_mutex_t privileges_lock = PTHREAD_MUTEX_INITIALIZER;
 static int privileges_logged;
+static uint64_t privileges_look, looks_sent;
+
+uint64_t sb_pg__next_look(void)
+{
+    return __atomic_add_fetch(&looks_sent, 1, __ATOMIC_SEQ_CST);
+}
 
 /* keeps what the introspection found about the privileges; logs a change (missing ones, or all present again) */
 static void note_privileges(sb_pg_pool_t *p, PGresult *res)
 {
     char *missing = sb_pg__missing_privileges(p->targets, res);
-    int was = __atomic_exchange_n(&privileges_logged, missing != NULL, __ATOMIC_SEQ_CST);
-    int changed = was != (missing != NULL);
+    int changed = 0;
+
+    pthread_mutex_lock(&privileges_lock);
+    if (p->look > privileges_look) { /* an older look than the one the log told last is stale for the log */
+        privileges_look = p->look;
+        changed = privileges_logged != (missing != NULL);
+        privileges_logged = missing != NULL;
+    }
+    pthread_mutex_unlock(&privileges_lock);
     sb_mem_free(p->missing);
     p->missing = missing;
     if (changed && missing != NULL) {
