@@ -1319,38 +1319,47 @@ def t_clean_launcher():
     if not needs_root("reading other processes' memory"):
         return
     s2 = Serve(args=["--pool-size", "2"])
+    conns = []
     try:
         wait_pool_ready(s2, 2)
-        secret1 = "run-one-secret-" + "%032x" % int.from_bytes(os.urandom(16), "big")
-        secret2 = "run-two-secret-" + "%032x" % int.from_bytes(os.urandom(16), "big")
-        sleep = "export default async () => { await new Promise(r => setTimeout(r, %d)); return __secrets.K.length; }"
-        res = {}
-        t1 = threading.Thread(target=lambda: res.update(r1=s2.run({"source": sleep % 4000, "secrets": {"K": secret1}})))
-        t1.start()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and s2.metrics()["sb_serve_runs_in_flight"] < 1:
-            time.sleep(0.02)
-        t2 = threading.Thread(target=lambda: res.update(r2=s2.run({"source": sleep % 2500, "secrets": {"K": secret2}})))
-        t2.start()
-        deadline = time.monotonic() + 10
+        secrets = ["run-%d-secret-%032x" % (i, int.from_bytes(os.urandom(16), "big")) for i in (1, 2)]
+        # both runs wait far longer than the look below can take, however slow the machine (a scan of every
+        # process's memory takes seconds under ASan); the test ends them by hanging up
+        for sec in secrets:
+            body = json.dumps({"mode": "host", "capabilities": dict(CAPS, timeoutMs=30000), "secrets": {"K": sec},
+                               "source": "export default async () => { await new Promise(r => setTimeout(r, 29000)); "
+                                         "return __secrets.K.length; }"}).encode()
+            c = socket.create_connection(("127.0.0.1", s2.port))
+            s2.posted += 1
+            c.sendall(b"POST /run HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + ADMISSION.encode() +
+                      b": " + SECRET.encode() + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            conns.append(c)
+        deadline = time.monotonic() + 25
         while time.monotonic() < deadline and s2.metrics()["sb_serve_runs_in_flight"] < 2:
             time.sleep(0.02)
-        # each run's process reads its job a moment after it is counted in flight (later under ASan): look
-        # until both secrets are found somewhere, then judge where
-        deadline, holders1, holders2, procs = time.monotonic() + 10, [], [], {}
-        while time.monotonic() < deadline and not (holders1 and holders2):
+        # each run's process reads its job a moment after it is counted in flight: look until both secrets are
+        # found somewhere (or the runs are near their end), then judge where
+        holders, procs = [[], []], {}
+        while time.monotonic() < deadline and not all(holders):
             time.sleep(0.2)
             procs = {pid: argv for pid, (_, argv) in descendants(s2.proc.pid).items() if argv and argv[0] != b"/runtime/deno"}
-            holders1 = [pid for pid in procs if process_holds(pid, secret1.encode())]
-            holders2 = [pid for pid in procs if process_holds(pid, secret2.encode())]
+            holders = [[pid for pid in procs if process_holds(pid, sec.encode())] for sec in secrets]
+        check(s2.metrics()["sb_serve_runs_in_flight"] == 2, "both runs were in flight while they were looked at")
         # the pool's refill may or may not have started yet (slower under ASan): at least these three
         check(len(procs) >= 3, "the launcher and the two runs' processes", procs)
-        check(len(holders1) == 1 and len(holders2) == 1 and holders1 != holders2,
-              "each secret is in exactly one process below the service: its own run's", holders1, holders2)
-        t1.join(30)
-        t2.join(30)
-        check(res["r1"][1]["output"] == len(secret1) and res["r2"][1]["output"] == len(secret2), "both runs ran", res)
+        check(len(holders[0]) == 1 and len(holders[1]) == 1 and holders[0] != holders[1],
+              "each secret is in exactly one process below the service: its own run's", holders)
+        for c in conns:
+            c.close()
+        conns = []
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and s2.metrics()["sb_serve_runs_in_flight"] != 0:
+            time.sleep(0.05)
+        ev = s2.events()[-2:]
+        check(len(ev) == 2 and all(e["outcome"] == "cancelled" for e in ev), "both runs ended by the hang-up", ev)
     finally:
+        for c in conns:
+            c.close()
         s2.stop()
 
 
