@@ -37,17 +37,14 @@
 #include "sb/mem.h"
 #include "serve/serve.h"
 #include "serve/serve_int.h"
+#include "serve/serve_conf.h"
 #include "serve/launcher.h"
 #include "serve/gate.h"
+#include "serve/metrics.h"
 #include "relay/tls.h"
 #include "sb_build_info.h"
 
-#define EXIT_USAGE 2
 #define ADMISSION_HEADER "x-questpie-sandbox-host-admission"
-#define MIN_ADMISSION_SECRET 32u
-#define MAX_SECRET 1024u
-#define DEFAULT_PORT 8787u
-#define DEFAULT_MAX_CONNECTIONS 256u
 /*
  * h2o buffers a whole body before the handler runs and answers its own 413
  * past max_request_entity_size (json_error_setup makes it our JSON answer). h2o
@@ -81,26 +78,6 @@
 #define REFUSAL_LOG_BUDGET 20u
 #define REFUSAL_LOG_INTERVAL_MS 1000
 
-#define REFUSALS(X)                                                                                                                \
-    X(REFUSE_HEAD, "bad_head")                                                                                                     \
-    X(REFUSE_FRAMING, "framing")                                                                                                   \
-    X(REFUSE_DENIED, "admission")                                                                                                  \
-    X(REFUSE_TOO_LARGE, "too_large")                                                                                               \
-    X(REFUSE_HEAD_TIMEOUT, "head_timeout")                                                                                         \
-    X(REFUSE_EVICTED, "evicted")                                                                                                   \
-    X(REFUSE_CONN_LIMIT, "connection_limit")
-#define REFUSAL_ENUM(e, n) e,
-typedef enum en_refusal_t { REFUSALS(REFUSAL_ENUM) REFUSE_COUNT } refusal_t;
-#undef REFUSAL_ENUM
-#define REFUSAL_NAME(e, n) n,
-static const char *const REFUSAL_NAMES[] = {REFUSALS(REFUSAL_NAME)};
-#undef REFUSAL_NAME
-
-static const double BUCKETS[] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60};
-/* from the request to the guest's first instruction (its init frame): milliseconds warm, more cold */
-static const double HANDOVER_BUCKETS[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
-#define NHANDOVER (sizeof(HANDOVER_BUCKETS) / sizeof(HANDOVER_BUCKETS[0]))
-#define NBUCKETS (sizeof(BUCKETS) / sizeof(BUCKETS[0]))
 /* the /metrics text: a fixed set of counters, about 2 kB; past this the scrape is a 500, never a cut text */
 #define SERVE_METRICS_MAX 65536u
 
@@ -142,12 +119,8 @@ typedef struct st_zombie_t {
 } zombie_t;
 
 static struct {
-    sb_serve_conf_t conf;
+    sb_serve_settings_t set; /* serve_conf.h: read once at start, the secret files again on SIGHUP */
     uint8_t admission_hash[32];
-    char deno_version[64];
-    unsigned max_runs, max_connections;
-    struct sockaddr_storage listen_addr;
-    socklen_t listen_len;
 
     h2o_globalconf_t gc;
     h2o_context_t ctx;
@@ -161,40 +134,24 @@ static struct {
     unsigned active; /* runs holding a --max-runs slot: from the fork to their answer */
     zombie_t *zombies;
 
-    /* metrics */
-    unsigned long long outcomes[SB_SERVE_OUT_COUNT];
-    unsigned long long refusals[REFUSE_COUNT];
-    unsigned long long log_suppressed;
+    sb_serve_metrics_t m; /* metrics.h */
     /* the refusal log's budget: lines written in this interval, and refusals not logged */
     int64_t rlog_interval_at;
     unsigned rlog_lines;
     unsigned long long rlog_suppressed;
-    unsigned long long buckets[NBUCKETS], hist_count;
-    double hist_sum;
-    unsigned long long jail_failures;
-    unsigned long long handover_buckets[NHANDOVER], handover_count;
-    double handover_sum;
 
     /* the launcher every run's process is forked from, and its pool (launcher.h) */
-    sb_serve_pool_conf_t pool;
     sb_serve_launcher_t launcher;
     uint64_t pool_failures_logged, pool_died_logged;
     int launcher_down_logged;
 
     /* operations */
-    const char *log_path;             /* --log-file, or NULL: stderr as it was given */
-    const char *adm_file, *mint_file; /* the secret files, re-read on SIGHUP */
-    int64_t health_at;                /* when the guest check behind /health last ran (0: never) */
+    int64_t health_at; /* when the guest check behind /health last ran (0: never) */
     int health_ok;
     char health_err[512];
 } S;
 
 static volatile sig_atomic_t stop_requested, reopen_requested, reload_requested, other_signal;
-
-static int guest_deno_version(char *version, size_t vsz, int64_t limit_ms, char *err, size_t errsz);
-/* how long the start-up check waits for `deno --version` as a guest, and /health's (which holds the loop) */
-#define DENO_CHECK_START_MS 20000
-#define DENO_CHECK_HEALTH_MS 2000
 
 /* ---- logging: one JSON line per event on stderr (the broker's format) ---- */
 
@@ -231,14 +188,6 @@ static void log_event(const char *level, const char *event, json_t *fields)
     json_decref(o);
 }
 
-static int fail_usage(const char *fmt, const char *arg)
-{
-    fputs("sandbox-shim serve: ", stderr);
-    fprintf(stderr, fmt, arg != NULL ? arg : "");
-    fputc('\n', stderr);
-    return EXIT_USAGE;
-}
-
 /* ---- answers ---- */
 
 static void send_json(h2o_req_t *req, int status, const char *reason, const char *body, size_t len)
@@ -265,7 +214,7 @@ static void account(sb_serve_outcome_t outcome, int status, int64_t ms, json_t *
     json_t *line = json_object(), *v;
     const char *k;
 
-    ++S.outcomes[outcome < SB_SERVE_OUT_COUNT ? outcome : SB_SERVE_OUT_ERROR];
+    ++S.m.outcomes[outcome < SB_SERVE_OUT_COUNT ? outcome : SB_SERVE_OUT_ERROR];
     json_object_set_new(line, "outcome", json_string(sb_serve_outcome_name(outcome)));
     json_object_set_new(line, "status", json_integer(status));
     json_object_set_new(line, "ms", json_integer(ms));
@@ -311,7 +260,7 @@ static int refusal_log_ok(void)
         return 1;
     }
     ++S.rlog_suppressed;
-    ++S.log_suppressed;
+    ++S.m.log_suppressed;
     return 0;
 }
 
@@ -322,7 +271,7 @@ static void account_refused(sb_serve_outcome_t outcome, int status, int64_t ms, 
         account(outcome, status, ms, fields);
         return;
     }
-    ++S.outcomes[outcome < SB_SERVE_OUT_COUNT ? outcome : SB_SERVE_OUT_ERROR];
+    ++S.m.outcomes[outcome < SB_SERVE_OUT_COUNT ? outcome : SB_SERVE_OUT_ERROR];
     json_decref(fields);
 }
 
@@ -418,7 +367,7 @@ static int reap_run(pid_t pid, int wait)
         return errno == ECHILD;
     if (si.si_pid == 0)
         return 0;
-    if (sb_shim_jail_sweep(S.conf.deno.jail, pid) != 0)
+    if (sb_shim_jail_sweep(S.set.conf.deno.jail, pid) != 0)
         log_event("warn", "jail.sweep", json_pack("{s:s}", "what", "removed the cgroups of a run process that was killed"));
     while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
         ;
@@ -472,26 +421,6 @@ static void release_slot(run_t *r)
     }
 }
 
-static void observe(int64_t ms)
-{
-    double s = (double)ms / 1000.0;
-    for (size_t i = 0; i < NBUCKETS; ++i)
-        if (s <= BUCKETS[i])
-            ++S.buckets[i];
-    ++S.hist_count;
-    S.hist_sum += s;
-}
-
-static void observe_handover(int64_t ms)
-{
-    double s = (double)ms / 1000.0;
-    for (size_t i = 0; i < NHANDOVER; ++i)
-        if (s <= HANDOVER_BUCKETS[i])
-            ++S.handover_buckets[i];
-    ++S.handover_count;
-    S.handover_sum += s;
-}
-
 /*
  * The run's answer, once: the body its process reported, or (when there is
  * none: the process died, its report was malformed, it overran its deadline)
@@ -535,10 +464,10 @@ static void run_answer(run_t *r, const char *why)
             json_int_t h = json_integer_value(json_object_get(r->meta, "handoverMs"));
             json_object_set_new(fields, "handoverMs", json_integer(h));
             if (h >= 0)
-                observe_handover(h);
+                sb_serve_hist_observe(&S.m.handover, h);
         }
         if (jf > 0) {
-            S.jail_failures += (unsigned long long)jf;
+            S.m.jail_failures += (unsigned long long)jf;
             json_object_set_new(fields, "jailFailures", json_integer(jf));
         }
         if (req != NULL)
@@ -558,7 +487,7 @@ static void run_answer(run_t *r, const char *why)
     }
     if (req == NULL)
         json_object_set_new(fields, "answered", json_false());
-    observe(ms);
+    sb_serve_hist_observe(&S.m.runs, ms);
     account(outcome, 200, ms, fields);
 }
 
@@ -780,7 +709,7 @@ static void handle_run(h2o_req_t *req)
 
     memset(&job, 0, sizeof(job));
     msgpack_sbuffer_init(&job.init);
-    job.conf = &S.conf;
+    job.conf = &S.set.conf;
     job.started_ms = started;
     job.timeout_ms = run.timeout_ms;
     job.memory_mb = run.memory_mb;
@@ -794,7 +723,7 @@ static void handle_run(h2o_req_t *req)
         sb_shim_url_t u;
         const char *uwhy = NULL;
         char e[SB_SERVE_MAX_URL + 128];
-        if (!S.conf.have_broker) {
+        if (!S.set.conf.have_broker) {
             answer_failure(req, SB_SERVE_OUT_REJECTED, "bindings rejected: sandbox broker URL is not configured", started);
             goto Exit;
         }
@@ -803,7 +732,7 @@ static void handle_run(h2o_req_t *req)
             answer_failure(req, SB_SERVE_OUT_REJECTED, e, started);
             goto Exit;
         }
-        if (!sb_shim_url_equal(&u, &S.conf.broker)) {
+        if (!sb_shim_url_equal(&u, &S.set.conf.broker)) {
             answer_failure(req, SB_SERVE_OUT_REJECTED, "bindings rejected: bindings.url does not match the configured broker URL",
                            started);
             goto Exit;
@@ -818,7 +747,7 @@ static void handle_run(h2o_req_t *req)
         job.token[run.token_len] = '\0';
     } else if (run.net != NULL && json_array_size(run.net) != 0) {
         /* the guest stays without sockets: its fetch is relayed under a token minted for the run */
-        if (!S.conf.have_netmint || !S.conf.have_broker) {
+        if (!S.set.conf.have_netmint || !S.set.conf.have_broker) {
             answer_failure(req, SB_SERVE_OUT_EGRESS_BLOCKED,
                            "egress blocked: network access for runs without bindings needs the broker's net-mint credential, "
                            "which this supervisor does not have",
@@ -827,11 +756,11 @@ static void handle_run(h2o_req_t *req)
         }
         job.kind = SB_SERVE_NET;
         job.net = json_incref((json_t *)run.net);
-        memcpy(job.netmint_secret, S.conf.netmint.secret, sizeof(job.netmint_secret));
+        memcpy(job.netmint_secret, S.set.conf.netmint.secret, sizeof(job.netmint_secret));
     } else {
         job.kind = SB_SERVE_COMPUTE;
     }
-    if (S.active >= S.max_runs) {
+    if (S.active >= S.set.max_runs) {
         SEND_LIT(req, 503, "Service Unavailable", "{\"ok\":false,\"error\":\"sandbox supervisor is at capacity\",\"logs\":[]}");
         account(SB_SERVE_OUT_BUSY, 503, sb_serve_now_ms() - started, NULL);
         goto Exit;
@@ -863,7 +792,8 @@ static void handle_health(h2o_req_t *req)
     char *text;
 
     if (S.health_at == 0 || now - S.health_at >= HEALTH_EVERY_MS) {
-        S.health_ok = guest_deno_version(version, sizeof(version), DENO_CHECK_HEALTH_MS, S.health_err, sizeof(S.health_err)) == 0;
+        S.health_ok = sb_serve_deno_version(&S.set.conf, version, sizeof(version), SB_SERVE_DENO_CHECK_HEALTH_MS, S.health_err,
+                                            sizeof(S.health_err)) == 0;
         S.health_at = sb_serve_now_ms();
     }
     /* every run's process comes from the launcher: without it no run can start (launcher.h) */
@@ -872,11 +802,11 @@ static void handle_health(h2o_req_t *req)
         snprintf(S.health_err, sizeof(S.health_err), "the launcher is gone: no run can start until serve is restarted");
     }
     if (S.health_ok) {
-        int n = snprintf(body, sizeof(body), "{\"ok\":true,\"runtime\":\"deno\",\"version\":\"%s\"}", S.deno_version);
+        int n = snprintf(body, sizeof(body), "{\"ok\":true,\"runtime\":\"deno\",\"version\":\"%s\"}", S.set.deno_version);
         send_json(req, 200, "OK", body, (size_t)n);
         return;
     }
-    o = json_pack("{s:b, s:s, s:s, s:s}", "ok", 0, "runtime", "deno", "version", S.deno_version, "error", S.health_err);
+    o = json_pack("{s:b, s:s, s:s, s:s}", "ok", 0, "runtime", "deno", "version", S.set.deno_version, "error", S.health_err);
     text = o != NULL ? json_dumps(o, JSON_COMPACT) : NULL;
     if (text != NULL)
         send_json(req, 503, "Service Unavailable", text, strlen(text));
@@ -889,6 +819,7 @@ static void handle_health(h2o_req_t *req)
 static void handle_metrics(h2o_req_t *req)
 {
     static h2o_generator_t generator = {NULL, NULL};
+    sb_serve_gauges_t g;
     sb_buf_t t;
     sb_status_t st;
     h2o_iovec_t buf;
@@ -897,71 +828,15 @@ static void handle_metrics(h2o_req_t *req)
         SEND_LIT(req, 403, "Forbidden", "{\"ok\":false,\"error\":\"" MSG_DENIED "\",\"logs\":[]}");
         return;
     }
-    /* the first append that fails sticks: the scrape gets the whole text or a 500, never a cut one */
+    /* the scrape gets the whole text or a 500, never a cut one */
+    g.gated = S.ngated;
+    g.open = S.nconns;
+    g.runs = S.nruns;
+    g.guests = S.guests;
+    g.max_runs = S.set.max_runs;
+    sb_serve_launcher_stats(&S.launcher, &g.pool);
     sb_buf_init(&t, SERVE_METRICS_MAX);
-    st = sb_buf_append_str(&t, "# HELP sb_serve_runs_total POST /run requests by outcome.\n# TYPE sb_serve_runs_total counter\n");
-    for (unsigned i = 0; i < SB_SERVE_OUT_COUNT && st == SB_OK; ++i)
-        st = sb_buf_printf(&t, "sb_serve_runs_total{outcome=\"%s\"} %llu\n", sb_serve_outcome_name((sb_serve_outcome_t)i),
-                           S.outcomes[i]);
-    if (st == SB_OK)
-        st = sb_buf_append_str(&t, "# HELP sb_serve_refused_total Connections and requests refused before admission, by why.\n"
-                                   "# TYPE sb_serve_refused_total counter\n");
-    for (unsigned i = 0; i < REFUSE_COUNT && st == SB_OK; ++i)
-        st = sb_buf_printf(&t, "sb_serve_refused_total{refusal=\"%s\"} %llu\n", REFUSAL_NAMES[i], S.refusals[i]);
-    if (st == SB_OK)
-        st = sb_buf_printf(&t,
-                           "# HELP sb_serve_refusal_log_suppressed_total Refusals not logged (over the log budget).\n"
-                           "# TYPE sb_serve_refusal_log_suppressed_total counter\nsb_serve_refusal_log_suppressed_total %llu\n"
-                           "# HELP sb_serve_connections Open client connections, by state.\n# TYPE sb_serve_connections gauge\n"
-                           "sb_serve_connections{state=\"gated\"} %zu\nsb_serve_connections{state=\"open\"} %zu\n",
-                           S.log_suppressed, S.ngated, S.nconns);
-    if (st == SB_OK)
-        st = sb_buf_append_str(&t, "# HELP sb_serve_run_duration_seconds Wall time of runs that got a process.\n"
-                                   "# TYPE sb_serve_run_duration_seconds histogram\n");
-    for (size_t i = 0; i < NBUCKETS && st == SB_OK; ++i) /* observe() counts each run in every bucket it fits: cumulative */
-        st = sb_buf_printf(&t, "sb_serve_run_duration_seconds_bucket{le=\"%g\"} %llu\n", BUCKETS[i], S.buckets[i]);
-    if (st == SB_OK)
-        st = sb_buf_printf(&t,
-                           "sb_serve_run_duration_seconds_bucket{le=\"+Inf\"} %llu\n"
-                           "sb_serve_run_duration_seconds_sum %.6f\nsb_serve_run_duration_seconds_count %llu\n"
-                           "# HELP sb_serve_runs_in_flight Runs with a process.\n# TYPE sb_serve_runs_in_flight gauge\n"
-                           "sb_serve_runs_in_flight %u\n"
-                           "# HELP sb_serve_guests_alive Guest processes running.\n# TYPE sb_serve_guests_alive gauge\n"
-                           "sb_serve_guests_alive %u\n"
-                           "# HELP sb_serve_jail_setup_failures_total Guests not started because their jail could not be set up.\n"
-                           "# TYPE sb_serve_jail_setup_failures_total counter\nsb_serve_jail_setup_failures_total %llu\n"
-                           "# HELP sb_serve_max_runs The --max-runs cap.\n# TYPE sb_serve_max_runs gauge\nsb_serve_max_runs %u\n",
-                           S.hist_count, S.hist_sum, S.hist_count, S.nruns, S.guests, S.jail_failures, S.max_runs);
-    if (st == SB_OK)
-        st = sb_buf_append_str(
-            &t, "# HELP sb_serve_handover_seconds From the request to the guest's first instruction (its init frame).\n"
-                "# TYPE sb_serve_handover_seconds histogram\n");
-    for (size_t i = 0; i < NHANDOVER && st == SB_OK; ++i)
-        st = sb_buf_printf(&t, "sb_serve_handover_seconds_bucket{le=\"%g\"} %llu\n", HANDOVER_BUCKETS[i], S.handover_buckets[i]);
-    if (st == SB_OK) {
-        sb_serve_pool_stats_t ps;
-        sb_serve_launcher_stats(&S.launcher, &ps);
-        st = sb_buf_printf(
-            &t,
-            "sb_serve_handover_seconds_bucket{le=\"+Inf\"} %llu\nsb_serve_handover_seconds_sum %.6f\n"
-            "sb_serve_handover_seconds_count %llu\n"
-            "# HELP sb_serve_pool_runs_total Runs by how their guest started: pooled (a hit) or cold.\n"
-            "# TYPE sb_serve_pool_runs_total counter\n"
-            "sb_serve_pool_runs_total{start=\"pooled\"} %llu\nsb_serve_pool_runs_total{start=\"cold\"} %llu\n"
-            "# HELP sb_serve_pool_misses_total Runs of a pooled memory class that found no guest ready (started cold).\n"
-            "# TYPE sb_serve_pool_misses_total counter\nsb_serve_pool_misses_total %llu\n"
-            "# HELP sb_serve_pool_started_total Pooled guests started and ready.\n"
-            "# TYPE sb_serve_pool_started_total counter\nsb_serve_pool_started_total %llu\n"
-            "# HELP sb_serve_pool_start_failures_total Pooled guests that could not be started.\n"
-            "# TYPE sb_serve_pool_start_failures_total counter\nsb_serve_pool_start_failures_total %llu\n"
-            "# HELP sb_serve_pool_died_total Pooled guests that died while waiting for a run (replaced).\n"
-            "# TYPE sb_serve_pool_died_total counter\nsb_serve_pool_died_total %llu\n"
-            "# HELP sb_serve_pool_guests Pooled guests now, by state.\n# TYPE sb_serve_pool_guests gauge\n"
-            "sb_serve_pool_guests{state=\"ready\"} %llu\nsb_serve_pool_guests{state=\"starting\"} %llu\n",
-            S.handover_count, S.handover_sum, S.handover_count, (unsigned long long)ps.hits, (unsigned long long)ps.cold,
-            (unsigned long long)ps.misses, (unsigned long long)ps.refills, (unsigned long long)ps.refill_failures,
-            (unsigned long long)ps.died, (unsigned long long)ps.idle, (unsigned long long)ps.starting);
-    }
+    st = sb_serve_metrics_text(&S.m, &g, &t);
     if (st != SB_OK) {
         sb_buf_free(&t);
         SEND_LIT(req, 500, "Internal Server Error", "{\"ok\":false,\"error\":\"out of memory\",\"logs\":[]}");
@@ -1028,7 +903,7 @@ static void json_error_setup(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t *
     h2o_setup_next_ostream(req, slot);
 }
 
-static void refused_event(refusal_t why, const char *reason);
+static void refused_event(sb_serve_refusal_t why, const char *reason);
 
 /*
  * A later request on a kept-alive connection: h2o has parsed it, and its head is still at the start
@@ -1051,7 +926,7 @@ static int later_framing_refused(conn_t *c, h2o_req_t *req)
         why = "the buffered head is not this request's";
     else if (v != SB_GATE_FRAMING)
         return 0;
-    refused_event(REFUSE_FRAMING, why);
+    refused_event(SB_SERVE_REFUSE_FRAMING, why);
     req->http1_is_persistent = 0;
     SEND_LIT(req, 400, "Bad Request", "{\"ok\":false,\"error\":\"invalid request\",\"logs\":[]}");
     return 1;
@@ -1109,11 +984,11 @@ static conn_t *conn_of(h2o_req_t *req)
     return sock != NULL && sock->on_close.cb == on_conn_close ? sock->on_close.data : NULL;
 }
 
-static void refused_event(refusal_t why, const char *reason)
+static void refused_event(sb_serve_refusal_t why, const char *reason)
 {
-    ++S.refusals[why];
+    ++S.m.refusals[why];
     if (refusal_log_ok())
-        log_event("info", "refused", json_pack("{s:s, s:s}", "refusal", REFUSAL_NAMES[why], "reason", reason));
+        log_event("info", "refused", json_pack("{s:s, s:s}", "refusal", sb_serve_refusal_name(why), "reason", reason));
 }
 
 /* a refusal's answer is out: the client's further bytes are read and dropped for a while, then it closes */
@@ -1150,21 +1025,21 @@ static void refuse_gated(conn_t *c, sb_serve_gate_t verdict, const sb_serve_gate
     static const char bad[] = "{\"ok\":false,\"error\":\"invalid request\",\"logs\":[]}";
     const char *status, *body;
     h2o_iovec_t buf;
-    refusal_t r;
+    sb_serve_refusal_t r;
     int n, code = 400;
 
     switch (verdict) {
     case SB_GATE_DENIED:
-        status = "403 Forbidden", body = denied, r = REFUSE_DENIED, code = 403;
+        status = "403 Forbidden", body = denied, r = SB_SERVE_REFUSE_DENIED, code = 403;
         break;
     case SB_GATE_TOO_LARGE:
-        status = "413 Payload Too Large", body = large, r = REFUSE_TOO_LARGE, code = 413;
+        status = "413 Payload Too Large", body = large, r = SB_SERVE_REFUSE_TOO_LARGE, code = 413;
         break;
     case SB_GATE_FRAMING:
-        status = "400 Bad Request", body = bad, r = REFUSE_FRAMING;
+        status = "400 Bad Request", body = bad, r = SB_SERVE_REFUSE_FRAMING;
         break;
     default:
-        status = "400 Bad Request", body = bad, r = REFUSE_HEAD;
+        status = "400 Bad Request", body = bad, r = SB_SERVE_REFUSE_HEAD;
         break;
     }
     c->gated = 0;
@@ -1176,9 +1051,9 @@ static void refuse_gated(conn_t *c, sb_serve_gate_t verdict, const sb_serve_gate
     h2o_socket_read_stop(c->sock);
     if (head != NULL && head->is_run) {
         /* a POST /run: its outcome and run line as the handler would have given them, within the log budget */
-        ++S.refusals[r];
-        account_refused(r == REFUSE_DENIED ? SB_SERVE_OUT_DENIED : SB_SERVE_OUT_INVALID, code, 0,
-                        json_pack("{s:s, s:s}", "refusal", REFUSAL_NAMES[r], "reason", why));
+        ++S.m.refusals[r];
+        account_refused(r == SB_SERVE_REFUSE_DENIED ? SB_SERVE_OUT_DENIED : SB_SERVE_OUT_INVALID, code, 0,
+                        json_pack("{s:s, s:s}", "refusal", sb_serve_refusal_name(r), "reason", why));
     } else {
         refused_event(r, why);
     }
@@ -1237,7 +1112,7 @@ static int evict_gated(void)
     }
     if (oldest == NULL)
         return 0;
-    refused_event(REFUSE_EVICTED, "a connection waiting for its head was closed for a newer one");
+    refused_event(SB_SERVE_REFUSE_EVICTED, "a connection waiting for its head was closed for a newer one");
     h2o_socket_close(oldest->sock);
     return 1;
 }
@@ -1245,7 +1120,7 @@ static int evict_gated(void)
 static void on_accept(h2o_socket_t *listener, const char *err)
 {
     h2o_socket_t *sock;
-    size_t gated_cap = S.max_connections * GATE_SHARE_NUM / GATE_SHARE_DEN;
+    size_t gated_cap = S.set.max_connections * GATE_SHARE_NUM / GATE_SHARE_DEN;
 
     if (err != NULL)
         return;
@@ -1258,8 +1133,8 @@ static void on_accept(h2o_socket_t *listener, const char *err)
          * yet hold at most their share of the slots, the oldest giving way to a new one; the rest is
          * kept for connections that showed the admission header. Past the cap a new one is closed.
          */
-        if ((S.ngated + S.nlingering >= gated_cap || S.nconns >= S.max_connections) && !evict_gated()) {
-            ++S.refusals[REFUSE_CONN_LIMIT];
+        if ((S.ngated + S.nlingering >= gated_cap || S.nconns >= S.set.max_connections) && !evict_gated()) {
+            ++S.m.refusals[SB_SERVE_REFUSE_CONN_LIMIT];
             h2o_socket_close(sock);
             continue;
         }
@@ -1291,7 +1166,7 @@ static void conn_housekeeping(int64_t now)
     while (c != NULL) {
         conn_t *next = c->next;
         if (c->gated && now - c->since_ms >= GATE_HEAD_MS) {
-            refused_event(REFUSE_HEAD_TIMEOUT, "no complete request head in time");
+            refused_event(SB_SERVE_REFUSE_HEAD_TIMEOUT, "no complete request head in time");
             h2o_socket_close(c->sock);
         } else if (c->lingering && now - c->since_ms >= LINGER_MS) {
             h2o_socket_close(c->sock);
@@ -1299,500 +1174,6 @@ static void conn_housekeeping(int64_t now)
         c = next;
     }
     refusal_log_flush(now);
-}
-
-/* ---- configuration ---- */
-
-static int parse_uint(const char *s, unsigned long min, unsigned long max, unsigned long *out)
-{
-    unsigned long v = 0;
-    if (s == NULL || *s == '\0' || strlen(s) > 9)
-        return -1;
-    for (const char *p = s; *p != '\0'; ++p) {
-        if (*p < '0' || *p > '9')
-            return -1;
-        v = v * 10 + (unsigned long)(*p - '0');
-    }
-    if (v < min || v > max)
-        return -1;
-    *out = v;
-    return 0;
-}
-
-/* "host:port" or "[v6]:port" with a numeric host */
-static int parse_listen(const char *s, struct sockaddr_storage *ss, socklen_t *len)
-{
-    char host[64];
-    const char *colon, *h = s;
-    size_t hlen;
-    unsigned long port;
-
-    memset(ss, 0, sizeof(*ss));
-    if (*s == '[') {
-        const char *rb = strchr(s, ']');
-        if (rb == NULL || rb[1] != ':')
-            return -1;
-        h = s + 1;
-        hlen = (size_t)(rb - h);
-        colon = rb + 1;
-    } else {
-        if ((colon = strrchr(s, ':')) == NULL)
-            return -1;
-        hlen = (size_t)(colon - s);
-    }
-    if (hlen == 0 || hlen >= sizeof(host) || parse_uint(colon + 1, 0, 65535, &port) != 0)
-        return -1;
-    memcpy(host, h, hlen);
-    host[hlen] = '\0';
-    if (inet_pton(AF_INET, host, &((struct sockaddr_in *)ss)->sin_addr) == 1) {
-        ((struct sockaddr_in *)ss)->sin_family = AF_INET;
-        ((struct sockaddr_in *)ss)->sin_port = htons((uint16_t)port);
-        *len = sizeof(struct sockaddr_in);
-        return 0;
-    }
-    if (inet_pton(AF_INET6, host, &((struct sockaddr_in6 *)ss)->sin6_addr) == 1) {
-        ((struct sockaddr_in6 *)ss)->sin6_family = AF_INET6;
-        ((struct sockaddr_in6 *)ss)->sin6_port = htons((uint16_t)port);
-        *len = sizeof(struct sockaddr_in6);
-        return 0;
-    }
-    return -1;
-}
-
-/* trims ASCII white space at both ends, in place (upstream trims its environment values) */
-static char *trim(char *s)
-{
-    size_t n;
-    while (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r')
-        ++s;
-    n = strlen(s);
-    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\n' || s[n - 1] == '\r'))
-        s[--n] = '\0';
-    return s;
-}
-
-/*
- * A secret from a file, or from the environment (then scrubbed from it, as the token is in `run`).
- * Messages name where it came from and never carry it.
- * @return 0 (out is "" when neither gave one), or -1 with `err` set
- */
-static int read_secret(const char *file, const char *env, char *out, size_t outsz, const char *what, char *err, size_t errsz)
-{
-    char buf[MAX_SECRET + 2];
-    size_t n = 0;
-    int rc = -1;
-
-    out[0] = '\0';
-    if (file != NULL) {
-        int fd = open(file, O_RDONLY | O_CLOEXEC);
-        ssize_t r;
-        if (fd < 0) {
-            snprintf(err, errsz, "cannot open the %s file %s: %s", what, file, strerror(errno));
-            return -1;
-        }
-        while (n < sizeof(buf) - 1 && (r = read(fd, buf + n, sizeof(buf) - 1 - n)) != 0) {
-            if (r < 0 && errno == EINTR)
-                continue;
-            if (r < 0) {
-                snprintf(err, errsz, "cannot read the %s file %s: %s", what, file, strerror(errno));
-                close(fd);
-                goto Exit;
-            }
-            n += (size_t)r;
-        }
-        close(fd);
-        buf[n] = '\0';
-    } else {
-        char *v = getenv(env);
-        if (v == NULL)
-            return 0;
-        n = strlen(v);
-        if (n < sizeof(buf))
-            memcpy(buf, v, n + 1);
-        explicit_bzero(v, n);
-        (void)unsetenv(env);
-        if (n >= sizeof(buf)) {
-            snprintf(err, errsz, "%s: the %s is longer than 1024 bytes", env, what);
-            goto Exit;
-        }
-    }
-    {
-        char *t = trim(buf);
-        size_t tl = strlen(t);
-        if (tl >= outsz || tl > MAX_SECRET) {
-            snprintf(err, errsz, "%s%s: the %s is longer than 1024 bytes", file != NULL ? "the file " : "",
-                     file != NULL ? file : env, what);
-            goto Exit;
-        }
-        for (size_t i = 0; i < tl; ++i) {
-            if ((unsigned char)t[i] < 0x20 || (unsigned char)t[i] == 0x7f) {
-                snprintf(err, errsz, "%s%s: the %s holds control characters", file != NULL ? "the file " : "",
-                         file != NULL ? file : env, what);
-                goto Exit;
-            }
-        }
-        memcpy(out, t, tl + 1);
-    }
-    rc = 0;
-Exit:
-    explicit_bzero(buf, sizeof(buf));
-    return rc;
-}
-
-/* the admission secret's own rule, with the name of where it came from */
-static int check_admission(const char *secret, const char *file, char *err, size_t errsz)
-{
-    if (strlen(secret) >= MIN_ADMISSION_SECRET)
-        return 0;
-    if (file != NULL)
-        snprintf(err, errsz, "--admission-secret-file %s must hold at least 32 bytes; refusing to start without host admission",
-                 file);
-    else
-        snprintf(err, errsz,
-                 "SANDBOX_HOST_ADMISSION_SECRET (or --admission-secret-file) must hold at least 32 bytes; "
-                 "refusing to start without host admission");
-    return -1;
-}
-
-/*
- * Deno as a guest meets it: `deno --version` started through the spawn path every guest takes
- * (child.c with the service's jail: the guests' uid, their view of the files, their limits), so
- * that a binary the guests cannot reach, a jail the kernel refuses, or no free guest uid shows here
- * rather than in a failed run. At start-up (and --check-config) and behind /health.
- * @return 0 with the version; -1 with `err` saying what is wrong: "spawn: <why>" when no guest
- *         started (child.c's reason: "jail: ..." or "cannot execute ..."), else what Deno answered
- */
-static int guest_deno_version(char *version, size_t vsz, int64_t limit_ms, char *err, size_t errsz)
-{
-    char *argv[] = {"deno", "--version", NULL};
-    char *envp[] = {"NO_COLOR=1", "DENO_NO_UPDATE_CHECK=1", "HOME=/nonexistent", NULL};
-    sb_shim_spawn_t sp;
-    sb_shim_child_t c;
-    char out[4096], why[400];
-    size_t n = 0;
-    int64_t deadline = sb_serve_now_ms() + limit_ms;
-    int status = 0;
-    const char *v;
-
-    memset(&sp, 0, sizeof(sp));
-    sp.path = S.conf.deno.exe;
-    sp.argv = argv;
-    sp.envp = envp;
-    sp.cwd = "/";
-    sp.nofile = SB_SHIM_GUEST_NOFILE;
-    sp.jail = S.conf.deno.jail;
-    if (sb_shim_child_spawn(&sp, &c, why, sizeof(why)) != SB_OK) {
-        snprintf(err, errsz, "spawn: %s", why);
-        return -1;
-    }
-    close(c.in_fd);
-    c.in_fd = -1;
-    for (;;) {
-        struct pollfd pf = {c.out_fd, POLLIN, 0};
-        int64_t left = deadline - sb_serve_now_ms();
-        ssize_t r;
-        if (left <= 0 || poll(&pf, 1, (int)left) <= 0)
-            break;
-        r = read(c.out_fd, out + n, sizeof(out) - 1 - n);
-        if (r < 0 && (errno == EINTR || errno == EAGAIN))
-            continue;
-        if (r <= 0)
-            break;
-        n += (size_t)r;
-        if (n == sizeof(out) - 1)
-            break;
-    }
-    sb_shim_child_signal(&c, SIGKILL);
-    while (waitpid(c.pid, &status, 0) < 0 && errno == EINTR)
-        ;
-    c.pid = -1; /* reaped: close gives the uid back */
-    sb_shim_child_close(&c);
-    out[n] = '\0';
-    if (strncmp(out, "deno ", 5) != 0) {
-        snprintf(err, errsz, "%s --version did not answer like Deno (%s)", S.conf.deno.exe,
-                 n != 0                          ? "its first line is not \"deno VERSION\""
-                 : sb_serve_now_ms() >= deadline ? "no answer within the check's time"
-                                                 : "no output");
-        return -1;
-    }
-    v = out + 5;
-    n = 0;
-    while (n + 1 < vsz &&
-           ((v[n] >= '0' && v[n] <= '9') || (v[n] >= 'a' && v[n] <= 'z') || v[n] == '.' || v[n] == '-' || v[n] == '+'))
-        ++n;
-    if (n == 0) {
-        snprintf(err, errsz, "%s --version did not answer like Deno (no version)", S.conf.deno.exe);
-        return -1;
-    }
-    memcpy(version, v, n);
-    version[n] = '\0';
-    return 0;
-}
-
-/*
- * Finds Deno and starts it once as a guest would (guest_deno_version). `src` names where the value
- * came from ("--deno", "DENO_BIN", or NULL: the default, deno on PATH), for the message.
- */
-static int check_deno(const char *deno, const char *src, const sb_shim_jail_config_t *jc, char *err, size_t errsz)
-{
-    char what[360], why[512];
-    struct stat st;
-
-    if (src == NULL)
-        snprintf(what, sizeof(what), "deno (looked up on PATH)");
-    else if (strcmp(src, "--deno") == 0)
-        snprintf(what, sizeof(what), "--deno %.320s", deno);
-    else
-        snprintf(what, sizeof(what), "%s=%.320s", src, deno);
-    if ((S.conf.deno.exe = sb_shim_find_exe(deno)) == NULL) {
-        const char *path = getenv("PATH");
-        snprintf(err, errsz, "%s: not found at PATH=%.300s; install Deno (2.9) or name it with --deno PATH or DENO_BIN", what,
-                 path != NULL ? path : "(unset: /usr/local/bin:/usr/bin:/bin)");
-        return -1;
-    }
-    if (stat(S.conf.deno.exe, &st) != 0) {
-        snprintf(err, errsz, "%s: not found at %.300s (%s); install Deno there or name another with --deno PATH or DENO_BIN", what,
-                 S.conf.deno.exe, strerror(errno));
-        return -1;
-    }
-    if (guest_deno_version(S.deno_version, sizeof(S.deno_version), DENO_CHECK_START_MS, why, sizeof(why)) == 0)
-        return 0;
-    if (strncmp(why, "spawn: cannot execute", 21) == 0) {
-        char uids[96];
-        if (!sb_shim_jail_enabled(S.conf.deno.jail) || !sb_shim_jail_privileged(S.conf.deno.jail))
-            snprintf(uids, sizeof(uids), "serve's own uid %u", (unsigned)geteuid());
-        else
-            snprintf(uids, sizeof(uids), "uids of their own (--jail-uid-base %lu and up)", jc->uid_base);
-        snprintf(err, errsz,
-                 "%s: a guest cannot start it (%s): the guests run as %s, so the file and every directory above it must be "
-                 "readable and executable by them; install Deno where they can reach it (e.g. /usr/local/bin), not under a "
-                 "0700 home directory",
-                 what, why + 7, uids);
-    } else if (strncmp(why, "spawn: ", 7) == 0) {
-        snprintf(err, errsz, "%s: a guest cannot be started: %s", what, why + 7);
-    } else {
-        snprintf(err, errsz, "%s: %s", what, why);
-    }
-    return -1;
-}
-
-static void usage(FILE *f)
-{
-    fputs("usage: sandbox-shim serve [options]\n"
-          "  --listen HOST:PORT            listener (default 127.0.0.1:$PORT, PORT default 8787)\n"
-          "  --admission-secret-file F     the host admission secret (else SANDBOX_HOST_ADMISSION_SECRET; >= 32 bytes; required)\n"
-          "  --broker-url URL              the one broker URL runs may use (else SANDBOX_BROKER_URL)\n"
-          "  --ca-file F                   https broker: PEM CAs instead of the system store\n"
-          "  --broker-admin-url URL        the broker's admin listener, for runs with net and no bindings\n"
-          "                                (else SANDBOX_BROKER_ADMIN_URL)\n"
-          "  --net-mint-secret-file F      the broker's net-mint credential (else SANDBOX_NET_MINT_SECRET)\n"
-          "  --deno PATH                   the Deno binary (else DENO_BIN, else deno on PATH)\n"
-          "  --max-runs N                  runs at once (default: online CPUs x 2); beyond it 503\n"
-          "  --max-connections N           open client connections (default 256)\n"
-          "  --pool-size N                 guests kept started per memory class, waiting for a run (default 2; 0: none)\n"
-          "  --pool-memory-mb LIST         the memory classes of the pool, memoryMb values (default 128)\n"
-          "  --log-file F                  append the log to F instead of stderr (reopened on SIGUSR1 and SIGHUP)\n"
-          "  --jail on|off                 the kernel jail around every guest (default on; off is logged)\n"
-          "  --jail-uid-base N, --jail-slots N, --jail-nproc N, --jail-fsize-mb N, --jail-cgroup DIR,\n"
-          "  --jail-lock-file F            as for `sandbox-shim run` (supervisor-shim/README.md, \"The jail\")\n"
-          "  --check-config                check everything start-up checks (Deno started once as a guest), print\n"
-          "                                \"configuration OK\" and exit 0; 2 when something is wrong\n"
-          "Signals: SIGTERM and SIGINT drain the runs in flight and stop; SIGUSR1 reopens --log-file; SIGHUP\n"
-          "reopens it and re-reads the secret files (everything else needs a restart, and the log says so);\n"
-          "SIGUSR2 and SIGALRM are logged and ignored.\n",
-          f);
-}
-
-/* --log-file: the path opened for appending onto descriptor 2, where every line goes */
-static int log_open(const char *path, char *err, size_t errsz)
-{
-    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY, 0600);
-
-    if (fd < 0) {
-        snprintf(err, errsz, "cannot open the log file %s: %s", path, strerror(errno));
-        return -1;
-    }
-    fflush(stderr);
-    if (fd != 2 && dup2(fd, 2) < 0) {
-        snprintf(err, errsz, "cannot open the log file %s: dup2: %s", path, strerror(errno));
-        close(fd);
-        return -1;
-    }
-    if (fd != 2)
-        close(fd);
-    return 0;
-}
-
-static int configure(int argc, char **argv, char *admission, size_t admsz, int *check_only)
-{
-    const char *listen = NULL, *broker = NULL, *ca = NULL, *admin = NULL, *deno = NULL, *adm_file = NULL, *mint_file = NULL;
-    const char *why = NULL, *env, *broker_src = "--broker-url", *admin_src = "--broker-admin-url", *deno_src = "--deno";
-    unsigned long v;
-    long cpus;
-    char lbuf[32], err[2048];
-    sb_shim_jail_config_t jc;
-
-    cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    S.max_runs = cpus > 0 && cpus < 4096 ? (unsigned)cpus * 2u : 2u;
-    S.max_connections = DEFAULT_MAX_CONNECTIONS;
-    S.pool.size = SB_SERVE_POOL_DEFAULT_SIZE;
-    S.pool.nclasses = 1;
-    S.pool.class_mb[0] = SB_SERVE_DEFAULT_MEMORY_MB;
-    sb_shim_jail_config_init(&jc);
-    for (int i = 1; i < argc; ++i) {
-        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage(stdout);
-            return -1;
-        }
-        if (strcmp(a, "--check-config") == 0) {
-            *check_only = 1;
-            continue;
-        }
-        if (strncmp(a, "--jail=", 7) == 0) {
-            if (sb_shim_jail_config_option(&jc, a, NULL, &why) < 0)
-                return fail_usage("%s", why);
-            continue;
-        }
-        if (val == NULL)
-            return fail_usage("%s needs a value", a);
-        ++i;
-        if (strcmp(a, "--listen") == 0)
-            listen = val;
-        else if (strcmp(a, "--broker-url") == 0)
-            broker = val;
-        else if (strcmp(a, "--ca-file") == 0)
-            ca = val;
-        else if (strcmp(a, "--broker-admin-url") == 0)
-            admin = val;
-        else if (strcmp(a, "--admission-secret-file") == 0)
-            adm_file = val;
-        else if (strcmp(a, "--net-mint-secret-file") == 0)
-            mint_file = val;
-        else if (strcmp(a, "--deno") == 0)
-            deno = val;
-        else if (strcmp(a, "--log-file") == 0)
-            S.log_path = val;
-        else if (strcmp(a, "--max-runs") == 0) {
-            if (parse_uint(val, 1, 4096, &v) != 0)
-                return fail_usage("--max-runs wants 1..4096, not \"%s\"", val);
-            S.max_runs = (unsigned)v;
-        } else if (strcmp(a, "--pool-size") == 0) {
-            if (parse_uint(val, 0, SB_SERVE_POOL_MAX_SIZE, &v) != 0)
-                return fail_usage("--pool-size wants 0..64, not \"%s\"", val);
-            S.pool.size = (unsigned)v;
-        } else if (strcmp(a, "--pool-memory-mb") == 0) {
-            if (sb_serve_pool_parse_classes(val, &S.pool, &why) != 0)
-                return fail_usage("%s", why);
-        } else if (strcmp(a, "--max-connections") == 0) {
-            if (parse_uint(val, 1, 100000, &v) != 0)
-                return fail_usage("--max-connections wants 1..100000, not \"%s\"", val);
-            S.max_connections = (unsigned)v;
-        } else {
-            int jr = sb_shim_jail_config_option(&jc, a, val, &why);
-            if (jr < 0)
-                return fail_usage("%s", why);
-            if (jr == 0)
-                return fail_usage("unknown option %s", a);
-        }
-    }
-
-    /* the admission secret first: no other mistake may leave it in the environment */
-    if (read_secret(adm_file, "SANDBOX_HOST_ADMISSION_SECRET", admission, admsz, "host admission secret", err, sizeof(err)) != 0 ||
-        check_admission(admission, adm_file, err, sizeof(err)) != 0 ||
-        read_secret(mint_file, "SANDBOX_NET_MINT_SECRET", S.conf.netmint.secret, sizeof(S.conf.netmint.secret), "net-mint secret",
-                    err, sizeof(err)) != 0)
-        return fail_usage("%s", err);
-    S.adm_file = adm_file;
-    S.mint_file = mint_file;
-
-    if (listen == NULL) {
-        const char *port = getenv("PORT");
-        if (port != NULL && parse_uint(port, 0, 65535, &v) != 0)
-            return fail_usage("PORT wants 0..65535, not \"%s\"", port);
-        snprintf(lbuf, sizeof(lbuf), "127.0.0.1:%lu", port != NULL ? v : (unsigned long)DEFAULT_PORT);
-        listen = lbuf;
-    }
-    if (parse_listen(listen, &S.listen_addr, &S.listen_len) != 0)
-        return fail_usage("--listen wants HOST:PORT with a numeric host, not \"%s\"", listen);
-
-    if (broker == NULL && (env = getenv("SANDBOX_BROKER_URL")) != NULL && *env != '\0') {
-        broker = env;
-        broker_src = "SANDBOX_BROKER_URL";
-    }
-    if (broker != NULL) {
-        char *dup = sb_mem_try_strdup(broker), *b = dup != NULL ? trim(dup) : NULL;
-        if (b == NULL || sb_shim_url_parse(b, &S.conf.broker, &why) != SB_OK) {
-            snprintf(err, sizeof(err), "%s: %s", broker_src, why != NULL ? why : "out of memory");
-            sb_mem_free(dup);
-            return fail_usage("%s", err);
-        }
-        sb_mem_free(dup);
-        if (sb_shim_url_resolve(&S.conf.broker, &S.conf.broker_addr, &S.conf.broker_addr_len, &why) != SB_OK) {
-            snprintf(err, sizeof(err), "%s: cannot resolve the broker host: %s", broker_src, why);
-            return fail_usage("%s", err);
-        }
-        if (S.conf.broker.https && (S.conf.tls = sb_shim_tls_ctx_new(ca, err, sizeof(err))) == NULL)
-            return fail_usage("%s", err);
-        S.conf.have_broker = 1;
-    }
-    if (ca != NULL && (broker == NULL || !S.conf.broker.https))
-        return fail_usage("--ca-file needs an https:// broker URL%s", "");
-
-    if (admin == NULL && (env = getenv("SANDBOX_BROKER_ADMIN_URL")) != NULL && *env != '\0') {
-        admin = env;
-        admin_src = "SANDBOX_BROKER_ADMIN_URL";
-    }
-    if (admin != NULL) {
-        sb_shim_netmint_t *nm = &S.conf.netmint;
-        if (sb_shim_url_parse(admin, &nm->url, &why) != SB_OK) {
-            snprintf(err, sizeof(err), "%s: %s", admin_src, why);
-            return fail_usage("%s", err);
-        }
-        if (nm->url.https || strcmp(nm->url.target, "/") != 0) {
-            snprintf(err, sizeof(err),
-                     "%s must be http://HOST:PORT (the admin listener is plain HTTP, on a private address), not \"%s\"", admin_src,
-                     admin);
-            return fail_usage("%s", err);
-        }
-        if (sb_shim_url_resolve(&nm->url, &nm->addr, &nm->addr_len, &why) != SB_OK) {
-            snprintf(err, sizeof(err), "%s: cannot resolve the broker admin host: %s", admin_src, why);
-            return fail_usage("%s", err);
-        }
-        if (nm->secret[0] == '\0')
-            return fail_usage("%s needs SANDBOX_NET_MINT_SECRET (or --net-mint-secret-file)", admin_src);
-        if (!S.conf.have_broker)
-            return fail_usage("%s needs SANDBOX_BROKER_URL (or --broker-url): network tokens are used there", admin_src);
-        S.conf.have_netmint = 1;
-    } else if (S.conf.netmint.secret[0] != '\0') {
-        return fail_usage(mint_file != NULL
-                              ? "--net-mint-secret-file is given without SANDBOX_BROKER_ADMIN_URL (or --broker-admin-url)%s"
-                              : "SANDBOX_NET_MINT_SECRET is given without SANDBOX_BROKER_ADMIN_URL (or --broker-admin-url)%s",
-                          "");
-    }
-
-    /*
-     * The jail, once for every run (runner.c puts it around each guest): the seccomp filter is
-     * compiled and the configuration checked here, and one jailed guest is started, so that a
-     * kernel that refuses namespaces or seccomp stops the service now rather than failing runs.
-     */
-    if ((S.conf.deno.jail = sb_shim_jail_new(&jc, err, sizeof(err))) == NULL ||
-        sb_shim_jail_probe(S.conf.deno.jail, err, sizeof(err)) != SB_OK)
-        return fail_usage(strstr(err, "--jail=off") != NULL
-                              ? "%s; serve does not start"
-                              : "%s; serve does not start (--jail=off runs the guests without the jail)",
-                          err);
-
-    /* Deno, started once as every guest will be: in the jail, as a guest's uid */
-    if (deno == NULL && (env = getenv("DENO_BIN")) != NULL && *env != '\0') {
-        deno = env;
-        deno_src = "DENO_BIN";
-    }
-    if (check_deno(deno != NULL ? deno : "deno", deno != NULL ? deno_src : NULL, &jc, err, sizeof(err)) != 0)
-        return fail_usage("%s; serve does not start", err);
-    if ((S.conf.deno.runtime_url = sb_shim_runtime_url()) == NULL)
-        return fail_usage("out of memory%s", "");
-    return 0;
 }
 
 static void on_signal(int sig)
@@ -1819,15 +1200,15 @@ static void reopen_log(void)
 {
     char err[PATH_MAX + 128];
 
-    if (S.log_path == NULL) {
+    if (S.set.log_path == NULL) {
         log_event("info", "reopen", json_pack("{s:s, s:s}", "log", "stderr", "msg", "no --log-file: nothing to reopen"));
         return;
     }
-    if (log_open(S.log_path, err, sizeof(err)) != 0) {
+    if (sb_serve_log_open(S.set.log_path, err, sizeof(err)) != 0) {
         log_event("error", "reopen.failed", json_pack("{s:s, s:s}", "reason", err, "msg", "the log stays open as it was"));
         return;
     }
-    log_event("info", "reopened", json_pack("{s:s}", "log", S.log_path));
+    log_event("info", "reopened", json_pack("{s:s}", "log", S.set.log_path));
 }
 
 #define RESTART_ONLY "listen, broker and admin URLs, Deno, the jail, max-runs, max-connections, log-file"
@@ -1835,13 +1216,14 @@ static void reopen_log(void)
 /* the secret files again, checked as at start-up; -1 with `err` when one is not acceptable */
 static int reread_secrets(char *adm, size_t admsz, char *mint, size_t mintsz, char *err, size_t errsz)
 {
-    if (S.adm_file != NULL && (read_secret(S.adm_file, NULL, adm, admsz, "host admission secret", err, errsz) != 0 ||
-                               check_admission(adm, S.adm_file, err, errsz) != 0))
+    if (S.set.adm_file != NULL &&
+        (sb_serve_read_secret(S.set.adm_file, NULL, adm, admsz, "host admission secret", err, errsz) != 0 ||
+         sb_serve_check_admission(adm, S.set.adm_file, err, errsz) != 0))
         return -1;
-    if (S.mint_file != NULL && read_secret(S.mint_file, NULL, mint, mintsz, "net-mint secret", err, errsz) != 0)
+    if (S.set.mint_file != NULL && sb_serve_read_secret(S.set.mint_file, NULL, mint, mintsz, "net-mint secret", err, errsz) != 0)
         return -1;
-    if (S.mint_file != NULL && mint[0] == '\0') {
-        snprintf(err, errsz, "the net-mint secret file %s is empty", S.mint_file);
+    if (S.set.mint_file != NULL && mint[0] == '\0') {
+        snprintf(err, errsz, "the net-mint secret file %s is empty", S.set.mint_file);
         return -1;
     }
     return 0;
@@ -1856,10 +1238,10 @@ static int reread_secrets(char *adm, size_t admsz, char *mint, size_t mintsz, ch
  */
 static void reload(void)
 {
-    char adm[MAX_SECRET + 1], mint[sizeof(S.conf.netmint.secret)], err[PATH_MAX + 256];
+    char adm[SB_SERVE_MAX_SECRET + 1], mint[sizeof(S.set.conf.netmint.secret)], err[PATH_MAX + 256];
     char what[96] = "";
 
-    if (S.adm_file == NULL && S.mint_file == NULL) {
+    if (S.set.adm_file == NULL && S.set.mint_file == NULL) {
         log_event("warn", "reload.unsupported",
                   json_pack("{s:s, s:s}", "reason",
                             "the secrets came from the environment, which a running process cannot re-read, and every other "
@@ -1873,12 +1255,12 @@ static void reload(void)
         explicit_bzero(mint, sizeof(mint));
         return;
     }
-    if (S.adm_file != NULL) {
+    if (S.set.adm_file != NULL) {
         sha256(adm, strlen(adm), S.admission_hash);
         snprintf(what, sizeof(what), "the host admission secret");
     }
-    if (S.mint_file != NULL) {
-        memcpy(S.conf.netmint.secret, mint, sizeof(mint));
+    if (S.set.mint_file != NULL) {
+        memcpy(S.set.conf.netmint.secret, mint, sizeof(mint));
         snprintf(what + strlen(what), sizeof(what) - strlen(what), "%sthe net-mint secret", what[0] != '\0' ? ", " : "");
     }
     explicit_bzero(adm, sizeof(adm));
@@ -1912,11 +1294,11 @@ static int bind_listener(void)
     char host[INET6_ADDRSTRLEN] = "?";
     int port = 0;
 
-    if ((fd = socket(S.listen_addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0 ||
+    if ((fd = socket(S.set.listen_addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0 ||
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on)) != 0 ||
-        bind(fd, (const struct sockaddr *)&S.listen_addr, S.listen_len) != 0 || listen(fd, 1024) != 0 ||
+        bind(fd, (const struct sockaddr *)&S.set.listen_addr, S.set.listen_len) != 0 || listen(fd, 1024) != 0 ||
         fcntl(fd, F_SETFL, O_NONBLOCK) != 0) {
-        fail_usage("cannot listen: %s", strerror(errno));
+        sb_serve_fail_usage("cannot listen: %s", strerror(errno));
         if (fd >= 0)
             close(fd);
         return -1;
@@ -1977,7 +1359,7 @@ static void housekeeping(void)
 
 int sb_shim_serve_main(int argc, char **argv)
 {
-    char admission[MAX_SECRET + 1], err[PATH_MAX + 128];
+    char admission[SB_SERVE_MAX_SECRET + 1], err[PATH_MAX + 128];
     h2o_hostconf_t *host;
     h2o_pathconf_t *path;
     h2o_handler_t *handler;
@@ -1986,33 +1368,35 @@ int sb_shim_serve_main(int argc, char **argv)
     int64_t drain_until = 0;
 
     memset(&S, 0, sizeof(S));
-    if ((rc = configure(argc, argv, admission, sizeof(admission), &check_only)) != 0 || check_only) {
+    sb_serve_metrics_init(&S.m);
+    if ((rc = sb_serve_configure(argc, argv, &S.set, admission, sizeof(admission), &check_only)) != 0 || check_only) {
         explicit_bzero(admission, sizeof(admission));
-        explicit_bzero(S.conf.netmint.secret, sizeof(S.conf.netmint.secret));
+        explicit_bzero(S.set.conf.netmint.secret, sizeof(S.set.conf.netmint.secret));
         if (rc == 0) {
             /* --check-config: everything start-up checks passed; nothing was bound or logged */
-            printf("configuration OK: Deno %s started as a guest; %s; broker %s; net-mint %s\n", S.deno_version,
-                   sb_shim_jail_describe(S.conf.deno.jail), S.conf.have_broker ? S.conf.broker.host_header : "none (compute only)",
-                   S.conf.have_netmint ? "configured" : "none");
+            printf("configuration OK: Deno %s started as a guest; %s; broker %s; net-mint %s\n", S.set.deno_version,
+                   sb_shim_jail_describe(S.set.conf.deno.jail),
+                   S.set.conf.have_broker ? S.set.conf.broker.host_header : "none (compute only)",
+                   S.set.conf.have_netmint ? "configured" : "none");
         }
-        SSL_CTX_free(S.conf.tls);
-        sb_mem_free((char *)S.conf.deno.exe);
-        sb_mem_free((char *)S.conf.deno.runtime_url);
-        sb_shim_jail_free(S.conf.deno.jail);
+        SSL_CTX_free(S.set.conf.tls);
+        sb_mem_free((char *)S.set.conf.deno.exe);
+        sb_mem_free((char *)S.set.conf.deno.runtime_url);
+        sb_shim_jail_free(S.set.conf.deno.jail);
         return rc < 0 ? 0 : rc;
     }
     sha256(admission, strlen(admission), S.admission_hash);
     explicit_bzero(admission, sizeof(admission));
-    if (S.log_path != NULL && log_open(S.log_path, err, sizeof(err)) != 0) {
-        fail_usage("%s", err);
-        return EXIT_USAGE;
+    if (S.set.log_path != NULL && sb_serve_log_open(S.set.log_path, err, sizeof(err)) != 0) {
+        sb_serve_fail_usage("%s", err);
+        return SB_SERVE_EXIT_USAGE;
     }
     /* before the listener exists: the launcher's memory holds the configuration and no request */
-    if (sb_serve_launcher_start(&S.launcher, &S.conf, &S.pool, err, sizeof(err)) != SB_OK) {
-        fail_usage("%s; serve does not start", err);
-        explicit_bzero(S.conf.netmint.secret, sizeof(S.conf.netmint.secret));
-        sb_shim_jail_free(S.conf.deno.jail);
-        return EXIT_USAGE;
+    if (sb_serve_launcher_start(&S.launcher, &S.set.conf, &S.set.pool, err, sizeof(err)) != SB_OK) {
+        sb_serve_fail_usage("%s; serve does not start", err);
+        explicit_bzero(S.set.conf.netmint.secret, sizeof(S.set.conf.netmint.secret));
+        sb_shim_jail_free(S.set.conf.deno.jail);
+        return SB_SERVE_EXIT_USAGE;
     }
 
     memset(&sa, 0, sizeof(sa));
@@ -2042,25 +1426,25 @@ int sb_shim_serve_main(int argc, char **argv)
     S.actx.ctx = &S.ctx;
     S.actx.hosts = S.gc.hosts;
     if ((fd = bind_listener()) < 0)
-        return EXIT_USAGE;
+        return SB_SERVE_EXIT_USAGE;
     S.listener = h2o_evloop_socket_create(S.loop, fd, H2O_SOCKET_FLAG_DONT_READ);
     h2o_socket_read_start(S.listener, on_accept);
     /* what the jail applies, or that it is off (a warning), once; after "listening", which stays the first line */
-    log_event(
-        sb_shim_jail_enabled(S.conf.deno.jail) ? "info" : "warn", "jail",
-        json_pack("{s:b, s:s}", "on", sb_shim_jail_enabled(S.conf.deno.jail), "describe", sb_shim_jail_describe(S.conf.deno.jail)));
+    log_event(sb_shim_jail_enabled(S.set.conf.deno.jail) ? "info" : "warn", "jail",
+              json_pack("{s:b, s:s}", "on", sb_shim_jail_enabled(S.set.conf.deno.jail), "describe",
+                        sb_shim_jail_describe(S.set.conf.deno.jail)));
     /*
      * Unprivileged, every guest runs as serve's own uid: guests of different tenants could read each
      * other's files and signal each other. Said in the start-up line, as a warning.
      */
-    shared_uid = sb_shim_jail_enabled(S.conf.deno.jail) && !sb_shim_jail_privileged(S.conf.deno.jail);
+    shared_uid = sb_shim_jail_enabled(S.set.conf.deno.jail) && !sb_shim_jail_privileged(S.set.conf.deno.jail);
     {
-        json_t *f =
-            json_pack("{s:s, s:s, s:s, s:b, s:b, s:i, s:s, s:b, s:b, s:s}", "version", SB_VERSION, "commit", SB_GIT_COMMIT, "deno",
-                      S.deno_version, "broker", S.conf.have_broker, "netMint", S.conf.have_netmint, "maxRuns", (int)S.max_runs,
-                      "brokerOrigin", S.conf.have_broker ? S.conf.broker.host_header : "", "jail",
-                      sb_shim_jail_enabled(S.conf.deno.jail), "uidPerGuest", sb_shim_jail_enabled(S.conf.deno.jail) && !shared_uid,
-                      "log", S.log_path != NULL ? S.log_path : "stderr");
+        json_t *f = json_pack(
+            "{s:s, s:s, s:s, s:b, s:b, s:i, s:s, s:b, s:b, s:s}", "version", SB_VERSION, "commit", SB_GIT_COMMIT, "deno",
+            S.set.deno_version, "broker", S.set.conf.have_broker, "netMint", S.set.conf.have_netmint, "maxRuns",
+            (int)S.set.max_runs, "brokerOrigin", S.set.conf.have_broker ? S.set.conf.broker.host_header : "", "jail",
+            sb_shim_jail_enabled(S.set.conf.deno.jail), "uidPerGuest", sb_shim_jail_enabled(S.set.conf.deno.jail) && !shared_uid,
+            "log", S.set.log_path != NULL ? S.set.log_path : "stderr");
         if (f != NULL && shared_uid)
             json_object_set_new(
                 f, "warning",
@@ -2071,9 +1455,9 @@ int sb_shim_serve_main(int argc, char **argv)
     }
     {
         json_t *classes = json_array();
-        for (unsigned i = 0; i < S.pool.nclasses; ++i)
-            json_array_append_new(classes, json_integer(S.pool.class_mb[i]));
-        log_event("info", "pool", json_pack("{s:i, s:o}", "size", (int)S.pool.size, "memoryMb", classes));
+        for (unsigned i = 0; i < S.set.pool.nclasses; ++i)
+            json_array_append_new(classes, json_integer(S.set.pool.class_mb[i]));
+        log_event("info", "pool", json_pack("{s:i, s:o}", "size", (int)S.set.pool.size, "memoryMb", classes));
     }
 
     for (;;) {
@@ -2107,10 +1491,10 @@ int sb_shim_serve_main(int argc, char **argv)
     }
     handle_signals();
     log_event("info", "stopped", NULL);
-    SSL_CTX_free(S.conf.tls);
-    explicit_bzero(S.conf.netmint.secret, sizeof(S.conf.netmint.secret));
-    sb_mem_free((char *)S.conf.deno.exe);
-    sb_mem_free((char *)S.conf.deno.runtime_url);
-    sb_shim_jail_free(S.conf.deno.jail);
+    SSL_CTX_free(S.set.conf.tls);
+    explicit_bzero(S.set.conf.netmint.secret, sizeof(S.set.conf.netmint.secret));
+    sb_mem_free((char *)S.set.conf.deno.exe);
+    sb_mem_free((char *)S.set.conf.deno.runtime_url);
+    sb_shim_jail_free(S.set.conf.deno.jail);
     return 0;
 }
