@@ -3,9 +3,12 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -40,6 +43,128 @@ static void child_fail(const child_args_t *a, int stage, int err)
     _exit(127);
 }
 
+/* room for the module path's listeners in one SCM_RIGHTS message */
+typedef union {
+    char buf[CMSG_SPACE(sizeof(int) * SB_SHIM_MAX_LISTEN)];
+    struct cmsghdr align;
+} listen_cmsg_t;
+
+/*
+ * In the jailed child, still privileged in its own user namespace: brings up the loopback of its new
+ * network namespace, listens on 127.0.0.1 at each of sp->listen_ports, and sends the listeners to the
+ * parent (one SCM_RIGHTS message on the handshake socket), keeping none. Async-signal-safe.
+ * @return 0, or -1 with errno
+ */
+static int open_listeners(const child_args_t *a)
+{
+    const sb_shim_spawn_t *sp = a->sp;
+    int fds[SB_SHIM_MAX_LISTEN], s, rc = -1, saved;
+    unsigned n = 0;
+    struct ifreq ifr;
+    listen_cmsg_t u;
+    struct msghdr msg;
+    struct iovec iov;
+    struct cmsghdr *cm;
+    char tag = 'l';
+
+    if (sp->nlisten > SB_SHIM_MAX_LISTEN) {
+        errno = EINVAL;
+        return -1;
+    }
+    if ((s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)) < 0)
+        return -1;
+    memset(&ifr, 0, sizeof(ifr));
+    memcpy(ifr.ifr_name, "lo", 3);
+    if (ioctl(s, SIOCGIFFLAGS, &ifr) == 0) {
+        ifr.ifr_flags |= IFF_UP;
+        rc = ioctl(s, SIOCSIFFLAGS, &ifr);
+    }
+    saved = errno;
+    close(s);
+    if (rc != 0) {
+        errno = saved;
+        return -1;
+    }
+    rc = -1;
+    for (; n < sp->nlisten; ++n) {
+        struct sockaddr_in sin;
+        memset(&sin, 0, sizeof(sin));
+        sin.sin_family = AF_INET;
+        sin.sin_port = htons(sp->listen_ports[n]);
+        sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if ((fds[n] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)) < 0)
+            goto Exit;
+        if (bind(fds[n], (const struct sockaddr *)&sin, sizeof(sin)) != 0 || listen(fds[n], 16) != 0) {
+            ++n;
+            goto Exit;
+        }
+    }
+    memset(&msg, 0, sizeof(msg));
+    memset(&u, 0, sizeof(u));
+    iov.iov_base = &tag;
+    iov.iov_len = 1;
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = u.buf;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * n);
+    cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int) * n);
+    memcpy(CMSG_DATA(cm), fds, sizeof(int) * n);
+    if (sendmsg(a->sync, &msg, MSG_NOSIGNAL) == 1)
+        rc = 0;
+Exit:
+    saved = errno;
+    for (unsigned i = 0; i < n; ++i)
+        close(fds[i]);
+    errno = saved;
+    return rc;
+}
+
+/* the listeners open_listeners sent: exactly `n` of them, or none kept; 0 or -1 */
+static int receive_listeners(int fd, sb_shim_child_t *out, unsigned n)
+{
+    listen_cmsg_t u;
+    struct msghdr msg;
+    struct iovec iov;
+    struct cmsghdr *cm;
+    char tag = 0;
+    ssize_t got;
+    unsigned k = 0;
+
+    memset(&msg, 0, sizeof(msg));
+    iov.iov_base = &tag;
+    iov.iov_len = 1;
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = u.buf;
+    msg.msg_controllen = sizeof(u.buf);
+    do
+        got = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    while (got < 0 && errno == EINTR);
+    for (cm = got == 1 ? CMSG_FIRSTHDR(&msg) : NULL; cm != NULL; cm = CMSG_NXTHDR(&msg, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t m = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < m; ++i) {
+            int f;
+            memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+            if (k < n && tag == 'l' && !(msg.msg_flags & MSG_CTRUNC))
+                out->listen_fds[k++] = f;
+            else
+                close(f);
+        }
+    }
+    if (k != n || tag != 'l' || (msg.msg_flags & MSG_CTRUNC)) {
+        for (unsigned i = 0; i < k; ++i)
+            close(out->listen_fds[i]);
+        return -1;
+    }
+    out->nlisten = n;
+    return 0;
+}
+
 /* Runs in the forked (or cloned) child; never returns. Only async-signal-safe calls. */
 static void child_exec(const child_args_t *a)
 {
@@ -68,6 +193,9 @@ static void child_exec(const child_args_t *a)
             _exit(127);
         if (read(a->sync, &c, 1) != 1 || c != 'g')
             _exit(127); /* the parent failed (and says why) or died */
+        /* the module path: while the child may still bring up its loopback and bind there */
+        if (sp->nlisten != 0 && open_listeners(a) != 0)
+            child_fail(a, SB_SHIM_JAIL_STAGE_LOOPBACK, errno);
         /* a->sync stays open (close-on-exec): sb_shim_jail_enter checks its peer after the uid change */
         if (prctl(PR_SET_DUMPABLE, 0) != 0)
             child_fail(a, SB_SHIM_JAIL_STAGE_HANDSHAKE, errno);
@@ -196,6 +324,10 @@ sb_status_t sb_shim_child_spawn(const sb_shim_spawn_t *sp, sb_shim_child_t *out,
     out->pid = -1;
     out->pidfd = out->in_fd = out->out_fd = out->err_fd = -1;
     out->jail_run.lock_fd = out->jail_run.cgroup_fd = -1;
+    if (sp->nlisten > SB_SHIM_MAX_LISTEN || (sp->nlisten != 0 && (!jailed || sp->path == NULL))) {
+        snprintf(err, errsz, "the module path's listeners need the jail's network namespace");
+        goto Exit;
+    }
     if (jailed) {
         out->jail = sp->jail;
         sb_shim_jail_fs_spec_t fsp;
@@ -252,6 +384,14 @@ sb_status_t sb_shim_child_spawn(const sb_shim_spawn_t *sp, sb_shim_child_t *out,
     close(ep[1]);
     ep[1] = -1;
     failed = read_fail(ep[0], &f) != 0;
+    /* the listeners were sent before the exec that ended the report */
+    if (!failed && sp->nlisten != 0 && receive_listeners(keep, out, sp->nlisten) != 0) {
+        snprintf(err, errsz, "jail: the module path's listeners did not arrive from the guest");
+        sb_shim_jail_count_failure();
+        (void)kill(pid, SIGKILL); /* pid 1 of its PID namespace, but a SIGKILL from outside it always lands */
+        (void)waitpid(pid, NULL, 0);
+        goto Exit;
+    }
     if (keep >= 0)
         close(keep);
     keep = -1;
@@ -373,6 +513,10 @@ static void reap_jailed(sb_shim_child_t *c)
 void sb_shim_child_close(sb_shim_child_t *c)
 {
     int *fds[] = {&c->pidfd, &c->in_fd, &c->out_fd, &c->err_fd};
+
+    for (unsigned i = 0; i < c->nlisten && i < SB_SHIM_MAX_LISTEN; ++i)
+        close(c->listen_fds[i]);
+    c->nlisten = 0;
 
     if (c->jail_run.active) {
         reap_jailed(c);

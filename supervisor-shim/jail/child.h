@@ -16,9 +16,13 @@
 #define SB_SHIM_CHILD_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 #include "sb/status.h"
 #include "jail/jail.h"
+
+/* the most listeners a child makes (sb_shim_spawn_t.listen_ports) */
+#define SB_SHIM_MAX_LISTEN 32u
 
 typedef struct st_sb_shim_spawn_t {
     const char *path;     /* executable (absolute or relative to the shim's cwd) */
@@ -36,6 +40,10 @@ typedef struct st_sb_shim_spawn_t {
     unsigned timeout_ms;  /* jailed: the run's wall clock, the base of RLIMIT_CPU (0: no RLIMIT_CPU) */
     void *scrub;          /* memory the child wipes first thing (the run token): NULL: none */
     size_t scrub_len;
+    /* jailed: TCP ports the child listens on at 127.0.0.1 in its own network namespace before it execs (the module
+     * path, relay/modules.h); the listeners come back to us in sb_shim_child_t.listen_fds */
+    const uint16_t *listen_ports;
+    unsigned nlisten;
 } sb_shim_spawn_t;
 
 typedef struct st_sb_shim_child_t {
@@ -45,7 +53,9 @@ typedef struct st_sb_shim_child_t {
     int out_fd; /* read end of the child's stdout */
     int err_fd; /* read end of the child's stderr */
     sb_shim_jail_t *jail;
-    sb_shim_jail_run_t jail_run; /* the run's uid and cgroup, given back by sb_shim_child_close */
+    sb_shim_jail_run_t jail_run;        /* the run's uid and cgroup, given back by sb_shim_child_close */
+    int listen_fds[SB_SHIM_MAX_LISTEN]; /* sb_shim_spawn_t.listen_ports, in their order; closed by sb_shim_child_close */
+    unsigned nlisten;
 } sb_shim_child_t;
 
 /**

@@ -70,8 +70,9 @@ struct st_sb_shim_jail_t {
     char *lock_file;
     int cgroup_dir; /* -1: none */
     char *cgroup_path;
-    struct sock_fprog prog;         /* relay guests: processes allowed */
-    struct sock_fprog prog_threads; /* Deno guests: threads only */
+    struct sock_fprog prog;          /* relay guests: processes allowed */
+    struct sock_fprog prog_threads;  /* Deno guests: threads only */
+    struct sock_fprog prog_loopback; /* Deno guests of runs with imports: threads and loopback TCP clients */
     unsigned rules;
     char describe[1536];
 };
@@ -421,6 +422,7 @@ void sb_shim_jail_free(sb_shim_jail_t *j)
     sb_mem_free(j->lock_file);
     sb_mem_free(j->prog.filter);
     sb_mem_free(j->prog_threads.filter);
+    sb_mem_free(j->prog_loopback.filter);
     sb_mem_free(j);
 }
 
@@ -679,6 +681,7 @@ int sb_shim_jail_enter(const sb_shim_jail_t *j, const sb_shim_jail_run_t *run, u
     struct __user_cap_header_struct hdr;
     struct __user_cap_data_struct data[2];
     struct rlimit rl;
+    const struct sock_fprog *prog;
 
     /* while we still hold CAP_SYS_ADMIN in our user namespace: the hostname of our UTS namespace,
      * and a cgroup namespace rooted at the cgroup the parent has just moved us into */
@@ -766,9 +769,9 @@ int sb_shim_jail_enter(const sb_shim_jail_t *j, const sb_shim_jail_run_t *run, u
 
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
         ENTER_FAIL(SB_SHIM_JAIL_STAGE_NO_NEW_PRIVS);
-    if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, run->threads_only ? &j->prog_threads : &j->prog) != 0) {
-        if (errno != ENOSYS ||
-            prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, run->threads_only ? &j->prog_threads : &j->prog, 0, 0) != 0)
+    prog = run->threads_only == SB_SHIM_JAIL_FILTER_LOOPBACK ? &j->prog_loopback : run->threads_only ? &j->prog_threads : &j->prog;
+    if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, prog) != 0) {
+        if (errno != ENOSYS || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, prog, 0, 0) != 0)
             ENTER_FAIL(SB_SHIM_JAIL_STAGE_SECCOMP);
     }
     return 0;
@@ -895,6 +898,8 @@ const char *sb_shim_jail_stage_name(int stage)
         return "making the guest's /proc (self/exe only)";
     case SB_SHIM_JAIL_STAGE_CWD:
         return "entering the guest's working directory";
+    case SB_SHIM_JAIL_STAGE_LOOPBACK:
+        return "making the module path's listeners in the guest's network namespace";
     default:
         return "preparing the guest";
     }
@@ -904,9 +909,11 @@ int sb_shim_jail_prepare(sb_shim_jail_t *j, int threads_only, char *err, size_t 
 {
     unsigned rules = 0;
 
-    if (!sb_shim_jail_enabled(j) || !threads_only || j->prog_threads.filter != NULL)
+    struct sock_fprog *prog = threads_only == SB_SHIM_JAIL_FILTER_LOOPBACK ? &j->prog_loopback : &j->prog_threads;
+
+    if (!sb_shim_jail_enabled(j) || !threads_only || prog->filter != NULL)
         return 0;
-    if (sb_shim_jail_build_filter(&j->prog_threads, &rules, 1, err, errsz) != 0) {
+    if (sb_shim_jail_build_filter(prog, &rules, threads_only, err, errsz) != 0) {
         sb_shim_jail_count_failure();
         return -1;
     }
@@ -921,8 +928,9 @@ sb_status_t sb_shim_jail_probe(sb_shim_jail_t *j, char *err, size_t errsz)
 
     if (!sb_shim_jail_enabled(j))
         return SB_OK;
-    /* a service forks its runs from here on: both filters compiled once, before */
-    if (sb_shim_jail_prepare(j, 1, err, errsz) != 0)
+    /* a service forks its runs from here on: every filter compiled once, before */
+    if (sb_shim_jail_prepare(j, SB_SHIM_JAIL_FILTER_THREADS, err, errsz) != 0 ||
+        sb_shim_jail_prepare(j, SB_SHIM_JAIL_FILTER_LOOPBACK, err, errsz) != 0)
         return SB_E_EXECUTION;
     memset(&sp, 0, sizeof(sp));
     sp.path = NULL; /* exit right after the jail is in place */

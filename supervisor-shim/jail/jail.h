@@ -126,7 +126,7 @@ typedef struct st_sb_shim_jail_run_t {
     unsigned long long cpu_limit;  /* RLIMIT_CPU in seconds; 0: none */
     sb_shim_jail_fs_t *fs;         /* the guest's root (sb_shim_jail_plan_fs); freed by sb_shim_jail_end */
     int parent_fd;                 /* child side: a socket whose peer closes when the spawning process dies; -1: none */
-    int threads_only;              /* the filter that lets the guest start threads but no process */
+    int threads_only;              /* the filter: SB_SHIM_JAIL_FILTER_* */
     char cgroup_name[48];
 } sb_shim_jail_run_t;
 
@@ -183,9 +183,9 @@ const char *sb_shim_jail_describe(const sb_shim_jail_t *j);
 SB_WARN_UNUSED sb_status_t sb_shim_jail_probe(sb_shim_jail_t *j, char *err, size_t errsz);
 
 /**
- * Compiles the threads-only filter of Deno guests if it is not yet (sb_shim_jail_new compiles the
- * relay filter; sb_shim_jail_probe both, so a service that probes at start-up compiles nothing per
- * run). Mutates the jail: call it from the thread that made it, before runs share it.
+ * Compiles a Deno guest filter (SB_SHIM_JAIL_FILTER_THREADS or _LOOPBACK) if it is not yet
+ * (sb_shim_jail_new compiles the relay filter; sb_shim_jail_probe every one, so a service that
+ * probes at start-up compiles nothing per run). Mutates the jail: call it from the thread that made it, before runs share it.
  * @return 0, or -1 with the reason in `err`
  */
 int sb_shim_jail_prepare(sb_shim_jail_t *j, int threads_only, char *err, size_t errsz);
@@ -252,6 +252,7 @@ void sb_shim_jail__sweep(uid_t base, unsigned slots, unsigned *removed, unsigned
 #define SB_SHIM_JAIL_STAGE_PDEATHSIG 17
 #define SB_SHIM_JAIL_STAGE_CWD 18
 #define SB_SHIM_JAIL_STAGE_PROC 19
+#define SB_SHIM_JAIL_STAGE_LOOPBACK 20 /* the module path's listeners in the guest's network namespace */
 
 /** @return RLIMIT_CPU in seconds for a run of `timeout_ms` (0: none) */
 unsigned long long sb_shim_jail_cpu_limit(unsigned timeout_ms);
@@ -263,9 +264,17 @@ struct sock_fprog;
 /**
  * Compiles the guest's seccomp allow-list (seccomp.c) with libseccomp and exports it as raw BPF into
  * `prog` (its filter allocated with sb_mem), so that the child only has to hand it to the kernel.
- * @param threads_only 1: clone only for threads (no fork, vfork or process clone), for Deno guests
+ * @param threads_only SB_SHIM_JAIL_FILTER_THREADS: clone only for threads (no fork, vfork or process clone), for
+ *        Deno guests; SB_SHIM_JAIL_FILTER_LOOPBACK: that, and TCP clients in the guest's own network namespace
  * @return 0, or -1 with the reason in `err`
  */
+/* the seccomp filters (sb_shim_spawn_t.threads_only) */
+#define SB_SHIM_JAIL_FILTER_PROCESSES 0 /* relay guests: processes allowed */
+#define SB_SHIM_JAIL_FILTER_THREADS 1   /* Deno guests: threads only */
+/* Deno guests of runs with imports: also socket(AF_INET, SOCK_STREAM) and connect, which reach only what the
+ * guest's private network namespace holds: its loopback and the module path's listeners there (relay/modules.h) */
+#define SB_SHIM_JAIL_FILTER_LOOPBACK 2
+
 int sb_shim_jail_build_filter(struct sock_fprog *prog, unsigned *rules, int threads_only, char *err, size_t errsz);
 
 /** @return the clone(2) namespace flags a jailed guest is started with (the cgroup namespace follows in enter) */

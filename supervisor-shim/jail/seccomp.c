@@ -200,6 +200,21 @@ int sb_shim_jail_build_filter(struct sock_fprog *prog, unsigned *rules, int thre
     if (add_rule(ctx, allow, SCMP_SYS(socket), 1, &cmp, err, errsz, "socket") != 0 ||
         add_rule(ctx, allow, SCMP_SYS(socketpair), 1, &cmp, err, errsz, "socketpair") != 0)
         goto Exit;
+    /*
+     * Runs with imports: Deno's module loader is a TCP client of the module path's listeners, which the
+     * jail made on 127.0.0.1 in the guest's own network namespace (relay/modules.h). That namespace holds
+     * its loopback and nothing else, so a stream socket there reaches those listeners or nothing; no
+     * bind, listen or accept, and no other family or type (the type compared without its flags).
+     * connect takes any socket: a unix one reaches abstract names of this namespace only (it has
+     * none) and paths in the guest's own root (which holds no socket).
+     */
+    if (threads_only == SB_SHIM_JAIL_FILTER_LOOPBACK) {
+        struct scmp_arg_cmp in[2] = {SCMP_A0(SCMP_CMP_EQ, AF_INET), SCMP_A1(SCMP_CMP_MASKED_EQ, 0xf, SOCK_STREAM)};
+        if (add_rule(ctx, allow, SCMP_SYS(socket), 2, in, err, errsz, "socket") != 0 ||
+            add_rule(ctx, allow, SCMP_SYS(connect), 0, NULL, err, errsz, "connect") != 0)
+            goto Exit;
+        *rules += 2;
+    }
     /* a datagram with a destination address could reach a unix socket bound to a path */
     cmp = SCMP_A4(SCMP_CMP_EQ, 0);
     if (add_rule(ctx, allow, SCMP_SYS(sendto), 1, &cmp, err, errsz, "sendto") != 0)
