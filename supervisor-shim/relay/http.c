@@ -8,8 +8,8 @@
 #include "sb/buf.h"
 #include "relay/http.h"
 
-sb_status_t sb_shim_http_build_request(sb_buf_t *out, const sb_shim_url_t *u, const char *token, const uint8_t *body,
-                                       size_t body_len)
+static sb_status_t build_request(sb_buf_t *out, const sb_shim_url_t *u, const char *token, const char *extra, const uint8_t *body,
+                                 size_t body_len)
 {
     char cl[32];
     sb_status_t st;
@@ -19,11 +19,24 @@ sb_status_t sb_shim_http_build_request(sb_buf_t *out, const sb_shim_url_t *u, co
         (st = sb_buf_append_str(out, " HTTP/1.1\r\nHost: ")) != SB_OK || (st = sb_buf_append_str(out, u->host_header)) != SB_OK ||
         (st = sb_buf_append_str(out, "\r\nContent-Type: application/msgpack\r\nAccept: application/msgpack\r\n"
                                      "x-questpie-sandbox-token: ")) != SB_OK ||
-        (st = sb_buf_append_str(out, token)) != SB_OK || (st = sb_buf_append_str(out, "\r\nContent-Length: ")) != SB_OK ||
-        (st = sb_buf_append_str(out, cl)) != SB_OK || (st = sb_buf_append_str(out, "\r\n\r\n")) != SB_OK ||
-        (st = sb_buf_append(out, body, body_len)) != SB_OK)
+        (st = sb_buf_append_str(out, token)) != SB_OK || (st = sb_buf_append_str(out, extra)) != SB_OK ||
+        (st = sb_buf_append_str(out, "\r\nContent-Length: ")) != SB_OK || (st = sb_buf_append_str(out, cl)) != SB_OK ||
+        (st = sb_buf_append_str(out, "\r\n\r\n")) != SB_OK || (st = sb_buf_append(out, body, body_len)) != SB_OK)
         return st;
     return SB_OK;
+}
+
+sb_status_t sb_shim_http_build_request(sb_buf_t *out, const sb_shim_url_t *u, const char *token, const uint8_t *body,
+                                       size_t body_len)
+{
+    return build_request(out, u, token, "", body, body_len);
+}
+
+sb_status_t sb_shim_http_build_module_request(sb_buf_t *out, const sb_shim_url_t *u, const char *token, const uint8_t *body,
+                                              size_t body_len)
+{
+    /* the supervisor's own call (PROTOCOL.md section 6c): never sent for a guest's */
+    return build_request(out, u, token, "\r\nx-sandbox-module-fetch: 1", body, body_len);
 }
 
 static int lower(int c)

@@ -33,6 +33,10 @@ typedef struct st_sb_shim_http_head_t {
 SB_WARN_UNUSED sb_status_t sb_shim_http_build_request(sb_buf_t *out, const sb_shim_url_t *u, const char *token, const uint8_t *body,
                                                       size_t body_len);
 
+/** the same request for the module path's import.fetch, with its `x-sandbox-module-fetch: 1` header */
+SB_WARN_UNUSED sb_status_t sb_shim_http_build_module_request(sb_buf_t *out, const sb_shim_url_t *u, const char *token,
+                                                             const uint8_t *body, size_t body_len);
+
 /**
  * Parses a response head from the start of `p`.
  * @param body_cap the largest body accepted; a larger Content-Length is SB_E_TOO_LARGE

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -34,98 +35,13 @@
 #include "sb/buf.h"
 #include "relay/frames.h"
 #include "relay/http.h"
+#include "relay/modules.h"
 #include "relay/relay.h"
+#include "relay/relay_int.h"
 #include "relay/tls.h"
 
 #define GUEST_READ_CHUNK 65536u
 #define STDERR_TAIL 800u
-
-typedef enum en_conn_state_t { CONN_CLOSED = 0, CONN_CONNECTING, CONN_HANDSHAKE, CONN_ACTIVE, CONN_IDLE } conn_state_t;
-typedef enum en_call_state_t { CALL_FREE = 0, CALL_HTTP, CALL_REPLYING } call_state_t;
-
-struct st_call_t;
-
-typedef struct st_conn_t {
-    int fd;
-    conn_state_t state;
-    int reused;     /* a previous exchange completed on this connection */
-    sb_buf_t out;   /* the request */
-    size_t out_off; /* bytes of it written */
-    sb_buf_t in;    /* the response so far */
-    int head_done;
-    sb_shim_http_head_t head;
-    struct st_call_t *call;
-    SSL *ssl;       /* https only: set up once TCP connects, verified before any request byte */
-    short ssl_want; /* the poll event an SSL operation waits for (0: none pending) */
-    int tls_clean;  /* no TLS error so far: an idle connection may say close_notify */
-} conn_t;
-
-typedef struct st_call_t {
-    call_state_t state;
-    uint64_t id;
-    char method[SB_MAX_METHOD_LEN + 1];
-    int64_t deadline;
-    int retried; /* resent once after a stale kept-alive connection */
-    conn_t *conn;
-    msgpack_sbuffer reply; /* the reply frame, header included */
-    size_t reply_off;
-    struct st_call_t *next_out;
-} call_t;
-
-typedef struct st_relay_t {
-    const sb_shim_config_t *cfg;
-    sb_shim_child_t *child;
-    int64_t start, deadline;
-
-    /* guest -> shim */
-    sb_frame_reader_t reader;
-    uint8_t *rbuf;
-    size_t roff, rlen;
-    int out_eof;
-    int stop_reading;
-
-    /* shim -> guest */
-    const uint8_t *init;
-    size_t init_len, init_off;
-    call_t *outq_head, *outq_tail;
-
-    /* calls and connections */
-    call_t *calls;
-    conn_t *conns;
-    unsigned active; /* slots not CALL_FREE */
-    unsigned ncalls; /* calls accepted */
-
-    /* stderr */
-    sb_buf_t err;
-    int err_eof;
-
-    /* lifecycle */
-    int reaped;
-    int wstatus;
-    int64_t kill_at; /* SIGKILL the group at this time (0: not scheduled) */
-    int sent_term;
-    int64_t drain_until; /* after reaping, read stdout until EOF or this time */
-
-    /* outcome */
-    int cancelled; /* cancel_fd or stop_fd hung up: the run was abandoned */
-    int failed;
-    int denied; /* the run's error is the broker's denial of a call (cfg->mark_denial) */
-    char error[2048];
-    char detail[1024]; /* what the operator sees of a failed binding call (never the guest): "" for none */
-    int timed_out;
-    int have_result;
-    int result_ok;
-    json_t *output;
-    json_t *result_error;
-    json_t *logs;
-} relay_t;
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* the response cap of a method string that may not parse (the broker then answers bad_method) */
 static size_t response_cap(const char *method)
@@ -141,7 +57,7 @@ static size_t response_cap(const char *method)
 
 static void schedule_kill(relay_t *r, int64_t delay_ms)
 {
-    int64_t t = now_ms() + delay_ms;
+    int64_t t = sb_shim_relay__now_ms() + delay_ms;
     if (r->kill_at == 0 || t < r->kill_at)
         r->kill_at = t;
 }
@@ -172,13 +88,16 @@ static void conn_close(conn_t *c)
     sb_buf_free(&c->in);
 }
 
-static void call_free(relay_t *r, call_t *c)
+void sb_shim_relay__call_free(relay_t *r, call_t *c)
 {
     if (c->state == CALL_FREE)
         return;
     if (c->conn != NULL)
         conn_close(c->conn);
     c->conn = NULL;
+    if (c->module != NULL)
+        sb_shim_relay__mconn_close(c->module); /* the run ended while its module was fetched: Deno sees the connection close */
+    c->module = NULL;
     msgpack_sbuffer_destroy(&c->reply);
     memset(&c->reply, 0, sizeof(c->reply));
     c->reply_off = 0;
@@ -202,7 +121,7 @@ static void run_fail(relay_t *r, int timed_out, const char *fmt, ...)
     }
     r->stop_reading = 1;
     for (unsigned i = 0; i < r->cfg->max_inflight; ++i)
-        call_free(r, &r->calls[i]);
+        sb_shim_relay__call_free(r, &r->calls[i]);
     r->outq_head = r->outq_tail = NULL;
     if (!r->reaped && !r->sent_term) {
         r->sent_term = 1;
@@ -249,13 +168,6 @@ static int frame_end(msgpack_sbuffer *sb)
     return 0;
 }
 
-static void pack_cstr(msgpack_packer *pk, const char *s)
-{
-    size_t n = strlen(s);
-    (void)msgpack_pack_str(pk, n);
-    (void)msgpack_pack_str_body(pk, s, n);
-}
-
 static void queue_reply(relay_t *r, call_t *c)
 {
     c->state = CALL_REPLYING;
@@ -272,16 +184,20 @@ static void reply_ok(relay_t *r, call_t *c, const msgpack_object *value)
 {
     msgpack_packer pk;
 
+    if (c->module != NULL) {
+        sb_shim_relay__module_value(r, c, value);
+        return;
+    }
     frame_begin(&c->reply);
     msgpack_packer_init(&pk, &c->reply, msgpack_sbuffer_write);
     (void)msgpack_pack_map(&pk, 4);
-    pack_cstr(&pk, "t");
-    pack_cstr(&pk, "reply");
-    pack_cstr(&pk, "id");
+    sb_shim_relay__pack_cstr(&pk, "t");
+    sb_shim_relay__pack_cstr(&pk, "reply");
+    sb_shim_relay__pack_cstr(&pk, "id");
     (void)msgpack_pack_uint64(&pk, c->id);
-    pack_cstr(&pk, "ok");
+    sb_shim_relay__pack_cstr(&pk, "ok");
     (void)msgpack_pack_true(&pk);
-    pack_cstr(&pk, "value");
+    sb_shim_relay__pack_cstr(&pk, "value");
     sb_mp_pack_object(&pk, value);
     if (frame_end(&c->reply) != 0) {
         run_fail(r, 0, "cannot build the reply frame for call %llu", (unsigned long long)c->id);
@@ -327,6 +243,10 @@ static void call_error(relay_t *r, call_t *c, const char *code, const char *mess
     if (c->conn != NULL)
         conn_close(c->conn);
     c->conn = NULL;
+    if (c->module != NULL) {
+        sb_shim_relay__module_failed(r, c, code, detail);
+        return;
+    }
     if (!r->cfg->denial_reply) {
         if (!r->failed) {
             if (strcmp(code, "forbidden") == 0 || strcmp(code, "unauthorized") == 0)
@@ -339,21 +259,21 @@ static void call_error(relay_t *r, call_t *c, const char *code, const char *mess
     frame_begin(&c->reply);
     msgpack_packer_init(&pk, &c->reply, msgpack_sbuffer_write);
     (void)msgpack_pack_map(&pk, 4);
-    pack_cstr(&pk, "t");
-    pack_cstr(&pk, "reply");
-    pack_cstr(&pk, "id");
+    sb_shim_relay__pack_cstr(&pk, "t");
+    sb_shim_relay__pack_cstr(&pk, "reply");
+    sb_shim_relay__pack_cstr(&pk, "id");
     (void)msgpack_pack_uint64(&pk, c->id);
-    pack_cstr(&pk, "ok");
+    sb_shim_relay__pack_cstr(&pk, "ok");
     (void)msgpack_pack_false(&pk);
-    pack_cstr(&pk, "error");
+    sb_shim_relay__pack_cstr(&pk, "error");
     (void)msgpack_pack_map(&pk, corr != NULL ? 3 : 2);
-    pack_cstr(&pk, "code");
-    pack_cstr(&pk, code);
-    pack_cstr(&pk, "message");
-    pack_cstr(&pk, message);
+    sb_shim_relay__pack_cstr(&pk, "code");
+    sb_shim_relay__pack_cstr(&pk, code);
+    sb_shim_relay__pack_cstr(&pk, "message");
+    sb_shim_relay__pack_cstr(&pk, message);
     if (corr != NULL) {
-        pack_cstr(&pk, "correlationId");
-        pack_cstr(&pk, corr);
+        sb_shim_relay__pack_cstr(&pk, "correlationId");
+        sb_shim_relay__pack_cstr(&pk, corr);
     }
     if (frame_end(&c->reply) != 0) {
         run_fail(r, 0, "cannot build the reply frame for call %llu", (unsigned long long)c->id);
@@ -480,8 +400,6 @@ Exit:
 
 /* ---- connections ---- */
 
-static void conn_start(relay_t *r, conn_t *cn, call_t *c);
-
 /* The connection failed before a response arrived. A kept-alive connection
  * that the broker closed while idle fails on first use; that request is sent
  * again, once, on a fresh connection (RFC 9112 section 9.3.1). */
@@ -500,7 +418,7 @@ static void conn_failed(relay_t *r, conn_t *cn, const char *what, int err)
         conn_close(cn);
         c->retried = 1;
         cn->out = req;
-        conn_start(r, cn, c);
+        sb_shim_relay__conn_start(r, cn, c);
         return;
     }
     if (err != 0)
@@ -619,7 +537,7 @@ static void conn_connected(relay_t *r, conn_t *cn)
 }
 
 /* opens a connection for `c` (cn->out already holds the request) */
-static void conn_start(relay_t *r, conn_t *cn, call_t *c)
+void sb_shim_relay__conn_start(relay_t *r, conn_t *cn, call_t *c)
 {
     int one = 1;
 
@@ -858,7 +776,7 @@ static void on_call(relay_t *r, const sb_shim_msg_t *m)
     c->id = m->id;
     memcpy(c->method, m->method, m->method_len);
     c->method[m->method_len] = '\0';
-    c->deadline = now_ms() + r->cfg->call_timeout_ms;
+    c->deadline = sb_shim_relay__now_ms() + r->cfg->call_timeout_ms;
 
     /* body: {method, args?} (PROTOCOL.md section 3) */
     msgpack_sbuffer_init(&body);
@@ -878,7 +796,7 @@ static void on_call(relay_t *r, const sb_shim_msg_t *m)
         run_fail(r, 0, "cannot build the broker request: %s", st == SB_E_TOO_LARGE ? "too large" : "out of memory");
         return;
     }
-    conn_start(r, cn, c);
+    sb_shim_relay__conn_start(r, cn, c);
 }
 
 /* a validated result frame: the message's JSON values move into the run */
@@ -1011,7 +929,7 @@ static void guest_writable(relay_t *r)
             while (r->outq_head != NULL) {
                 call_t *c = r->outq_head;
                 r->outq_head = c->next_out;
-                call_free(r, c);
+                sb_shim_relay__call_free(r, c);
             }
             r->outq_tail = NULL;
             return;
@@ -1025,7 +943,7 @@ static void guest_writable(relay_t *r)
                 r->outq_head = c->next_out;
                 if (r->outq_head == NULL)
                     r->outq_tail = NULL;
-                call_free(r, c);
+                sb_shim_relay__call_free(r, c);
                 /* a slot opened: frames held back by backpressure may proceed */
                 process_guest_bytes(r);
             }
@@ -1087,7 +1005,7 @@ static void reap(relay_t *r)
     while (p < 0 && errno == EINTR);
     if (p == r->child->pid || (p < 0 && errno == ECHILD)) {
         r->reaped = 1;
-        r->drain_until = now_ms() + 100;
+        r->drain_until = sb_shim_relay__now_ms() + 100;
     }
 }
 
@@ -1144,12 +1062,16 @@ static json_t *build_outcome(relay_t *r)
     json_object_set_new(o, "logs", r->logs != NULL ? json_incref(r->logs) : json_array());
     if (r->timed_out)
         json_object_set_new(o, "timedOut", json_true());
-    json_object_set_new(o, "ms", json_integer(now_ms() - r->start));
+    json_object_set_new(o, "ms", json_integer(sb_shim_relay__now_ms() - r->start));
     json_object_set_new(o, "calls", json_integer(r->ncalls));
+    if (r->cfg->imports != NULL)
+        json_object_set_new(o, "modules", json_integer(r->modules)); /* import.fetch calls (module_server.c) */
     if (r->cfg->mark_denial && r->denied && r->failed)
         json_object_set_new(o, "denied", json_true());
     if (r->failed && r->detail[0] != '\0')
         json_object_set_new(o, "detail", json_string(r->detail));
+    else if (!r->failed && r->have_result && !r->result_ok && r->module_detail[0] != '\0')
+        json_object_set_new(o, "detail", json_string(r->module_detail)); /* the guest failed: perhaps for that module */
     return o;
 }
 
@@ -1183,27 +1105,31 @@ sb_status_t sb_shim_relay_run(const sb_shim_config_t *cfg, sb_shim_child_t *chil
     struct pollfd *pfds = NULL;
     conn_t **pconn = NULL;
     sb_status_t st = SB_E_NOMEM;
-    unsigned n = cfg->max_inflight;
+    unsigned n = cfg->max_inflight, nlisten = cfg->imports != NULL && child->nlisten == cfg->imports->n ? child->nlisten : 0;
+    size_t npfds = PFD_FIXED + n + SB_SHIM_MAX_LISTEN + MODULE_CONNS;
 
     memset(&r, 0, sizeof(r));
     r.cfg = cfg;
     r.child = child;
     r.init = init;
     r.init_len = init_len;
-    r.start = now_ms();
+    r.start = sb_shim_relay__now_ms();
     r.deadline = r.start + cfg->timeout_ms;
     sb_frame_reader_init(&r.reader, SB_MAX_FRAME);
     sb_buf_init(&r.err, SB_SHIM_MAX_STDERR);
     if ((r.rbuf = sb_mem_try_alloc(GUEST_READ_CHUNK)) == NULL || (r.calls = sb_mem_try_calloc(n, sizeof(*r.calls))) == NULL ||
-        (r.conns = sb_mem_try_calloc(n, sizeof(*r.conns))) == NULL ||
-        (pfds = sb_mem_try_calloc(PFD_FIXED + n, sizeof(*pfds))) == NULL || (pconn = sb_mem_try_calloc(n, sizeof(*pconn))) == NULL)
+        (r.conns = sb_mem_try_calloc(n, sizeof(*r.conns))) == NULL || (pfds = sb_mem_try_calloc(npfds, sizeof(*pfds))) == NULL ||
+        (pconn = sb_mem_try_calloc(n, sizeof(*pconn))) == NULL ||
+        (r.mconns = sb_mem_try_calloc(MODULE_CONNS, sizeof(*r.mconns))) == NULL)
         goto Exit;
     for (unsigned i = 0; i < n; ++i)
         r.conns[i].fd = -1;
+    for (unsigned i = 0; i < MODULE_CONNS; ++i)
+        r.mconns[i].fd = -1;
 
     for (;;) {
-        int64_t now = now_ms(), wake;
-        unsigned np = PFD_FIXED, nc = 0;
+        int64_t now = sb_shim_relay__now_ms(), wake;
+        unsigned np = PFD_FIXED, nc = 0, first_listen, first_module, free_mconns = 0;
         int timeout;
 
         /* timers */
@@ -1217,6 +1143,12 @@ sb_status_t sb_shim_relay_run(const sb_shim_config_t *cfg, sb_shim_child_t *chil
                 call_transport_error(&r, c, d);
             }
         }
+        for (unsigned i = 0; i < MODULE_CONNS; ++i) {
+            mconn_t *mc = &r.mconns[i];
+            if ((mc->state == MC_READING || mc->state == MC_WRITING) && now >= mc->deadline)
+                sb_shim_relay__mconn_close(mc);
+        }
+        sb_shim_relay__module_pump(&r);
         if (!r.reaped && r.kill_at != 0 && now >= r.kill_at) {
             sb_shim_child_signal(child, SIGKILL);
             r.kill_at = 0;
@@ -1232,7 +1164,7 @@ sb_status_t sb_shim_relay_run(const sb_shim_config_t *cfg, sb_shim_child_t *chil
         wake = r.failed || r.have_result ? now + 60000 : r.deadline;
 
         /* descriptors */
-        memset(pfds, 0, sizeof(*pfds) * (PFD_FIXED + n));
+        memset(pfds, 0, sizeof(*pfds) * npfds);
         pfds[PFD_OUT].fd = pfds[PFD_ERR].fd = pfds[PFD_IN].fd = pfds[PFD_PID].fd = -1;
         pfds[PFD_CANCEL].fd = pfds[PFD_STOP].fd = -1;
         if (cfg->cancel_fd >= 0 && !r.cancelled) {
@@ -1274,6 +1206,22 @@ sb_status_t sb_shim_relay_run(const sb_shim_config_t *cfg, sb_shim_child_t *chil
             pconn[nc++] = cn;
             ++np;
         }
+        /* the module path: Deno's new connections while a slot is free, and the requests on them */
+        for (unsigned i = 0; i < MODULE_CONNS; ++i)
+            free_mconns += r.mconns[i].state == MC_FREE;
+        first_listen = np;
+        for (unsigned i = 0; i < nlisten; ++i) {
+            pfds[np].fd = free_mconns != 0 && !r.failed && !r.reaped ? child->listen_fds[i] : -1;
+            pfds[np++].events = POLLIN;
+        }
+        first_module = np;
+        for (unsigned i = 0; i < MODULE_CONNS; ++i) {
+            mconn_t *mc = &r.mconns[i];
+            pfds[np].fd = mc->state == MC_READING || mc->state == MC_WRITING ? mc->fd : -1;
+            pfds[np++].events = mc->state == MC_WRITING ? POLLOUT : POLLIN;
+            if ((mc->state == MC_READING || mc->state == MC_WRITING) && mc->deadline < wake)
+                wake = mc->deadline;
+        }
         for (unsigned i = 0; i < n; ++i)
             if (r.calls[i].state == CALL_HTTP && r.calls[i].deadline < wake)
                 wake = r.calls[i].deadline;
@@ -1305,6 +1253,18 @@ sb_status_t sb_shim_relay_run(const sb_shim_config_t *cfg, sb_shim_child_t *chil
         for (unsigned i = 0; i < nc; ++i)
             if (pfds[PFD_FIXED + i].revents && pconn[i]->state != CONN_CLOSED && pconn[i]->fd == pfds[PFD_FIXED + i].fd)
                 conn_event(&r, pconn[i], pfds[PFD_FIXED + i].revents);
+        for (unsigned i = 0; i < nlisten; ++i)
+            if (pfds[first_listen + i].fd >= 0 && pfds[first_listen + i].revents)
+                sb_shim_relay__module_accept(&r, i, child->listen_fds[i]);
+        for (unsigned i = 0; i < MODULE_CONNS; ++i) {
+            mconn_t *mc = &r.mconns[i];
+            if (pfds[first_module + i].fd < 0 || pfds[first_module + i].fd != mc->fd || !pfds[first_module + i].revents)
+                continue;
+            if (mc->state == MC_READING)
+                sb_shim_relay__module_readable(&r, mc);
+            else if (mc->state == MC_WRITING)
+                sb_shim_relay__module_write(mc);
+        }
         if (pfds[PFD_OUT].revents && !r.stop_reading)
             guest_readable(&r);
         if (r.rlen != 0)
@@ -1321,10 +1281,15 @@ sb_status_t sb_shim_relay_run(const sb_shim_config_t *cfg, sb_shim_child_t *chil
 Exit:
     if (r.calls != NULL)
         for (unsigned i = 0; i < n; ++i)
-            call_free(&r, &r.calls[i]);
+            sb_shim_relay__call_free(&r, &r.calls[i]);
     if (r.conns != NULL)
         for (unsigned i = 0; i < n; ++i)
             conn_close(&r.conns[i]);
+    if (r.mconns != NULL)
+        for (unsigned i = 0; i < MODULE_CONNS; ++i)
+            sb_shim_relay__mconn_close(&r.mconns[i]);
+    for (unsigned i = 0; i < MODULE_CACHE; ++i)
+        sb_shim_relay__ahead_free(&r.ahead[i]);
     if (!r.reaped && child->pid > 0) {
         sb_shim_child_signal(child, SIGKILL);
         (void)waitpid(child->pid, NULL, 0);
@@ -1337,6 +1302,7 @@ Exit:
     sb_mem_free(pconn);
     sb_mem_free(pfds);
     sb_mem_free(r.conns);
+    sb_mem_free(r.mconns);
     sb_mem_free(r.calls);
     sb_mem_free(r.rbuf);
     return st;

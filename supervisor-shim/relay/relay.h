@@ -68,6 +68,9 @@ typedef struct st_sb_shim_config_t {
      * denial_reply 0) has "denied":true in its outcome, for the caller to count and take out
      */
     int mark_denial;
+    /* the run's import origins (modules.h), NULL for none: the relay answers Deno's module requests on the child's
+     * listeners (sb_shim_child_t.listen_fds, origin i on listener i) by import.fetch calls to the broker */
+    const struct st_sb_shim_imports_t *imports;
 } sb_shim_config_t;
 
 /**
