@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "sb/buf.h"
 #include "sb/mem.h"
 #include "sb/value.h"
 #include "jail/hooks.h"
@@ -75,18 +76,73 @@ static void remove_workdir(const char *workdir)
     (void)nftw(workdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
 }
 
+/* appends the base64 of `len` bytes */
+static sb_status_t base64_append(sb_buf_t *b, const uint8_t *p, size_t len)
+{
+    size_t n = sb_b64_encoded_len(len);
+    char *tmp = sb_mem_try_alloc(n + 1);
+    sb_status_t st;
+
+    if (tmp == NULL)
+        return SB_E_NOMEM;
+    sb_b64_encode(p, len, tmp);
+    st = sb_buf_append(b, tmp, n);
+    sb_mem_free(tmp);
+    return st;
+}
+
+/* Deno's two flags for a run with imports, and the ports of its listeners (origin i on port i, relay/modules.h) */
+static sb_status_t import_flags(const sb_shim_imports_t *im, char **allow, char **map, uint16_t *ports)
+{
+    sb_buf_t a, m, j;
+    sb_status_t st;
+
+    sb_buf_init(&a, 64u * 1024u);
+    sb_buf_init(&m, 64u * 1024u);
+    sb_buf_init(&j, 32u * 1024u);
+    /* the map as a data: URL, so that Deno reads no file */
+    if ((st = sb_buf_append_str(&a, "--allow-import=")) == SB_OK && (st = sb_shim_imports_allow(im, &a)) == SB_OK &&
+        (st = sb_buf_append(&a, "", 1)) == SB_OK && (st = sb_shim_imports_map(im, &j)) == SB_OK &&
+        (st = sb_buf_append_str(&m, "--import-map=data:application/json;base64,")) == SB_OK &&
+        (st = base64_append(&m, (const uint8_t *)j.base, j.len)) == SB_OK && (st = sb_buf_append(&m, "", 1)) == SB_OK &&
+        (st = sb_buf_take(&a, allow, NULL)) == SB_OK && (st = sb_buf_take(&m, map, NULL)) == SB_OK) {
+        for (unsigned i = 0; i < im->n; ++i)
+            ports[i] = sb_shim_import_port(i);
+    }
+    sb_buf_free(&a);
+    sb_buf_free(&m);
+    sb_buf_free(&j);
+    if (st != SB_OK) {
+        sb_mem_free(*allow);
+        *allow = NULL;
+    }
+    return st;
+}
+
 sb_status_t sb_shim_deno_start(const sb_shim_deno_t *d, void *scrub, size_t scrub_len, sb_shim_guest_t *g, char *err, size_t errsz)
 {
     const char *base = getenv("TMPDIR");
     int jailed = sb_shim_jail_enabled(d->jail);
     char v8flags[128], e_home[300], e_denodir[320], e_tmp[300], why[400];
-    char *argv[24], *envp[8];
+    char *argv[24], *envp[8], *allow = NULL, *map = NULL;
+    uint16_t ports[SB_SHIM_MAX_IMPORT_ORIGINS];
+    unsigned nports = d->imports != NULL ? d->imports->n : 0;
+    sb_status_t st = SB_E_EXECUTION;
     sb_shim_spawn_t sp;
     uint64_t jail_failures;
     size_t a = 0, e = 0;
 
     memset(g, 0, sizeof(*g));
     g->child.pid = -1;
+    if (nports != 0 && !jailed) {
+        /* the listeners must exist only where the guest is: its own network namespace */
+        snprintf(err, errsz, "remote module imports need the jail (its network namespace); refused with --jail=off");
+        return SB_E_EXECUTION;
+    }
+    if (nports != 0 && import_flags(d->imports, &allow, &map, ports) != SB_OK) {
+        snprintf(err, errsz, "out of memory");
+        return SB_E_NOMEM;
+    }
     /*
      * Jailed, the guest's HOME, DENO_DIR and TMPDIR are in /work, the scratch tmpfs of its own root
      * (jail/mounts.c), which goes with it: nothing is made on the host. Only --jail=off still needs a
@@ -99,14 +155,14 @@ sb_status_t sb_shim_deno_start(const sb_shim_deno_t *d, void *scrub, size_t scru
         if (mkdtemp(g->workdir) == NULL) {
             g->workdir[0] = '\0';
             snprintf(err, errsz, "failed to create sandbox work root");
-            return SB_E_EXECUTION;
+            goto Exit;
         }
         snprintf(g->home, sizeof(g->home), "%s/home", g->workdir);
         if (mkdir(g->home, 0700) != 0) {
             snprintf(err, errsz, "failed to create sandbox work root");
             remove_workdir(g->workdir);
             g->workdir[0] = '\0';
-            return SB_E_EXECUTION;
+            goto Exit;
         }
     } else {
         snprintf(g->home, sizeof(g->home), "/work");
@@ -130,7 +186,14 @@ sb_status_t sb_shim_deno_start(const sb_shim_deno_t *d, void *scrub, size_t scru
     argv[a++] = "--no-config";
     argv[a++] = "--no-lock";
     argv[a++] = "--no-npm";
-    argv[a++] = "--no-remote";
+    if (nports == 0) {
+        argv[a++] = "--no-remote";
+    } else {
+        /* modules of the run's import origins only, from their listeners on the guest's own loopback, where the
+         * import map sends each origin (relay/modules.h); any other remote module is refused by Deno */
+        argv[a++] = allow;
+        argv[a++] = map;
+    }
     argv[a++] = "--no-code-cache";
     argv[a++] = "--deny-read";
     argv[a++] = "--deny-write";
@@ -169,6 +232,11 @@ sb_status_t sb_shim_deno_start(const sb_shim_deno_t *d, void *scrub, size_t scru
     /* the child's copy of our memory is wiped of the token first (its own copy: ours stays) */
     sp.scrub = scrub;
     sp.scrub_len = scrub_len;
+    if (nports != 0) {
+        sp.listen_ports = ports;
+        sp.nlisten = nports;
+        sp.threads_only = SB_SHIM_JAIL_FILTER_LOOPBACK;
+    }
     jail_failures = sb_shim_jail_failures();
     if (sb_shim_child_spawn(&sp, &g->child, why, sizeof(why)) != SB_OK) {
         /* the jail counts each guest it refused once (jail.h): those are serve's jail failures */
@@ -179,10 +247,14 @@ sb_status_t sb_shim_deno_start(const sb_shim_deno_t *d, void *scrub, size_t scru
         if (g->workdir[0] != '\0')
             remove_workdir(g->workdir);
         g->workdir[0] = '\0';
-        return SB_E_EXECUTION;
+        goto Exit;
     }
     g->started = 1;
-    return SB_OK;
+    st = SB_OK;
+Exit:
+    sb_mem_free(allow);
+    sb_mem_free(map);
+    return st;
 }
 
 /*

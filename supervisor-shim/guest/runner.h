@@ -16,6 +16,7 @@
 #include "sb/status.h"
 #include "jail/child.h"
 #include "relay/relay.h"
+#include "relay/modules.h"
 
 /* descriptors the guest may hold (Deno needs a few dozen for its runtime threads) */
 #define SB_SHIM_GUEST_NOFILE 64u
@@ -26,6 +27,9 @@ typedef struct st_sb_shim_deno_t {
     unsigned long memory_mb; /* V8 old-space cap; jailed, also the run's cgroup memory.max and RLIMIT_DATA */
     unsigned timeout_ms;     /* jailed: the base of RLIMIT_CPU (jail.h); sb_shim_deno_run takes the run's */
     sb_shim_jail_t *jail;    /* sb_shim_jail_new(), made once at start-up; NULL or a jail that is off: none */
+    /* the run's import origins (relay/modules.h): NULL or none, no module is ever fetched (--no-remote); else Deno
+     * imports them from the module path's listeners in its network namespace, which needs the jail */
+    const sb_shim_imports_t *imports;
 } sb_shim_deno_t;
 
 /**

@@ -534,6 +534,16 @@ async function brokeredFetch(input, init) {
 
 // ---- run ----
 
+// A run with imports loads its modules from listeners on the guest's own loopback, one per
+// import origin (relay/modules.h); the init frame maps each listener's URL prefix to its origin.
+// Errors name the origin, as Deno names it when it fetches a module itself.
+let importPrefixes = [];
+
+function unmapImports(text) {
+  for (const [loopback, origin] of importPrefixes) text = text.split(loopback).join(origin);
+  return text;
+}
+
 function errorText(e) {
   if (e instanceof Error) return e.message || String(e);
   return show(e);
@@ -717,7 +727,7 @@ async function finish(ok, value) {
       else if (size !== undefined) frame.output = value;
     }
   } else {
-    frame = { t: "result", ok: false, error: truncateUtf8(String(value), 65536), logs };
+    frame = { t: "result", ok: false, error: truncateUtf8(unmapImports(String(value)), 65536), logs };
   }
   try {
     await sendFrame(frame);
@@ -737,6 +747,9 @@ async function main() {
   }
   if (init === null || init.t !== "init") return finish(false, "the shim sent no init frame");
   replyLoop();
+  if (init.imports !== null && typeof init.imports === "object") {
+    importPrefixes = Object.entries(init.imports).filter(([k, v]) => typeof v === "string" && k.startsWith("http://127.0.0.1:"));
+  }
   installRun(init);
   if (typeof init.source !== "string") return finish(false, "init frame carries no guest source");
   let mod;
