@@ -156,7 +156,7 @@ static void check_init(const sb_serve_run_t *run)
     const msgpack_object *src, *in, *sec;
     int bindings = run->has_bindings, fetch = run->net != NULL;
 
-    SB_FUZZ_ASSERT(sb_serve_req_pack_init(run, bindings, fetch, &frame) == SB_OK, "a validated run must pack");
+    SB_FUZZ_ASSERT(sb_serve_req_pack_init(run, bindings, fetch, NULL, &frame) == SB_OK, "a validated run must pack");
     SB_FUZZ_ASSERT(frame.size > 4 && frame.size - 4 <= SB_MAX_FRAME, "frame size %zu", frame.size);
     SB_FUZZ_ASSERT(((uint32_t)(uint8_t)frame.data[0] << 24 | (uint32_t)(uint8_t)frame.data[1] << 16 |
                     (uint32_t)(uint8_t)frame.data[2] << 8 | (uint8_t)frame.data[3]) == frame.size - 4,

@@ -59,14 +59,16 @@ typedef struct st_opts_t {
     unsigned long memory_mb;
     int memory_set;
     sb_shim_jail_config_t jail;
-    char **cmd; /* relay: CMD ARGS... */
+    char **cmd;                /* relay: CMD ARGS... */
+    sb_shim_imports_t imports; /* run: --import, the run's capabilities.import (relay/modules.h) */
 } opts_t;
 
 static void usage(FILE *f)
 {
     fputs("usage:\n"
           "  sandbox-shim run   --broker-url URL (--token-env NAME | --token-fd N) --source FILE\n"
-          "                     [--input JSON | --input-file F] [--memory-mb N] [--deno PATH] [limits]\n"
+          "                     [--input JSON | --input-file F] [--memory-mb N] [--deno PATH]\n"
+          "                     [--import HOST[:PORT],...] [limits]\n"
           "  sandbox-shim relay --broker-url URL (--token-env NAME | --token-fd N)\n"
           "                     [--source FILE] [--input JSON | --input-file F] [limits] -- CMD ARGS...\n"
           "  sandbox-shim jail-check [jail options]   (starts one jailed probe guest; exit 0 when it worked)\n"
@@ -265,6 +267,17 @@ static int parse_args(int argc, char **argv, opts_t *o, sb_shim_config_t *cfg)
             o->memory_set = 1;
         } else if (strcmp(a, "--deno") == 0 && o->run) {
             o->deno = val;
+        } else if (strcmp(a, "--import") == 0 && o->run) {
+            /* the hosts the token's manifest lists under import, as upstream's capabilities.import */
+            for (const char *p = val;;) {
+                const char *end = strchr(p, ','), *why = NULL;
+                size_t n = end != NULL ? (size_t)(end - p) : strlen(p);
+                if (sb_shim_imports_add(&o->imports, p, n, &why) != 0)
+                    return fail_usage("--import: %s", why);
+                if (end == NULL)
+                    break;
+                p = end + 1;
+            }
         } else {
             const char *why = NULL;
             int jr = sb_shim_jail_config_option(&o->jail, a, val, &why);
@@ -381,7 +394,7 @@ static int build_init(const opts_t *o, msgpack_sbuffer *frame)
     }
     (void)msgpack_sbuffer_write(frame, "\0\0\0\0", 4);
     msgpack_packer_init(&pk, frame, msgpack_sbuffer_write);
-    (void)msgpack_pack_map(&pk, o->source != NULL ? 3 : 2);
+    (void)msgpack_pack_map(&pk, 2 + (o->source != NULL) + (o->imports.n != 0));
     pack_cstr(&pk, "t");
     pack_cstr(&pk, "init");
     if (o->source != NULL) {
@@ -394,6 +407,10 @@ static int build_init(const opts_t *o, msgpack_sbuffer *frame)
         sb_mp_pack_object(&pk, &input);
     else
         (void)msgpack_pack_nil(&pk);
+    if (o->imports.n != 0) {
+        pack_cstr(&pk, "imports");
+        sb_shim_imports_pack(&o->imports, &pk);
+    }
     if (frame->data == NULL || frame->size - 4 > SB_MAX_FRAME) {
         fail_usage("source and input do not fit in one frame%s", "");
         goto Exit;
@@ -531,10 +548,15 @@ int main(int argc, char **argv)
             rc = fail_usage("out of memory%s", "");
             goto Exit;
         }
+        memset(&d, 0, sizeof(d));
         d.exe = exe;
         d.runtime_url = runtime_url;
         d.memory_mb = o.memory_mb;
         d.jail = jail;
+        if (o.imports.n != 0) {
+            d.imports = &o.imports;
+            cfg.imports = &o.imports;
+        }
         switch (sb_shim_deno_run(&d, &cfg, (const uint8_t *)init.data, init.size, NULL, NULL, &outcome, err, sizeof(err))) {
         case SB_OK:
             break;

@@ -33,6 +33,7 @@ typedef struct st_submit_t {
     uint32_t magic;
     uint32_t memory_mb;
     uint32_t has_cancel;
+    uint32_t cold; /* the run has imports: a pooled guest has no module path, so it starts cold */
 } submit_t;
 
 /* the launcher -> service answer; a pidfd of the run process travels with it when there is one */
@@ -490,7 +491,7 @@ static void handle_submit(launcher_t *L, int ctl, const submit_t *s, int *fds, s
         reply(ctl, 0, -1, 0, "the launcher got a malformed run");
         goto Close;
     }
-    for (unsigned c = 0; c < L->pc.nclasses; ++c)
+    for (unsigned c = 0; c < L->pc.nclasses && !s->cold; ++c)
         if (L->pc.class_mb[c] == s->memory_mb)
             cls = (int)c;
     if (cls >= 0) {
@@ -773,6 +774,7 @@ sb_status_t sb_serve_launcher_submit(sb_serve_launcher_t *l, const sb_serve_job_
     s.magic = MSG_MAGIC;
     s.memory_mb = job->memory_mb;
     s.has_cancel = cancel_fd >= 0;
+    s.cold = job->imports != NULL;
     fds[nfds++] = memfd;
     fds[nfds++] = report_fd;
     if (cancel_fd >= 0)

@@ -145,8 +145,8 @@ static void error_message(const sb_buf_t *answer, size_t off, char *out, size_t 
     json_decref(o);
 }
 
-sb_status_t sb_shim_netmint_mint(const sb_shim_netmint_t *nm, const json_t *net, int64_t timeout_ms, char token[65], char *err,
-                                 size_t errsz)
+sb_status_t sb_shim_netmint_mint(const sb_shim_netmint_t *nm, const json_t *net, const json_t *imports, int64_t timeout_ms,
+                                 char token[65], char *err, size_t errsz)
 {
     uint8_t rnd[16];
     char run_id[64], msg[256];
@@ -165,7 +165,16 @@ sb_status_t sb_shim_netmint_mint(const sb_shim_netmint_t *nm, const json_t *net,
     snprintf(run_id, sizeof(run_id), SB_SHIM_NETMINT_RUN_PREFIX);
     for (size_t i = 0; i < sizeof(rnd); ++i)
         snprintf(run_id + strlen(run_id), sizeof(run_id) - strlen(run_id), "%02x", rnd[i]);
-    body = json_pack("{s:s, s:{s:O, s:I}}", "runId", run_id, "capabilities", "net", net, "timeoutMs", (json_int_t)timeout_ms);
+    /* net and import each present only when not empty (the broker refuses an empty list); a run with imports has its
+     * module path's import.fetch calls under this token too (PROTOCOL.md section 6c) */
+    body = json_pack("{s:s, s:{s:I}}", "runId", run_id, "capabilities", "timeoutMs", (json_int_t)timeout_ms);
+    if (body != NULL && ((net != NULL && json_array_size(net) != 0 &&
+                          json_object_set(json_object_get(body, "capabilities"), "net", (json_t *)net) != 0) ||
+                         (imports != NULL && json_array_size(imports) != 0 &&
+                          json_object_set(json_object_get(body, "capabilities"), "import", (json_t *)imports) != 0))) {
+        json_decref(body);
+        body = NULL;
+    }
     text = body != NULL ? json_dumps(body, JSON_COMPACT) : NULL;
     json_decref(body);
     if (text == NULL) {

@@ -40,8 +40,8 @@ typedef struct st_sb_shim_netmint_t {
  * @return SB_OK, SB_E_FORBIDDEN (the broker refused: err has its status and message) or
  *         SB_E_UNAVAILABLE (no answer in time, or not one we understand)
  */
-SB_WARN_UNUSED sb_status_t sb_shim_netmint_mint(const sb_shim_netmint_t *nm, const json_t *net, int64_t timeout_ms, char token[65],
-                                                char *err, size_t errsz);
+SB_WARN_UNUSED sb_status_t sb_shim_netmint_mint(const sb_shim_netmint_t *nm, const json_t *net, const json_t *imports,
+                                                int64_t timeout_ms, char token[65], char *err, size_t errsz);
 
 /**
  * Revokes a token minted by sb_shim_netmint_mint.

@@ -460,6 +460,8 @@ static void run_answer(run_t *r, const char *why)
         /* a failed binding call: its method, code, the broker's reason and correlation id */
         if (json_is_string(json_object_get(r->meta, "detail")))
             json_object_set(fields, "detail", json_object_get(r->meta, "detail"));
+        if (json_is_integer(json_object_get(r->meta, "modules"))) /* runs with imports: import.fetch calls */
+            json_object_set(fields, "modules", json_object_get(r->meta, "modules"));
         if (json_is_integer(json_object_get(r->meta, "handoverMs"))) {
             json_int_t h = json_integer_value(json_object_get(r->meta, "handoverMs"));
             json_object_set_new(fields, "handoverMs", json_integer(h));
@@ -665,6 +667,7 @@ static void job_dispose(sb_serve_job_t *job)
     explicit_bzero(job->token, sizeof(job->token));
     explicit_bzero(job->netmint_secret, sizeof(job->netmint_secret));
     json_decref(job->net);
+    json_decref(job->imports);
 }
 
 /*
@@ -676,6 +679,7 @@ static void job_dispose(sb_serve_job_t *job)
 static void handle_run(h2o_req_t *req)
 {
     int64_t started = sb_serve_now_ms();
+    static sb_shim_imports_t imports; /* the loop's thread only; 10 KiB, not on its stack */
     sb_serve_job_t job;
     sb_serve_run_t run;
     json_t *root = NULL;
@@ -713,11 +717,27 @@ static void handle_run(h2o_req_t *req)
     job.started_ms = started;
     job.timeout_ms = run.timeout_ms;
     job.memory_mb = run.memory_mb;
-    /* remote module imports would need a network grant for Deno itself: refused, as README.md says */
+    /* remote module imports: through the broker's egress, on the module path inside the guest's jail (relay/modules.h) */
+    memset(&imports, 0, sizeof(imports));
     if (run.imports != NULL && json_array_size(run.imports) != 0) {
-        answer_failure(req, SB_SERVE_OUT_EGRESS_BLOCKED,
-                       "egress blocked: remote module imports are not supported (capabilities.import must be empty)", started);
-        goto Exit;
+        size_t i;
+        json_t *h;
+        const char *iwhy = NULL;
+        char e[600];
+        if (!sb_shim_jail_enabled(S.set.conf.deno.jail)) {
+            answer_failure(req, SB_SERVE_OUT_EGRESS_BLOCKED,
+                           "egress blocked: remote module imports need the jail (this supervisor runs with --jail=off)", started);
+            goto Exit;
+        }
+        json_array_foreach(run.imports, i, h)
+        {
+            if (sb_shim_imports_add(&imports, json_string_value(h), json_string_length(h), &iwhy) != 0) {
+                snprintf(e, sizeof(e), "egress blocked: capabilities.import entry \"%.256s\": %s", json_string_value(h), iwhy);
+                answer_failure(req, SB_SERVE_OUT_EGRESS_BLOCKED, e, started);
+                goto Exit;
+            }
+        }
+        job.imports = json_incref((json_t *)run.imports);
     }
     if (run.has_bindings) {
         sb_shim_url_t u;
@@ -745,17 +765,20 @@ static void handle_run(h2o_req_t *req)
         job.kind = SB_SERVE_BINDINGS;
         memcpy(job.token, run.token, run.token_len);
         job.token[run.token_len] = '\0';
-    } else if (run.net != NULL && json_array_size(run.net) != 0) {
-        /* the guest stays without sockets: its fetch is relayed under a token minted for the run */
+    } else if ((run.net != NULL && json_array_size(run.net) != 0) || job.imports != NULL) {
+        /* the guest stays without sockets: its fetch and its modules are relayed under a token minted for the run */
         if (!S.set.conf.have_netmint || !S.set.conf.have_broker) {
             answer_failure(req, SB_SERVE_OUT_EGRESS_BLOCKED,
-                           "egress blocked: network access for runs without bindings needs the broker's net-mint credential, "
-                           "which this supervisor does not have",
+                           run.net != NULL && json_array_size(run.net) != 0
+                               ? "egress blocked: network access for runs without bindings needs the broker's net-mint "
+                                 "credential, which this supervisor does not have"
+                               : "egress blocked: remote module imports for runs without bindings need the broker's net-mint "
+                                 "credential, which this supervisor does not have",
                            started);
             goto Exit;
         }
         job.kind = SB_SERVE_NET;
-        job.net = json_incref((json_t *)run.net);
+        job.net = run.net != NULL ? json_incref((json_t *)run.net) : json_array();
         memcpy(job.netmint_secret, S.set.conf.netmint.secret, sizeof(job.netmint_secret));
     } else {
         job.kind = SB_SERVE_COMPUTE;
@@ -765,7 +788,7 @@ static void handle_run(h2o_req_t *req)
         account(SB_SERVE_OUT_BUSY, 503, sb_serve_now_ms() - started, NULL);
         goto Exit;
     }
-    if (sb_serve_req_pack_init(&run, job.kind == SB_SERVE_BINDINGS, job.kind != SB_SERVE_COMPUTE, &job.init) != SB_OK) {
+    if (sb_serve_req_pack_init(&run, job.kind == SB_SERVE_BINDINGS, job.kind != SB_SERVE_COMPUTE, &imports, &job.init) != SB_OK) {
         answer_failure(req, SB_SERVE_OUT_INVALID, "sandbox output limit exceeded", started);
         goto Exit;
     }

@@ -90,7 +90,7 @@ typedef struct st_sb_serve_conf_t {
 typedef enum en_sb_serve_kind_t {
     SB_SERVE_COMPUTE = 0, /* no bindings, no net: no broker at all */
     SB_SERVE_BINDINGS,    /* the host's bindings: its broker URL and token */
-    SB_SERVE_NET          /* no bindings, net: a token minted for the run (netmint.h) */
+    SB_SERVE_NET          /* no bindings, net or import: a token minted for the run (netmint.h) */
 } sb_serve_kind_t;
 
 /** what one run's process needs; built by the service before the fork */
@@ -102,6 +102,7 @@ typedef struct st_sb_serve_job_t {
     unsigned memory_mb;
     char token[SB_SHIM_MAX_TOKEN + 1]; /* SB_SERVE_BINDINGS */
     json_t *net;                       /* SB_SERVE_NET: capabilities.net (a reference) */
+    json_t *imports;                   /* capabilities.import when not empty (a reference), else NULL */
     /* SB_SERVE_NET: the net-mint credential as the service holds it now (a reload changes it); the
      * launcher keeps no copy, so the run gets it with its job */
     char netmint_secret[SB_SHIM_NETMINT_MAX_SECRET + 1];

@@ -430,14 +430,16 @@ static void pack_json(msgpack_packer *pk, const json_t *v)
     }
 }
 
-sb_status_t sb_serve_req_pack_init(const sb_serve_run_t *run, int bindings, int fetch, msgpack_sbuffer *frame)
+sb_status_t sb_serve_req_pack_init(const sb_serve_run_t *run, int bindings, int fetch, const sb_shim_imports_t *imports,
+                                   msgpack_sbuffer *frame)
 {
     msgpack_packer pk;
+    int with_imports = imports != NULL && imports->n != 0;
 
     msgpack_sbuffer_init(frame);
     (void)msgpack_sbuffer_write(frame, "\0\0\0\0", 4);
     msgpack_packer_init(&pk, frame, msgpack_sbuffer_write);
-    (void)msgpack_pack_map(&pk, 6);
+    (void)msgpack_pack_map(&pk, with_imports ? 7 : 6);
     pack_strn(&pk, "t", 1);
     pack_strn(&pk, "init", 4);
     pack_strn(&pk, "source", 6);
@@ -454,6 +456,10 @@ sb_status_t sb_serve_req_pack_init(const sb_serve_run_t *run, int bindings, int 
         pack_json(&pk, run->secrets);
     else
         (void)msgpack_pack_map(&pk, 0);
+    if (with_imports) {
+        pack_strn(&pk, "imports", 7);
+        sb_shim_imports_pack(imports, &pk);
+    }
     if (frame->data == NULL || frame->size - 4 > SB_MAX_FRAME) {
         msgpack_sbuffer_destroy(frame);
         msgpack_sbuffer_init(frame);

@@ -16,6 +16,7 @@
 #include <jansson.h>
 #include <msgpack.h>
 #include "sb/status.h"
+#include "relay/modules.h"
 
 /* the request body (upstream: 2 MiB) */
 #define SB_SERVE_MAX_BODY (2u * 1024u * 1024u)
@@ -79,12 +80,14 @@ SB_WARN_UNUSED sb_status_t sb_serve_req_validate(const json_t *root, sb_serve_ru
 
 /**
  * Packs the guest's init frame (PROTOCOL.md section 2), header included:
- * {t:"init", source, input, bindings, fetch, secrets} (secrets an empty map when there are none).
+ * {t:"init", source, input, bindings, fetch, secrets, imports?} (secrets an empty map when there are none).
  * @param bindings 1: the guest gets `questpie`
  * @param fetch 1: the guest's fetch is relayed as http.fetch
+ * @param imports the run's import origins, or NULL: with some, the frame's `imports` names them
  * @return SB_OK or SB_E_TOO_LARGE (above SB_MAX_FRAME: cannot happen within the schema's caps)
  */
-SB_WARN_UNUSED sb_status_t sb_serve_req_pack_init(const sb_serve_run_t *run, int bindings, int fetch, msgpack_sbuffer *frame);
+SB_WARN_UNUSED sb_status_t sb_serve_req_pack_init(const sb_serve_run_t *run, int bindings, int fetch,
+                                                  const sb_shim_imports_t *imports, msgpack_sbuffer *frame);
 
 /** 1 when the token can travel in an HTTP header: 1..8192 visible ASCII bytes */
 int sb_serve_token_ok(const char *token, size_t len);

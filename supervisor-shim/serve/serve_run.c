@@ -153,8 +153,9 @@ __attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, sb_s
     static sb_shim_config_t cfg; /* 8 KiB of token: not on the stack */
     static sb_shim_guest_t cold;
     static sb_shim_netmint_t netmint; /* the URL from the configuration, the secret from the job */
+    static sb_shim_imports_t imports; /* capabilities.import as origins (relay/modules.h) */
     sb_shim_guest_t *guest = NULL;    /* released after the answer: it is reaped by then */
-    json_t *outcome = NULL, *answer = NULL, *meta, *detail = NULL;
+    json_t *outcome = NULL, *answer = NULL, *meta, *detail = NULL, *modules = NULL;
     sb_serve_outcome_t outcome_kind = SB_SERVE_OUT_COUNT; /* COUNT: not decided yet */
     const char *revoke = NULL;
     int denied = 0;
@@ -191,6 +192,29 @@ __attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, sb_s
     cfg.stderr_cap_fails = 1;
     cfg.upstream_call_limit = 1;
     cfg.mark_denial = 1;
+    if (job->imports != NULL) {
+        size_t i;
+        json_t *h;
+        const char *why = NULL;
+        /* validated by the service already (sb_serve_imports_parse): this cannot fail on what it took */
+        json_array_foreach(job->imports, i, h)
+        {
+            if (sb_shim_imports_add(&imports, json_string_value(h), json_string_length(h), &why) != 0) {
+                outcome = failure("egress blocked: capabilities.import is not a list of hosts");
+                outcome_kind = SB_SERVE_OUT_EGRESS_BLOCKED;
+                if (pre != NULL)
+                    sb_shim_deno_discard(pre);
+                goto Answer;
+            }
+        }
+        cfg.imports = &imports;
+        /* a pooled guest has no module path (its flags and listeners are fixed at spawn): the launcher starts these
+         * runs cold, and one that came with a guest all the same does not use it */
+        if (pre != NULL) {
+            sb_shim_deno_discard(pre);
+            pre = NULL;
+        }
+    }
     switch (job->kind) {
     case SB_SERVE_COMPUTE:
         cfg.calls_refused = "binding call refused: this run has no bindings";
@@ -203,7 +227,7 @@ __attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, sb_s
         /* the credential the service held when it took the run (its launcher keeps none) */
         netmint = conf->netmint;
         memcpy(netmint.secret, job->netmint_secret, sizeof(netmint.secret));
-        st = sb_shim_netmint_mint(&netmint, job->net, job->timeout_ms, token, err, sizeof(err));
+        st = sb_shim_netmint_mint(&netmint, job->net, job->imports, job->timeout_ms, token, err, sizeof(err));
         if (st != SB_OK) {
             char e[600];
             snprintf(e, sizeof(e), "egress blocked: %s", err);
@@ -228,6 +252,7 @@ __attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, sb_s
         sb_status_t st;
         d.memory_mb = job->memory_mb;
         d.timeout_ms = (unsigned)job->timeout_ms;
+        d.imports = cfg.imports;
         if (pre != NULL) {
             guest = pre;
             /* a pooled guest: started before this run, it has waited for its init frame since */
@@ -272,6 +297,8 @@ Answer:
         outcome = failure("sandbox IO error: out of memory");
     calls = json_integer_value(json_object_get(outcome, "calls"));
     json_object_del(outcome, "calls");
+    modules = json_incref(json_object_get(outcome, "modules")); /* runs with imports: import.fetch calls, for the log */
+    json_object_del(outcome, "modules");
     denied = json_is_true(json_object_get(outcome, "denied"));
     json_object_del(outcome, "denied");
     /* the failed call's method, code, reason and correlation id: for the log line, not the answer */
@@ -299,6 +326,8 @@ Answer:
         json_object_set_new(meta, "handoverMs", json_integer(handover_ms));
     if (meta != NULL && detail != NULL)
         json_object_set(meta, "detail", detail);
+    if (meta != NULL && modules != NULL)
+        json_object_set(meta, "modules", modules);
     if (meta != NULL && revoke != NULL) {
         json_object_set_new(meta, "revoke", json_string(revoke));
         if (revoke_err[0] != '\0')
@@ -319,7 +348,7 @@ Answer:
 /* ---- the job, from the service to its run process (launcher.h) ---- */
 
 #define JOB_MAGIC "SBJ1"
-#define JOB_HEAD 41u                      /* magic 4, kind 1, memory 4, timeout 8, started 8, four lengths 4 each */
+#define JOB_HEAD 45u                      /* magic 4, kind 1, memory 4, timeout 8, started 8, five lengths 4 each */
 #define JOB_MAX_INIT (8u * 1024u * 1024u) /* an init frame is far smaller: source, input and secrets are capped */
 #define JOB_MAX_NET (256u * 1024u)        /* capabilities.net: at most SB_SERVE_MAX_HOSTS short names */
 
@@ -382,11 +411,13 @@ sb_status_t sb_serve_job_write(int fd, const sb_serve_job_t *job)
     uint8_t head[JOB_HEAD];
     size_t token_len = job->kind == SB_SERVE_BINDINGS ? strnlen(job->token, sizeof(job->token)) : 0;
     char *net = job->net != NULL ? json_dumps(job->net, JSON_COMPACT) : NULL;
-    size_t net_len = net != NULL ? strlen(net) : 0;
+    char *imp = job->imports != NULL ? json_dumps(job->imports, JSON_COMPACT) : NULL;
+    size_t net_len = net != NULL ? strlen(net) : 0, imp_len = imp != NULL ? strlen(imp) : 0;
     size_t mint_len = job->kind == SB_SERVE_NET ? strnlen(job->netmint_secret, sizeof(job->netmint_secret)) : 0;
     sb_status_t st = SB_E_EXECUTION;
 
-    if ((job->net != NULL && net == NULL) || job->init.size > JOB_MAX_INIT || net_len > JOB_MAX_NET)
+    if ((job->net != NULL && net == NULL) || (job->imports != NULL && imp == NULL) || job->init.size > JOB_MAX_INIT ||
+        net_len > JOB_MAX_NET || imp_len > JOB_MAX_NET)
         goto Exit;
     memcpy(head, JOB_MAGIC, 4);
     head[4] = (uint8_t)job->kind;
@@ -397,19 +428,21 @@ sb_status_t sb_serve_job_write(int fd, const sb_serve_job_t *job)
     put32(head + 29, (uint32_t)job->init.size);
     put32(head + 33, (uint32_t)net_len);
     put32(head + 37, (uint32_t)mint_len);
+    put32(head + 41, (uint32_t)imp_len);
     if (write_fd_all(fd, head, sizeof(head)) == 0 && write_fd_all(fd, job->token, token_len) == 0 &&
         write_fd_all(fd, job->init.data, job->init.size) == 0 && write_fd_all(fd, net, net_len) == 0 &&
-        write_fd_all(fd, job->netmint_secret, mint_len) == 0)
+        write_fd_all(fd, job->netmint_secret, mint_len) == 0 && write_fd_all(fd, imp, imp_len) == 0)
         st = SB_OK;
 Exit:
     sb_mem_free_foreign(net);
+    sb_mem_free_foreign(imp);
     return st;
 }
 
 sb_status_t sb_serve_job_read(int fd, const sb_serve_conf_t *conf, sb_serve_job_t *job)
 {
     uint8_t head[JOB_HEAD];
-    uint32_t token_len, init_len, net_len, mint_len;
+    uint32_t token_len, init_len, net_len, mint_len, imp_len;
     char *net = NULL;
 
     memset(job, 0, sizeof(*job));
@@ -421,9 +454,11 @@ sb_status_t sb_serve_job_read(int fd, const sb_serve_conf_t *conf, sb_serve_job_
     init_len = get32(head + 29);
     net_len = get32(head + 33);
     mint_len = get32(head + 37);
-    if (head[4] > SB_SERVE_NET || token_len > SB_SHIM_MAX_TOKEN || init_len == 0 || init_len > JOB_MAX_INIT ||
-        net_len > JOB_MAX_NET || mint_len > SB_SHIM_NETMINT_MAX_SECRET || (head[4] == SB_SERVE_NET) != (net_len != 0) ||
-        (head[4] == SB_SERVE_NET) != (mint_len != 0) || (head[4] == SB_SERVE_BINDINGS) != (token_len != 0))
+    imp_len = get32(head + 41);
+    if (imp_len > JOB_MAX_NET || head[4] > SB_SERVE_NET || token_len > SB_SHIM_MAX_TOKEN || init_len == 0 ||
+        init_len > JOB_MAX_INIT || net_len > JOB_MAX_NET || mint_len > SB_SHIM_NETMINT_MAX_SECRET ||
+        (head[4] == SB_SERVE_NET) != (net_len != 0) || (head[4] == SB_SERVE_NET) != (mint_len != 0) ||
+        (head[4] == SB_SERVE_BINDINGS) != (token_len != 0))
         return SB_E_EXECUTION;
     job->kind = (sb_serve_kind_t)head[4];
     job->memory_mb = get32(head + 5);
@@ -454,5 +489,15 @@ sb_status_t sb_serve_job_read(int fd, const sb_serve_conf_t *conf, sb_serve_job_
     if (read_fd_all(fd, job->netmint_secret, mint_len) != 0)
         return SB_E_EXECUTION;
     job->netmint_secret[mint_len] = '\0';
+    if (imp_len != 0) {
+        if ((net = sb_mem_try_alloc(imp_len)) == NULL)
+            return SB_E_NOMEM;
+        if (read_fd_all(fd, net, imp_len) != 0 || (job->imports = json_loadb(net, imp_len, 0, NULL)) == NULL ||
+            !json_is_array(job->imports)) {
+            sb_mem_free(net);
+            return SB_E_EXECUTION;
+        }
+        sb_mem_free(net);
+    }
     return SB_OK;
 }

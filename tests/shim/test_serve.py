@@ -550,7 +550,11 @@ def t_bindings_rejected():
 
 def t_egress_blocked():
     o = ok_run({"source": "export default () => 1", "capabilities": dict(CAPS, **{"import": ["esm.sh"]})})
-    check(o["error"] == "egress blocked: remote module imports are not supported (capabilities.import must be empty)", "import", o)
+    check(o["error"] == "egress blocked: remote module imports for runs without bindings need the broker's net-mint "
+                        "credential, which this supervisor does not have", "import without the credential", o)
+    o = ok_run({"source": "export default () => 1", "capabilities": dict(CAPS, **{"import": ["esm.sh:99999"]})})
+    check(o["error"] == "egress blocked: capabilities.import entry \"esm.sh:99999\": an import entry must be a host name, "
+                        "an IPv4 address or a bracketed IPv6 address, with an optional :port", "an entry that is no host", o)
     o = ok_run({"source": "export default () => 1", "capabilities": dict(CAPS, net=["api.example.com"])})
     check(o["error"] == "egress blocked: network access for runs without bindings needs the broker's net-mint credential, "
                         "which this supervisor does not have", "net without the credential", o)
@@ -1390,7 +1394,7 @@ tap.case("memory bomb with memoryMb 32; service stays healthy", t_memory_bomb)
 tap.case("stdout, stderr, log and output floods", t_floods)
 tap.case("bindings: call relayed with the token in the header only, URL normalised", t_bindings_call)
 tap.case("bindings URL mismatch, fragment, userinfo: rejected before spawn", t_bindings_rejected)
-tap.case("egress blocked: imports; net without the net-mint credential", t_egress_blocked)
+tap.case("egress blocked: imports that are no hosts; imports and net without the net-mint credential", t_egress_blocked)
 tap.case("a broker answering 307: never followed, no token sent on", t_broker_redirect)
 tap.case("300 concurrent calls bounded; 250 relayed", t_burst)
 tap.case("client abort cancels the run: the broker sees exactly one call", t_client_abort)
