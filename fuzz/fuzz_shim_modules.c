@@ -71,7 +71,8 @@ static void check_entry(const uint8_t *data, size_t size)
         SB_FUZZ_ASSERT(im.n == 0 && why != NULL, "a refused entry kept something, or said nothing");
         return;
     }
-    SB_FUZZ_ASSERT(im.n == 1 && strncmp(im.origin[0], "https://", 8) == 0 && strlen(im.origin[0]) > 8, "an accepted entry's origin");
+    SB_FUZZ_ASSERT(im.n == 1 && strncmp(im.origin[0], "https://", 8) == 0 && strlen(im.origin[0]) > 8,
+                   "an accepted entry's origin");
     for (const char *p = im.origin[0] + 8; *p != '\0'; ++p)
         SB_FUZZ_ASSERT((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || strchr("-._[]:", *p) != NULL,
                        "an origin byte that would need escaping or could change the URL");
@@ -79,7 +80,8 @@ static void check_entry(const uint8_t *data, size_t size)
     SB_FUZZ_ASSERT(sb_shim_imports_map(&im, &b) == SB_OK, "the map");
     map = json_loadb(b.base, b.len, 0, NULL);
     snprintf(url, sizeof(url), "%s/", im.origin[0]);
-    SB_FUZZ_ASSERT(map != NULL && json_is_string(json_object_get(json_object_get(map, "imports"), url)), "the map is not JSON keyed by the origin");
+    SB_FUZZ_ASSERT(map != NULL && json_is_string(json_object_get(json_object_get(map, "imports"), url)),
+                   "the map is not JSON keyed by the origin");
     json_decref(map);
     sb_buf_free(&b);
     snprintf(url, sizeof(url), "%s/m.js", im.origin[0]);

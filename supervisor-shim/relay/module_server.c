@@ -271,16 +271,7 @@ void sb_shim_relay__module_pump(relay_t *r)
             module_answer(r, mc, 424, NULL, NULL, NULL, 0);
             continue;
         }
-        for (unsigned i = 0; i < r->cfg->max_inflight && c == NULL; ++i)
-            if (r->calls[i].state == CALL_FREE)
-                c = &r->calls[i];
-        for (unsigned i = 0; i < r->cfg->max_inflight && cn == NULL; ++i)
-            if (r->conns[i].state == CONN_IDLE)
-                cn = &r->conns[i];
-        for (unsigned i = 0; i < r->cfg->max_inflight && cn == NULL; ++i)
-            if (r->conns[i].state == CONN_CLOSED)
-                cn = &r->conns[i];
-        if (c == NULL || cn == NULL)
+        if (!sb_shim_relay__free_slot(r, &c, &cn))
             return; /* every slot is taken: the next reply frees one */
         memset(c, 0, sizeof(*c));
         c->state = CALL_HTTP;

@@ -726,6 +726,23 @@ static void conn_event(relay_t *r, conn_t *cn, short revents)
 
 /* ---- frames from the guest (decoded and validated by frames.c) ---- */
 
+int sb_shim_relay__free_slot(relay_t *r, call_t **c, conn_t **cn)
+{
+    *c = NULL;
+    *cn = NULL;
+    for (unsigned i = 0; i < r->cfg->max_inflight && *c == NULL; ++i)
+        if (r->calls[i].state == CALL_FREE)
+            *c = &r->calls[i];
+    /* prefer a kept-alive connection */
+    for (unsigned i = 0; i < r->cfg->max_inflight && *cn == NULL; ++i)
+        if (r->conns[i].state == CONN_IDLE)
+            *cn = &r->conns[i];
+    for (unsigned i = 0; i < r->cfg->max_inflight && *cn == NULL; ++i)
+        if (r->conns[i].state == CONN_CLOSED)
+            *cn = &r->conns[i];
+    return *c != NULL && *cn != NULL;
+}
+
 static void on_call(relay_t *r, const sb_shim_msg_t *m)
 {
     call_t *c = NULL;
@@ -754,17 +771,7 @@ static void on_call(relay_t *r, const sb_shim_msg_t *m)
         }
         return;
     }
-    for (unsigned i = 0; i < r->cfg->max_inflight && c == NULL; ++i)
-        if (r->calls[i].state == CALL_FREE)
-            c = &r->calls[i];
-    /* prefer a kept-alive connection */
-    for (unsigned i = 0; i < r->cfg->max_inflight && cn == NULL; ++i)
-        if (r->conns[i].state == CONN_IDLE)
-            cn = &r->conns[i];
-    for (unsigned i = 0; i < r->cfg->max_inflight && cn == NULL; ++i)
-        if (r->conns[i].state == CONN_CLOSED)
-            cn = &r->conns[i];
-    if (c == NULL || cn == NULL) {
+    if (!sb_shim_relay__free_slot(r, &c, &cn)) {
         /* unreachable: the reader stops at max_inflight; fail closed all the same */
         run_fail(r, 0, "internal error: no free call slot");
         return;

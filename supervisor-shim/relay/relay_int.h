@@ -149,6 +149,8 @@ static inline void sb_shim_relay__pack_cstr(msgpack_packer *pk, const char *s)
 /* relay.c */
 /** gives a call's slot back (its connection closed, its module request answered by the connection's close) */
 void sb_shim_relay__call_free(relay_t *r, call_t *c);
+/** a free call slot and a connection for it (a kept-alive one first); 0 when either is taken */
+int sb_shim_relay__free_slot(relay_t *r, call_t **c, conn_t **cn);
 /** sends the call's request on the connection (kept alive, or a new one) */
 void sb_shim_relay__conn_start(relay_t *r, conn_t *cn, call_t *c);
 

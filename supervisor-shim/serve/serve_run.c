@@ -439,11 +439,30 @@ Exit:
     return st;
 }
 
+/* `len` bytes of a JSON array (capabilities.net or import) */
+static sb_status_t read_json_array(int fd, size_t len, json_t **out)
+{
+    char *text = sb_mem_try_alloc(len);
+    json_t *v = NULL;
+
+    if (text == NULL)
+        return SB_E_NOMEM;
+    if (read_fd_all(fd, text, len) == 0)
+        v = json_loadb(text, len, 0, NULL);
+    sb_mem_free(text);
+    if (!json_is_array(v)) {
+        json_decref(v);
+        return SB_E_EXECUTION;
+    }
+    *out = v;
+    return SB_OK;
+}
+
 sb_status_t sb_serve_job_read(int fd, const sb_serve_conf_t *conf, sb_serve_job_t *job)
 {
     uint8_t head[JOB_HEAD];
     uint32_t token_len, init_len, net_len, mint_len, imp_len;
-    char *net = NULL;
+    sb_status_t st;
 
     memset(job, 0, sizeof(*job));
     msgpack_sbuffer_init(&job->init);
@@ -476,28 +495,12 @@ sb_status_t sb_serve_job_read(int fd, const sb_serve_conf_t *conf, sb_serve_job_
     if (read_fd_all(fd, job->init.data, init_len) != 0)
         return SB_E_EXECUTION;
     job->init.size = init_len;
-    if (net_len != 0) {
-        if ((net = sb_mem_try_alloc(net_len)) == NULL)
-            return SB_E_NOMEM;
-        if (read_fd_all(fd, net, net_len) != 0 || (job->net = json_loadb(net, net_len, 0, NULL)) == NULL ||
-            !json_is_array(job->net)) {
-            sb_mem_free(net);
-            return SB_E_EXECUTION;
-        }
-        sb_mem_free(net);
-    }
+    if (net_len != 0 && (st = read_json_array(fd, net_len, &job->net)) != SB_OK)
+        return st;
     if (read_fd_all(fd, job->netmint_secret, mint_len) != 0)
         return SB_E_EXECUTION;
     job->netmint_secret[mint_len] = '\0';
-    if (imp_len != 0) {
-        if ((net = sb_mem_try_alloc(imp_len)) == NULL)
-            return SB_E_NOMEM;
-        if (read_fd_all(fd, net, imp_len) != 0 || (job->imports = json_loadb(net, imp_len, 0, NULL)) == NULL ||
-            !json_is_array(job->imports)) {
-            sb_mem_free(net);
-            return SB_E_EXECUTION;
-        }
-        sb_mem_free(net);
-    }
+    if (imp_len != 0 && (st = read_json_array(fd, imp_len, &job->imports)) != SB_OK)
+        return st;
     return SB_OK;
 }

@@ -18,16 +18,13 @@ static void test_entries(void)
     static const struct {
         const char *in, *origin;
     } good[] = {
-        {"esm.sh", "https://esm.sh"},
-        {"ESM.sh:443", "https://esm.sh"},
-        {"cdn.example:8443", "https://cdn.example:8443"},
-        {"10.0.0.1", "https://10.0.0.1"},
-        {"[::1]:9443", "https://[::1]:9443"},
-        {"a_b-c.example", "https://a_b-c.example"},
+        {"esm.sh", "https://esm.sh"},     {"ESM.sh:443", "https://esm.sh"},     {"cdn.example:8443", "https://cdn.example:8443"},
+        {"10.0.0.1", "https://10.0.0.1"}, {"[::1]:9443", "https://[::1]:9443"}, {"a_b-c.example", "https://a_b-c.example"},
     };
-    static const char *const bad[] = {"", "*.esm.sh", "esm.sh/x", "esm.sh:", "esm.sh:0", "esm.sh:65536", "esm.sh:+1",
-                                      "esm.sh:123456", ".esm.sh", "-esm.sh", "a..b", "::1", "[::1", "[]", "[xyz]:1",
-                                      "esm.sh:80:81", "es m.sh", "esm.sh\t", "https://esm.sh", "user@esm.sh"};
+    static const char *const bad[] = {
+        "",        "*.esm.sh", "esm.sh/x",       "esm.sh:",    "esm.sh:0", "esm.sh:65536", "esm.sh:+1", "esm.sh:123456",
+        ".esm.sh", "-esm.sh",  "a..b",           "::1",        "[::1",     "[]",           "[xyz]:1",   "esm.sh:80:81",
+        "es m.sh", "esm.sh\t", "https://esm.sh", "user@esm.sh"};
     const char *why = NULL;
 
     for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); ++i) {
@@ -116,9 +113,11 @@ static void test_flags(void)
         ok(msgpack_unpack_next(&u, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS && u.data.type == MSGPACK_OBJECT_MAP &&
                u.data.via.map.size == 3,
            "the init frame's imports: a map of three");
-        ok(u.data.via.map.ptr[1].key.via.str.size == 22 && memcmp(u.data.via.map.ptr[1].key.via.str.ptr, "http://127.0.0.1:41001", 22) == 0,
+        ok(u.data.via.map.ptr[1].key.via.str.size == 22 &&
+               memcmp(u.data.via.map.ptr[1].key.via.str.ptr, "http://127.0.0.1:41001", 22) == 0,
            "keyed by the listener's prefix");
-        ok(u.data.via.map.ptr[1].val.via.str.size == 24 && memcmp(u.data.via.map.ptr[1].val.via.str.ptr, "https://cdn.example:8443", 24) == 0,
+        ok(u.data.via.map.ptr[1].val.via.str.size == 24 &&
+               memcmp(u.data.via.map.ptr[1].val.via.str.ptr, "https://cdn.example:8443", 24) == 0,
            "to its origin");
         msgpack_unpacked_destroy(&u);
         msgpack_sbuffer_destroy(&sb);
@@ -190,8 +189,8 @@ static void test_requests(void)
 {
     char *big;
 
-    request_is("GET /lib/a.js HTTP/1.1\r\nuser-agent: Deno/2.9.6\r\naccept: */*\r\nhost: 127.0.0.1:41000\r\n\r\n", SB_OK, "/lib/a.js",
-               NULL);
+    request_is("GET /lib/a.js HTTP/1.1\r\nuser-agent: Deno/2.9.6\r\naccept: */*\r\nhost: 127.0.0.1:41000\r\n\r\n", SB_OK,
+               "/lib/a.js", NULL);
     request_is("GET /x?y=1 HTTP/1.0\r\n\r\n", SB_OK, "/x?y=1", NULL);
     request_is("GET /x HTTP/1.1\r\nContent-Length: 0\r\n\r\n", SB_OK, "/x", NULL);
     request_is("GET /x HTTP/1.1\r\nhost: a", SB_E_AGAIN, NULL, NULL);
@@ -201,13 +200,16 @@ static void test_requests(void)
     request_is("GET x HTTP/1.1\r\n\r\n", SB_E_BAD_ARGS, NULL, "a module request must be GET of a path");
     request_is("GET /x HTTP/2\r\n\r\n", SB_E_BAD_ARGS, NULL, "module request line is not GET <path> HTTP/1.x");
     request_is("GET /x\tHTTP/1.1\r\n\r\n", SB_E_BAD_ARGS, NULL, "module request target holds a byte that is not visible ASCII");
-    request_is("GET /\xc3\xa9 HTTP/1.1\r\n\r\n", SB_E_BAD_ARGS, NULL, "module request target holds a byte that is not visible ASCII");
+    request_is("GET /\xc3\xa9 HTTP/1.1\r\n\r\n", SB_E_BAD_ARGS, NULL,
+               "module request target holds a byte that is not visible ASCII");
     request_is("GET /x HTTP/1.1\r\nContent-Length: 5\r\n\r\nabcde", SB_E_BAD_ARGS, NULL,
                "module request header is malformed or announces a body");
     request_is("GET /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", SB_E_BAD_ARGS, NULL,
                "module request header is malformed or announces a body");
-    request_is("GET /x HTTP/1.1\r\nno colon\r\n\r\n", SB_E_BAD_ARGS, NULL, "module request header is malformed or announces a body");
-    request_is("GET /x HTTP/1.1\r\nx: a\x01\r\n\r\n", SB_E_BAD_ARGS, NULL, "module request header is malformed or announces a body");
+    request_is("GET /x HTTP/1.1\r\nno colon\r\n\r\n", SB_E_BAD_ARGS, NULL,
+               "module request header is malformed or announces a body");
+    request_is("GET /x HTTP/1.1\r\nx: a\x01\r\n\r\n", SB_E_BAD_ARGS, NULL,
+               "module request header is malformed or announces a body");
     /* a target at the cap, and one byte over */
     big = malloc(SB_SHIM_MODULE_MAX_HEAD + 64);
     memcpy(big, "GET /", 5);
