@@ -30,7 +30,10 @@
  *  - leaving the process group the shim kills on every exit: setsid, setpgid;
  *  - reaching services through unix sockets bound to paths (the network namespace does not cover
  *    them): connect, bind, listen, accept(4), sendmsg/sendmmsg (their address cannot be inspected);
- *    sendto only without an address (below). socketpair(AF_UNIX) stays usable;
+ *    sendto only without an address (below). socketpair(AF_UNIX) stays usable. The filter of Deno
+ *    guests of runs with imports (SB_SHIM_JAIL_FILTER_LOOPBACK, below) allows connect: there it
+ *    rests on the guest's own root, which holds no socket, and its own network namespace, which
+ *    holds no abstract name;
  *  - socketcall (i386 and others): its arguments are in memory, so no family check is possible.
  * New with the allow-list: memfd_create, shared memory (shm*, mq_*), and System V IPC are refused
  * (memory outside RLIMIT_DATA that no measured guest used), and ioctl only takes the commands seen.
@@ -39,6 +42,8 @@
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -153,6 +158,8 @@ int sb_shim_jail_build_filter(struct sock_fprog *prog, unsigned *rules, int thre
         int nr = seccomp_syscall_resolve_name(allowed[i]);
         if (nr == __NR_SCMP_ERROR || nr < 0)
             continue; /* not a system call on this architecture (see above) */
+        if (threads_only == SB_SHIM_JAIL_FILTER_LOOPBACK && nr == SCMP_SYS(setsockopt))
+            continue; /* with TCP sockets, an argument filter (below) */
         if (add_rule(ctx, allow, nr, 0, NULL, err, errsz, allowed[i]) != 0)
             goto Exit;
         ++*rules;
@@ -209,11 +216,21 @@ int sb_shim_jail_build_filter(struct sock_fprog *prog, unsigned *rules, int thre
      * none) and paths in the guest's own root (which holds no socket).
      */
     if (threads_only == SB_SHIM_JAIL_FILTER_LOOPBACK) {
-        struct scmp_arg_cmp in[2] = {SCMP_A0(SCMP_CMP_EQ, AF_INET), SCMP_A1(SCMP_CMP_MASKED_EQ, 0xf, SOCK_STREAM)};
-        if (add_rule(ctx, allow, SCMP_SYS(socket), 2, in, err, errsz, "socket") != 0 ||
-            add_rule(ctx, allow, SCMP_SYS(connect), 0, NULL, err, errsz, "connect") != 0)
+        /* TCP itself (protocol 0 or IPPROTO_TCP): no SCTP, MPTCP or other protocol behind a stream socket */
+        struct scmp_arg_cmp tcp0[3] = {SCMP_A0(SCMP_CMP_EQ, AF_INET), SCMP_A1(SCMP_CMP_MASKED_EQ, 0xf, SOCK_STREAM),
+                                       SCMP_A2(SCMP_CMP_EQ, 0)};
+        struct scmp_arg_cmp tcp6[3] = {SCMP_A0(SCMP_CMP_EQ, AF_INET), SCMP_A1(SCMP_CMP_MASKED_EQ, 0xf, SOCK_STREAM),
+                                       SCMP_A2(SCMP_CMP_EQ, IPPROTO_TCP)};
+        /* socket options: any but TCP_ULP, which would put kernel TLS (and a module load) behind the socket */
+        struct scmp_arg_cmp not_tcp[1] = {SCMP_A1(SCMP_CMP_NE, IPPROTO_TCP)};
+        struct scmp_arg_cmp tcp_not_ulp[2] = {SCMP_A1(SCMP_CMP_EQ, IPPROTO_TCP), SCMP_A2(SCMP_CMP_NE, TCP_ULP)};
+        if (add_rule(ctx, allow, SCMP_SYS(socket), 3, tcp0, err, errsz, "socket") != 0 ||
+            add_rule(ctx, allow, SCMP_SYS(socket), 3, tcp6, err, errsz, "socket") != 0 ||
+            add_rule(ctx, allow, SCMP_SYS(connect), 0, NULL, err, errsz, "connect") != 0 ||
+            add_rule(ctx, allow, SCMP_SYS(setsockopt), 1, not_tcp, err, errsz, "setsockopt") != 0 ||
+            add_rule(ctx, allow, SCMP_SYS(setsockopt), 2, tcp_not_ulp, err, errsz, "setsockopt") != 0)
             goto Exit;
-        *rules += 2;
+        *rules += 5;
     }
     /* a datagram with a destination address could reach a unix socket bound to a path */
     cmp = SCMP_A4(SCMP_CMP_EQ, 0);
