@@ -1,6 +1,7 @@
 /*
  * sandbox-shim: the module path's origins, import map and request parser (modules.h).
  */
+#include <arpa/inet.h>
 #include <stdio.h>
 #include <string.h>
 #include "relay/modules.h"
@@ -79,8 +80,28 @@ int sb_shim_imports_add(sb_shim_imports_t *im, const char *entry, size_t len, co
     }
     memcpy(origin, HTTPS, sizeof(HTTPS) - 1);
     o = sizeof(HTTPS) - 1;
-    for (size_t i = 0; i < host_len; ++i)
-        origin[o++] = (char)lower((unsigned char)entry[i]);
+    /* the host as the broker's URL parser writes it back (its canonical form), or every module of it would
+     * come back under another URL: IPv6 as inet_ntop prints it, a name without its trailing dot, lower case */
+    if (entry[0] == '[') {
+        char text[64];
+        struct in6_addr a;
+        if (host_len - 2 >= sizeof(text)) {
+            *why = "an import entry must be a host name, an IPv4 address or a bracketed IPv6 address, with an optional :port";
+            return -1;
+        }
+        memcpy(text, entry + 1, host_len - 2);
+        text[host_len - 2] = '\0';
+        if (inet_pton(AF_INET6, text, &a) != 1 || inet_ntop(AF_INET6, &a, text, sizeof(text)) == NULL) {
+            *why = "an import entry must be a host name, an IPv4 address or a bracketed IPv6 address, with an optional :port";
+            return -1;
+        }
+        o += (size_t)snprintf(origin + o, sizeof(origin) - o, "[%s]", text);
+    } else {
+        if (host_len > 1 && entry[host_len - 1] == '.')
+            --host_len;
+        for (size_t i = 0; i < host_len; ++i)
+            origin[o++] = (char)lower((unsigned char)entry[i]);
+    }
     if (port != 443)
         o += (size_t)snprintf(origin + o, sizeof(origin) - o, ":%u", port);
     origin[o] = '\0';

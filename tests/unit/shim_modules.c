@@ -18,13 +18,41 @@ static void test_entries(void)
     static const struct {
         const char *in, *origin;
     } good[] = {
-        {"esm.sh", "https://esm.sh"},     {"ESM.sh:443", "https://esm.sh"},     {"cdn.example:8443", "https://cdn.example:8443"},
-        {"10.0.0.1", "https://10.0.0.1"}, {"[::1]:9443", "https://[::1]:9443"}, {"a_b-c.example", "https://a_b-c.example"},
+        {"esm.sh", "https://esm.sh"},
+        {"ESM.sh:443", "https://esm.sh"},
+        {"cdn.example:8443", "https://cdn.example:8443"},
+        {"10.0.0.1", "https://10.0.0.1"},
+        {"[::1]:9443", "https://[::1]:9443"},
+        {"a_b-c.example", "https://a_b-c.example"},
+        {"esm.sh.", "https://esm.sh"},
+        {"Esm.Sh.:8443", "https://esm.sh:8443"},
+        {"[2001:DB8:0:0::1]", "https://[2001:db8::1]"},
+        {"[::ffff:10.0.0.1]:8443", "https://[::ffff:10.0.0.1]:8443"},
     };
-    static const char *const bad[] = {
-        "",        "*.esm.sh", "esm.sh/x",       "esm.sh:",    "esm.sh:0", "esm.sh:65536", "esm.sh:+1", "esm.sh:123456",
-        ".esm.sh", "-esm.sh",  "a..b",           "::1",        "[::1",     "[]",           "[xyz]:1",   "esm.sh:80:81",
-        "es m.sh", "esm.sh\t", "https://esm.sh", "user@esm.sh"};
+    static const char *const bad[] = {"",
+                                      "*.esm.sh",
+                                      "esm.sh/x",
+                                      "esm.sh:",
+                                      "esm.sh:0",
+                                      "esm.sh:65536",
+                                      "esm.sh:+1",
+                                      "esm.sh:123456",
+                                      ".esm.sh",
+                                      "-esm.sh",
+                                      "a..b",
+                                      "::1",
+                                      "[::1",
+                                      "[]",
+                                      "[xyz]:1",
+                                      "esm.sh:80:81",
+                                      "es m.sh",
+                                      "esm.sh\t",
+                                      "https://esm.sh",
+                                      "user@esm.sh",
+                                      "[1::2::3]",
+                                      "[::1.2.3]",
+                                      ".",
+                                      "[0000:0000:0000:0000:0000:0000:0000:0000:0000]"};
     const char *why = NULL;
 
     for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); ++i) {
