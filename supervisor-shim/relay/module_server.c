@@ -314,8 +314,13 @@ void sb_shim_relay__module_accept(relay_t *r, unsigned origin, int lfd)
         if (mc->state != MC_FREE)
             continue;
         mc->fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (mc->fd < 0)
+        if (mc->fd < 0) {
+            /* out of descriptors or memory: the connection waits in the backlog, and the listeners rest a moment
+             * instead of waking the loop again at once */
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
+                r->listen_rest_until = sb_shim_relay__now_ms() + MODULE_ACCEPT_REST_MS;
             return;
+        }
         mc->state = MC_READING;
         mc->origin = origin;
         mc->head_len = 0;

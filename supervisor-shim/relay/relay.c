@@ -726,6 +726,15 @@ static void conn_event(relay_t *r, conn_t *cn, short revents)
 
 /* ---- frames from the guest (decoded and validated by frames.c) ---- */
 
+/* the guest's calls still holding a slot (the module path's fetches hold slots too: a result may outrun those) */
+static unsigned guest_calls(const relay_t *r)
+{
+    unsigned n = 0;
+    for (unsigned i = 0; i < r->cfg->max_inflight; ++i)
+        n += r->calls[i].state != CALL_FREE && r->calls[i].module == NULL;
+    return n;
+}
+
 int sb_shim_relay__free_slot(relay_t *r, call_t **c, conn_t **cn)
 {
     *c = NULL;
@@ -841,7 +850,7 @@ static void on_message(relay_t *r, sb_shim_msg_t *m, sb_status_t st, const char 
             violation(r, "second result frame");
             return;
         }
-        if (r->active != 0) {
+        if (guest_calls(r) != 0) {
             run_fail(r, 0, "sandbox result raced binding calls");
             return;
         }
@@ -1124,15 +1133,17 @@ sb_status_t sb_shim_relay_run(const sb_shim_config_t *cfg, sb_shim_child_t *chil
     r.deadline = r.start + cfg->timeout_ms;
     sb_frame_reader_init(&r.reader, SB_MAX_FRAME);
     sb_buf_init(&r.err, SB_SHIM_MAX_STDERR);
-    if ((r.rbuf = sb_mem_try_alloc(GUEST_READ_CHUNK)) == NULL || (r.calls = sb_mem_try_calloc(n, sizeof(*r.calls))) == NULL ||
-        (r.conns = sb_mem_try_calloc(n, sizeof(*r.conns))) == NULL || (pfds = sb_mem_try_calloc(npfds, sizeof(*pfds))) == NULL ||
-        (pconn = sb_mem_try_calloc(n, sizeof(*pconn))) == NULL ||
-        (r.mconns = sb_mem_try_calloc(MODULE_CONNS, sizeof(*r.mconns))) == NULL)
+    /* the descriptors of each array are -1 before anything can fail: the clean-up closes only real ones */
+    if ((r.conns = sb_mem_try_calloc(n, sizeof(*r.conns))) != NULL)
+        for (unsigned i = 0; i < n; ++i)
+            r.conns[i].fd = -1;
+    if ((r.mconns = sb_mem_try_calloc(MODULE_CONNS, sizeof(*r.mconns))) != NULL)
+        for (unsigned i = 0; i < MODULE_CONNS; ++i)
+            r.mconns[i].fd = -1;
+    if (r.conns == NULL || r.mconns == NULL || (r.rbuf = sb_mem_try_alloc(GUEST_READ_CHUNK)) == NULL ||
+        (r.calls = sb_mem_try_calloc(n, sizeof(*r.calls))) == NULL || (pfds = sb_mem_try_calloc(npfds, sizeof(*pfds))) == NULL ||
+        (pconn = sb_mem_try_calloc(n, sizeof(*pconn))) == NULL)
         goto Exit;
-    for (unsigned i = 0; i < n; ++i)
-        r.conns[i].fd = -1;
-    for (unsigned i = 0; i < MODULE_CONNS; ++i)
-        r.mconns[i].fd = -1;
 
     for (;;) {
         int64_t now = sb_shim_relay__now_ms(), wake;
@@ -1218,9 +1229,11 @@ sb_status_t sb_shim_relay_run(const sb_shim_config_t *cfg, sb_shim_child_t *chil
             free_mconns += r.mconns[i].state == MC_FREE;
         first_listen = np;
         for (unsigned i = 0; i < nlisten; ++i) {
-            pfds[np].fd = free_mconns != 0 && !r.failed && !r.reaped ? child->listen_fds[i] : -1;
+            pfds[np].fd = free_mconns != 0 && !r.failed && !r.reaped && now >= r.listen_rest_until ? child->listen_fds[i] : -1;
             pfds[np++].events = POLLIN;
         }
+        if (nlisten != 0 && now < r.listen_rest_until && r.listen_rest_until < wake)
+            wake = r.listen_rest_until;
         first_module = np;
         for (unsigned i = 0; i < MODULE_CONNS; ++i) {
             mconn_t *mc = &r.mconns[i];

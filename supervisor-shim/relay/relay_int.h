@@ -23,6 +23,8 @@
 #define MODULE_CONNS 8u
 #define MODULE_HEAD_MS 5000
 #define MODULE_CACHE 8u
+/* after an accept that failed for want of descriptors or memory */
+#define MODULE_ACCEPT_REST_MS 100
 
 typedef enum en_conn_state_t { CONN_CLOSED = 0, CONN_CONNECTING, CONN_HANDSHAKE, CONN_ACTIVE, CONN_IDLE } conn_state_t;
 typedef enum en_call_state_t { CALL_FREE = 0, CALL_HTTP, CALL_REPLYING } call_state_t;
@@ -104,7 +106,8 @@ typedef struct st_relay_t {
     /* the module path */
     mconn_t *mconns;
     module_ahead_t ahead[MODULE_CACHE];
-    unsigned modules; /* import.fetch calls made */
+    unsigned modules;          /* import.fetch calls made */
+    int64_t listen_rest_until; /* the listeners are not polled before (module_accept) */
 
     /* stderr */
     sb_buf_t err;
