@@ -1237,8 +1237,9 @@ sb_status_t sb_shim_relay_run(const sb_shim_config_t *cfg, sb_shim_child_t *chil
         first_module = np;
         for (unsigned i = 0; i < MODULE_CONNS; ++i) {
             mconn_t *mc = &r.mconns[i];
-            pfds[np].fd = mc->state == MC_READING || mc->state == MC_WRITING ? mc->fd : -1;
-            pfds[np++].events = mc->state == MC_WRITING ? POLLOUT : POLLIN;
+            /* a request waiting for a call slot is watched for Deno's hang-up only: its fetch is not made then */
+            pfds[np].fd = mc->state == MC_READING || mc->state == MC_WRITING || mc->state == MC_WAITING ? mc->fd : -1;
+            pfds[np++].events = mc->state == MC_WRITING ? POLLOUT : mc->state == MC_WAITING ? POLLRDHUP : POLLIN;
             if ((mc->state == MC_READING || mc->state == MC_WRITING) && mc->deadline < wake)
                 wake = mc->deadline;
         }
@@ -1284,6 +1285,8 @@ sb_status_t sb_shim_relay_run(const sb_shim_config_t *cfg, sb_shim_child_t *chil
                 sb_shim_relay__module_readable(&r, mc);
             else if (mc->state == MC_WRITING)
                 sb_shim_relay__module_write(mc);
+            else if (mc->state == MC_WAITING && (pfds[first_module + i].revents & (POLLRDHUP | POLLHUP | POLLERR)))
+                sb_shim_relay__mconn_close(mc);
         }
         if (pfds[PFD_OUT].revents && !r.stop_reading)
             guest_readable(&r);
