@@ -197,7 +197,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     {
         size_t k = 0, keys = json_object_size(o);
         while (k < nf) {
-            snprintf(key, sizeof(key), "f%zu", k);
+            snprintf(key, sizeof(key), "f%u", (unsigned)k); /* k < nf, a handful of fields */
             if (json_object_get(o, key) == NULL)
                 break;
             ++k;

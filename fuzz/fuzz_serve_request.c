@@ -3,7 +3,7 @@
  * from bytes to the typed run and the init frame the guest gets, and for
  * supervisor-shim/relay/url.c as serve uses it on bindings.url.
  *
- * serve_req.c and url.c are compiled into this driver (#include below), so
+ * serve_req.c, url.c and modules.c are compiled into this driver (#include below), so
  * they get the instrumentation; nothing from fuzz/CMakeLists.txt is needed.
  *
  * Input: the request body. Properties:
@@ -37,6 +37,7 @@
 #include "fuzz.h"
 #include "../supervisor-shim/serve/serve_req.c"
 #include "../supervisor-shim/relay/url.c"
+#include "../supervisor-shim/relay/modules.c"
 
 #define FLAGS (JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL)
 

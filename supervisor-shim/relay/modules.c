@@ -8,26 +8,26 @@
 
 #define HTTPS "https://"
 
-static int lower(int c)
+static int ascii_lower(int c)
 {
     return c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c;
 }
 
-static int is_digit(int c)
+static int ascii_digit(int c)
 {
     return c >= '0' && c <= '9';
 }
 
 static int name_char(int c)
 {
-    c = lower(c);
-    return (c >= 'a' && c <= 'z') || is_digit(c) || c == '-' || c == '.' || c == '_';
+    c = ascii_lower(c);
+    return (c >= 'a' && c <= 'z') || ascii_digit(c) || c == '-' || c == '.' || c == '_';
 }
 
 static int v6_char(int c)
 {
-    c = lower(c);
-    return is_digit(c) || (c >= 'a' && c <= 'f') || c == ':' || c == '.';
+    c = ascii_lower(c);
+    return ascii_digit(c) || (c >= 'a' && c <= 'f') || c == ':' || c == '.';
 }
 
 /* an authority "host[:port]" or "[v6][:port]": the host's extent and the effective port (443 when none); 0 or -1 */
@@ -60,7 +60,7 @@ static int split_authority(const char *p, size_t len, size_t *host_len, unsigned
         return -1;
     *port = 0;
     for (i = h + 1; i < len; ++i) {
-        if (!is_digit((unsigned char)p[i]))
+        if (!ascii_digit((unsigned char)p[i]))
             return -1;
         *port = *port * 10 + (unsigned)(p[i] - '0');
     }
@@ -100,7 +100,7 @@ int sb_shim_imports_add(sb_shim_imports_t *im, const char *entry, size_t len, co
         if (host_len > 1 && entry[host_len - 1] == '.')
             --host_len;
         for (size_t i = 0; i < host_len; ++i)
-            origin[o++] = (char)lower((unsigned char)entry[i]);
+            origin[o++] = (char)ascii_lower((unsigned char)entry[i]);
     }
     if (port != 443)
         o += (size_t)snprintf(origin + o, sizeof(origin) - o, ":%u", port);
@@ -171,7 +171,7 @@ int sb_shim_imports_find(const sb_shim_imports_t *im, const char *url, size_t le
         if (split_authority(o, olen, &ohost, &oport) != 0 || ohost != host_len || oport != port)
             continue;
         size_t k = 0;
-        while (k < host_len && lower((unsigned char)url[a + k]) == o[k])
+        while (k < host_len && ascii_lower((unsigned char)url[a + k]) == o[k])
             ++k;
         if (k == host_len) {
             *path_off = end;
@@ -196,14 +196,14 @@ static int header_ok(const uint8_t *p, size_t len)
             return 0;
     if (colon == sizeof(te) - 1) {
         size_t k = 0;
-        while (k < colon && lower(p[k]) == te[k])
+        while (k < colon && ascii_lower(p[k]) == te[k])
             ++k;
         if (k == colon)
             return 0;
     }
     if (colon == sizeof(cl) - 1) {
         size_t k = 0;
-        while (k < colon && lower(p[k]) == cl[k])
+        while (k < colon && ascii_lower(p[k]) == cl[k])
             ++k;
         if (k == colon) {
             for (v = colon + 1; v < len && (p[v] == ' ' || p[v] == '\t'); ++v)
