@@ -66,7 +66,7 @@ class Broker:
                 body = msgpack.unpackb(self.rfile.read(int(self.headers.get("Content-Length", "0"))), raw=False)
                 with b.lock:
                     b.calls.append({"path": self.path, "token": self.headers.get("x-questpie-sandbox-token"),
-                                    "body": body})
+                                    "body": body, "module": self.headers.get("x-sandbox-module-fetch")})
                     b.current += 1
                     b.max_current = max(b.max_current, b.current)
                 b.first_call.set()
@@ -79,7 +79,12 @@ class Broker:
                         self.send_header("Content-Length", "0")
                         self.end_headers()
                         return
-                    out = msgpack.packb({"ok": True, "value": body.get("args", [])}, use_bin_type=True)
+                    value = body.get("args", [])
+                    if body.get("method") == "import.fetch":
+                        # the module path (PROTOCOL.md section 6c): every module is this one
+                        value = {"url": value["url"], "status": 200, "contentType": "application/javascript",
+                                 "body": b"export const m = 7;\n"}
+                    out = msgpack.packb({"ok": True, "value": value}, use_bin_type=True)
                     self.send_response(200)
                     self.send_header("Content-Type", "application/msgpack")
                     self.send_header("Content-Length", str(len(out)))
@@ -1039,6 +1044,13 @@ def t_systemd_unit():
         code, o = s2.run({"source": "export default async () => await questpie.collections.posts.find({ a: 1 })",
                           "bindings": bindings()})
         check(code == 200 and o["ok"] and o["output"] == {"a": 1} and broker.count() == 1, "relayed to the broker", o)
+        # the module path under the unit's sandbox: the jail brings up the guest's loopback and listens there
+        broker.reset()
+        code, o = s2.run({"source": 'import { m } from "https://esm.sh/x.js";\nexport default () => m;',
+                          "capabilities": dict(CAPS, **{"import": ["esm.sh"]}), "bindings": bindings()})
+        check(code == 200 and o["ok"] and o["output"] == 7, "a module through the broker", o, s2.log()[-2000:])
+        check([(c["body"]["method"], c["body"]["args"], c["module"]) for c in broker.calls] ==
+              [("import.fetch", {"url": "https://esm.sh/x.js"}, "1")], "one import.fetch on the module path", broker.calls)
         code, o = s2.run({"source": "export default async () => { const a = []; while (true) a.push(new Array(1e6).fill(1)); }",
                           "capabilities": dict(CAPS, timeoutMs=20000, memoryMb=32)})
         check(code == 200 and o["ok"] is False and not o.get("timedOut"), "the bomb fails its run", o)
