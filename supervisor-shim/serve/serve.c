@@ -113,11 +113,6 @@ typedef struct st_run_t {
     int64_t started_ms, deadline_ms;
 } run_t;
 
-typedef struct st_zombie_t {
-    struct st_zombie_t *next;
-    pid_t pid;
-} zombie_t;
-
 static struct {
     sb_serve_settings_t set; /* serve_conf.h: read once at start, the secret files again on SIGHUP */
     uint8_t admission_hash[32];
@@ -132,7 +127,6 @@ static struct {
     run_t *runs;
     unsigned nruns, guests;
     unsigned active; /* runs holding a --max-runs slot: from the fork to their answer */
-    zombie_t *zombies;
 
     sb_serve_metrics_t m; /* metrics.h */
     /* the refusal log's budget: lines written in this interval, and refusals not logged */
@@ -349,59 +343,6 @@ static void signal_run(const run_t *r, int sig)
 #endif
 }
 
-/*
- * Reaps a run's process once it has exited (`wait`: blocks until then); 1 when it was reaped.
- * A process killed before it cleaned up leaves the cgroups of its runs behind: they are removed
- * while it is a zombie, so that its pid cannot yet name another process's cgroups.
- */
-static int reap_run(pid_t pid, int wait)
-{
-    siginfo_t si;
-    int w;
-
-    memset(&si, 0, sizeof(si));
-    do
-        w = waitid(P_PID, (id_t)pid, &si, WEXITED | WNOWAIT | (wait ? 0 : WNOHANG));
-    while (w < 0 && errno == EINTR);
-    if (w < 0)
-        return errno == ECHILD;
-    if (si.si_pid == 0)
-        return 0;
-    if (sb_shim_jail_sweep(S.set.conf.deno.jail, pid) != 0)
-        log_event("warn", "jail.sweep", json_pack("{s:s}", "what", "removed the cgroups of a run process that was killed"));
-    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
-        ;
-    return 1;
-}
-
-static void reap_zombies(void)
-{
-    zombie_t **z = &S.zombies;
-    while (*z != NULL) {
-        if (reap_run((*z)->pid, 0)) {
-            zombie_t *dead = *z;
-            *z = dead->next;
-            sb_mem_free(dead);
-        } else {
-            z = &(*z)->next;
-        }
-    }
-}
-
-static void reap_later(pid_t pid)
-{
-    zombie_t *z;
-    if (reap_run(pid, 0))
-        return;
-    if ((z = sb_mem_try_calloc(1, sizeof(*z))) == NULL) {
-        (void)reap_run(pid, 1); /* out of memory: wait now rather than leak a zombie */
-        return;
-    }
-    z->pid = pid;
-    z->next = S.zombies;
-    S.zombies = z;
-}
-
 static void run_unlink(run_t *r)
 {
     if (r->prev != NULL)
@@ -515,7 +456,7 @@ static void run_finish(run_t *r, const char *why)
     if (r->pidfd >= 0)
         close(r->pidfd);
     r->pidfd = -1;
-    reap_later(r->pid);
+    /* the launcher reaps it (runs are its children) and removes the cgroups of one that was killed */
     run_unlink(r);
     json_decref(r->meta);
     sb_mem_free(r->body);
@@ -1363,13 +1304,12 @@ static void pool_housekeeping(void)
     }
 }
 
-/* timers the loop checks on each turn: reaping and run deadlines */
+/* timers the loop checks on each turn: the pool, connections and run deadlines */
 static void housekeeping(void)
 {
     int64_t now = sb_serve_now_ms();
     run_t *r = S.runs;
 
-    reap_zombies();
     pool_housekeeping();
     conn_housekeeping(now);
     while (r != NULL) {
@@ -1506,12 +1446,6 @@ int sb_shim_serve_main(int argc, char **argv)
     /* let the last answers leave */
     for (int i = 0; i < 5; ++i)
         h2o_evloop_run(S.loop, 10);
-    while (S.zombies != NULL) {
-        zombie_t *z = S.zombies;
-        S.zombies = z->next;
-        (void)reap_run(z->pid, 1);
-        sb_mem_free(z);
-    }
     handle_signals();
     log_event("info", "stopped", NULL);
     SSL_CTX_free(S.set.conf.tls);
