@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <libpq-fe.h>
+#include "sb/addr.h"
 #include "conf/config.h"
 #include "authz/secrets.h"
 #include "obs/log.h"
@@ -252,52 +253,7 @@ static void check_unknown_env(errs_t *e)
 
 int sb_config_parse_addr(const char *s, struct sockaddr_storage *ss, socklen_t *len)
 {
-    char host[64];
-    const char *colon, *h = s;
-    size_t hlen;
-    long port;
-    char *end;
-
-    memset(ss, 0, sizeof(*ss));
-    if (*s == '[') {
-        const char *rb = strchr(s, ']');
-        if (rb == NULL || rb[1] != ':')
-            return -1;
-        h = s + 1;
-        hlen = (size_t)(rb - h);
-        colon = rb + 1;
-    } else {
-        if ((colon = strrchr(s, ':')) == NULL)
-            return -1;
-        hlen = (size_t)(colon - s);
-    }
-    if (hlen == 0 || hlen >= sizeof(host))
-        return -1;
-    memcpy(host, h, hlen);
-    host[hlen] = '\0';
-    errno = 0;
-    port = strtol(colon + 1, &end, 10);
-    if (errno != 0 || end == colon + 1 || *end != '\0' || port < 0 || port > 65535)
-        return -1;
-    if (strcmp(host, "localhost") == 0)
-        memcpy(host, "127.0.0.1", sizeof("127.0.0.1"));
-    {
-        struct sockaddr_in *sin = (struct sockaddr_in *)ss;
-        struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)ss;
-        if (inet_pton(AF_INET, host, &sin->sin_addr) == 1) {
-            sin->sin_family = AF_INET;
-            sin->sin_port = htons((uint16_t)port);
-            *len = sizeof(*sin);
-            return 0;
-        }
-        if (inet_pton(AF_INET6, host, &sin6->sin6_addr) == 1) {
-            sin6->sin6_family = AF_INET6;
-            sin6->sin6_port = htons((uint16_t)port);
-            *len = sizeof(*sin6);
-            return 0;
-        }
-    }
-    return -1;
+    return sb_parse_listen_addr(s, ss, len);
 }
 
 static char *read_secret_file(const char *key, const char *path, errs_t *e)

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "sb/addr.h"
 #include "sb/mem.h"
 #include "serve/serve_conf.h"
 #include "relay/tls.h"
@@ -45,46 +46,6 @@ static int parse_uint(const char *s, unsigned long min, unsigned long max, unsig
         return -1;
     *out = v;
     return 0;
-}
-
-/* "host:port" or "[v6]:port" with a numeric host */
-static int parse_listen(const char *s, struct sockaddr_storage *ss, socklen_t *len)
-{
-    char host[64];
-    const char *colon, *h = s;
-    size_t hlen;
-    unsigned long port;
-
-    memset(ss, 0, sizeof(*ss));
-    if (*s == '[') {
-        const char *rb = strchr(s, ']');
-        if (rb == NULL || rb[1] != ':')
-            return -1;
-        h = s + 1;
-        hlen = (size_t)(rb - h);
-        colon = rb + 1;
-    } else {
-        if ((colon = strrchr(s, ':')) == NULL)
-            return -1;
-        hlen = (size_t)(colon - s);
-    }
-    if (hlen == 0 || hlen >= sizeof(host) || parse_uint(colon + 1, 0, 65535, &port) != 0)
-        return -1;
-    memcpy(host, h, hlen);
-    host[hlen] = '\0';
-    if (inet_pton(AF_INET, host, &((struct sockaddr_in *)ss)->sin_addr) == 1) {
-        ((struct sockaddr_in *)ss)->sin_family = AF_INET;
-        ((struct sockaddr_in *)ss)->sin_port = htons((uint16_t)port);
-        *len = sizeof(struct sockaddr_in);
-        return 0;
-    }
-    if (inet_pton(AF_INET6, host, &((struct sockaddr_in6 *)ss)->sin6_addr) == 1) {
-        ((struct sockaddr_in6 *)ss)->sin6_family = AF_INET6;
-        ((struct sockaddr_in6 *)ss)->sin6_port = htons((uint16_t)port);
-        *len = sizeof(struct sockaddr_in6);
-        return 0;
-    }
-    return -1;
 }
 
 /* trims ASCII white space at both ends, in place (upstream trims its environment values) */
@@ -429,7 +390,7 @@ int sb_serve_configure(int argc, char **argv, sb_serve_settings_t *set, char *ad
         snprintf(lbuf, sizeof(lbuf), "127.0.0.1:%lu", port != NULL ? v : (unsigned long)DEFAULT_PORT);
         listen = lbuf;
     }
-    if (parse_listen(listen, &set->listen_addr, &set->listen_len) != 0)
+    if (sb_parse_listen_addr(listen, &set->listen_addr, &set->listen_len) != 0)
         return sb_serve_fail_usage("--listen wants HOST:PORT with a numeric host, not \"%s\"", listen);
 
     if (broker == NULL && (env = getenv("SANDBOX_BROKER_URL")) != NULL && *env != '\0') {
