@@ -344,6 +344,45 @@ class ImportOnRedis(sbtest.BrokerTestCase):
                     b.stop()
             redis.stop()
 
+    def test_a_slow_count_outlives_the_deadline(self):
+        """The module has arrived and Redis is slow to count its bytes: the exchange's deadline passes meanwhile.
+        The count's answer decides (the exchange must not be ended, and freed, under the store's pending call)."""
+        redis = sbtest.RedisServer()
+        redis.start()
+        proxy = sbtest.DelayProxy(redis.port, 0.0)
+        b = None
+        try:
+            config = {"egress": {"dns_servers": [DNS.server], "allow_cidrs": ["127.0.0.1/32"], "deny_local_interfaces": False,
+                                 "ca_file": PKI.ca_file, "deadline_ms": 700}}
+            env = {"SANDBOX_BROKER_TOKEN_STORE": "redis://127.0.0.1:%d" % proxy.port, "SANDBOX_BROKER_THREADS": "1",
+                   "SANDBOX_BROKER_STORE_TIMEOUT_MS": "5000"}
+            b = sbtest.Broker(config=config, env=env).start()
+            self.assertTrue(b.wait_store_up(1), b.log())
+            host = "tls.test:%d" % UP["tls"].port
+            tok = b.mint_ok("redis-slow-count", {"import": [host]})
+
+            def slow_redis(h, rec):
+                proxy.delay = 1.5  # every Redis answer from now on: the count of this module's bytes
+                h.reply(200, MODULE, [("Content-Type", "application/javascript")])
+
+            UP["tls"].route("/slow-count.js", slow_redis)
+            r = b.rpc(tok, "import.fetch", {"url": "https://%s/slow-count.js" % host}, headers=MODULE_PATH, timeout=20)
+            proxy.delay = 0.0
+            self.assertEqual(r.status, 200, r)
+            self.assertEqual(base64.b64decode(r.body["value"]["bodyBase64"]), MODULE)
+            # one answer, and the broker is still there to answer the next call
+            self.assertEqual(b.rpc(tok, "import.fetch", {"url": "https://%s/mod.js" % host}, headers=MODULE_PATH).status, 200)
+            self.assertTrue(b.alive())
+        finally:
+            proxy.delay = 0.0
+            if b is not None:
+                rc = b.stop()
+                log = b.log()
+                self.assertEqual(rc, 0, log[-4000:])
+                self.assertNotIn("AddressSanitizer", log)
+            proxy.close()
+            redis.stop()
+
 
 if __name__ == "__main__":
     sbtest.main()

@@ -731,6 +731,10 @@ static void answer_module(fetch_t *f, sb_http_response_t *res, const char *body,
         on_module_counted(f, SB_OK, NULL);
         return;
     }
+    /* the exchange is over: from here the store's own timeout bounds the count, and the deadline must not end (and
+     * free) the exchange while the store still holds it (it always calls back) */
+    if (h2o_timeout_is_linked(&f->deadline))
+        h2o_timeout_unlink(&f->deadline);
     sb_store_quota_modules(f->store, f->tok, 0, body_len, (int64_t)f->ctx->conf->import_max_modules,
                            (int64_t)f->ctx->conf->import_max_total_bytes, on_module_counted, f);
 }
