@@ -221,16 +221,24 @@ int sb_shim_jail_build_filter(struct sock_fprog *prog, unsigned *rules, int thre
                                        SCMP_A2(SCMP_CMP_EQ, 0)};
         struct scmp_arg_cmp tcp6[3] = {SCMP_A0(SCMP_CMP_EQ, AF_INET), SCMP_A1(SCMP_CMP_MASKED_EQ, 0xf, SOCK_STREAM),
                                        SCMP_A2(SCMP_CMP_EQ, IPPROTO_TCP)};
-        /* socket options: any but TCP_ULP, which would put kernel TLS (and a module load) behind the socket */
-        struct scmp_arg_cmp not_tcp[1] = {SCMP_A1(SCMP_CMP_NE, IPPROTO_TCP)};
-        struct scmp_arg_cmp tcp_not_ulp[2] = {SCMP_A1(SCMP_CMP_EQ, IPPROTO_TCP), SCMP_A2(SCMP_CMP_NE, TCP_ULP)};
+        /* socket options: SOL_SOCKET's, and of TCP's only the ones a client sets (TCP_ULP would put kernel TLS, and a
+         * module load, behind the socket). Level and name are ints the kernel reads from the low 32 bits: compared
+         * there (masked), and as an allow-list, since libseccomp lets an unconditional allow win over a deny */
+        static const unsigned tcp_opts[] = {TCP_NODELAY, TCP_KEEPIDLE, TCP_KEEPINTVL, TCP_KEEPCNT};
+        struct scmp_arg_cmp sol[1] = {SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, SOL_SOCKET)};
         if (add_rule(ctx, allow, SCMP_SYS(socket), 3, tcp0, err, errsz, "socket") != 0 ||
             add_rule(ctx, allow, SCMP_SYS(socket), 3, tcp6, err, errsz, "socket") != 0 ||
             add_rule(ctx, allow, SCMP_SYS(connect), 0, NULL, err, errsz, "connect") != 0 ||
-            add_rule(ctx, allow, SCMP_SYS(setsockopt), 1, not_tcp, err, errsz, "setsockopt") != 0 ||
-            add_rule(ctx, allow, SCMP_SYS(setsockopt), 2, tcp_not_ulp, err, errsz, "setsockopt") != 0)
+            add_rule(ctx, allow, SCMP_SYS(setsockopt), 1, sol, err, errsz, "setsockopt") != 0)
             goto Exit;
-        *rules += 5;
+        *rules += 4;
+        for (size_t i = 0; i < sizeof(tcp_opts) / sizeof(tcp_opts[0]); ++i) {
+            struct scmp_arg_cmp opt[2] = {SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, IPPROTO_TCP),
+                                          SCMP_A2(SCMP_CMP_MASKED_EQ, 0xffffffffu, tcp_opts[i])};
+            if (add_rule(ctx, allow, SCMP_SYS(setsockopt), 2, opt, err, errsz, "setsockopt") != 0)
+                goto Exit;
+            ++*rules;
+        }
     }
     /* a datagram with a destination address could reach a unix socket bound to a path */
     cmp = SCMP_A4(SCMP_CMP_EQ, 0);

@@ -23,7 +23,7 @@
 #define IPPROTO_MPTCP 262
 #endif
 
-enum { P_TCP0, P_TCP, P_SCTP, P_MPTCP, P_UDP, P_INET6, P_CONNECT, P_NODELAY, P_ULP, P_COUNT };
+enum { P_TCP0, P_TCP, P_SCTP, P_MPTCP, P_UDP, P_INET6, P_CONNECT, P_NODELAY, P_ULP, P_ULP_HIGH_LEVEL, P_ULP_HIGH_NAME, P_COUNT };
 
 /* in the child, under the filter: each probe's result (0, or the errno) */
 static void probe(int out)
@@ -59,6 +59,9 @@ static void probe(int out)
     TRY(P_CONNECT, connect(s, (struct sockaddr *)&sin, sizeof(sin)));
     TRY(P_NODELAY, setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)));
     TRY(P_ULP, setsockopt(s, IPPROTO_TCP, TCP_ULP, "tls", 3));
+    /* the same with bits above 32 in the level or the name: the kernel reads the int, the filter must too */
+    TRY(P_ULP_HIGH_LEVEL, syscall(SYS_setsockopt, s, (long)IPPROTO_TCP | (1L << 32), (long)TCP_ULP, "tls", 3L));
+    TRY(P_ULP_HIGH_NAME, syscall(SYS_setsockopt, s, (long)IPPROTO_TCP, (long)TCP_ULP | (1L << 32), "tls", 3L));
 #undef TRY
     (void)!write(out, res, sizeof(res));
     _exit(0);
@@ -111,6 +114,8 @@ int main(void)
     is_int(res[P_CONNECT], ECONNREFUSED, "connect is allowed (refused by the closed port, not the filter)");
     is_int(res[P_NODELAY], 0, "TCP_NODELAY");
     is_int(res[P_ULP], EPERM, "TCP_ULP: EPERM");
+    is_int(res[P_ULP_HIGH_LEVEL], EPERM, "TCP_ULP with high bits in the level: EPERM");
+    is_int(res[P_ULP_HIGH_NAME], EPERM, "TCP_ULP with high bits in the name: EPERM");
 
     if (!ok(run_under(SB_SHIM_JAIL_FILTER_THREADS, res) == 0, "the probes ran under the Deno filter without imports"))
         return done_testing();
