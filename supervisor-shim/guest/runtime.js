@@ -586,6 +586,7 @@ function closeSharedWasmMemory() {
   const construct = Reflect.construct;
   const getOwnDesc = Object.getOwnPropertyDescriptor;
   const defineProp = Object.defineProperty;
+  const createObject = Object.create;
   const RealTypeError = TypeError;
   // this realm's SharedArrayBuffer.prototype, from a buffer made before the guard is up
   const sabProto = Object.getPrototypeOf(new WebAssembly.Memory({ initial: 0, maximum: 0, shared: true }).buffer);
@@ -601,7 +602,7 @@ function closeSharedWasmMemory() {
     if (new.target === undefined) throw new RealTypeError("WebAssembly.Memory must be invoked with 'new'");
     if (desc === null || (typeof desc !== "object" && typeof desc !== "function")) return new RealMemory(desc);
     // each key read once, into an object with no prototype: V8 reads only what the check saw
-    const copy = Object.create(null);
+    const copy = createObject(null);
     for (let i = 0; i < KEYS.length; i++) {
       const v = desc[KEYS[i]];
       if (v !== undefined) copy[KEYS[i]] = v;

@@ -659,6 +659,16 @@ export default async () => {
   out.proto = await attempt(() => new WebAssembly.Memory(Object.create(null, { initial: { value: 1 }, maximum: { value: 1 } }))
     .buffer.constructor.name);
   delete Object.prototype.shared;
+  // a replaced Object.create handing the guard a Proxy that answers shared: false to the check, true after
+  const realCreate = Object.create;
+  Object.create = (p) => { let n = 0; return new Proxy(realCreate(p), { get(t, k) { return k === "shared" ? (n++ === 0 ? false : true) : t[k]; },
+    set(t, k, v) { t[k] = v; return true; } }); };
+  // (a module that imports a shared memory links only with one: no need to read its buffer to tell)
+  out.create = await attempt(async () => { const mem = new WebAssembly.Memory({ initial: 1, maximum: 1, shared: true });
+    await WebAssembly.instantiate(new Uint8Array([0, 97, 115, 109, 1, 0, 0, 0, 2, 11, 1, 1, 109, 3, 109, 101, 109, 2, 3, 1, 1]),
+      { m: { mem } });
+    return "a shared memory was made"; });
+  Object.create = realCreate;
   return out;
 };""" % SHARED_MEMORY_WASM)
     check(o["ok"], "run completed", o)
@@ -666,6 +676,7 @@ export default async () => {
     check(out["call"] == refused and out["leak"] in ("open: nothing", refused), "a replaced Function.prototype.call", out)
     check(out["construct"] == "open: nothing", "a replaced Reflect.construct never sees the real constructor", out)
     check(out["proto"] == "open: ArrayBuffer", "a shared getter on Object.prototype is not read", out)
+    check(out["create"] == refused, "a replaced Object.create does not make the guard's copy", out)
 
 
 def t_hardening_vm_context():
