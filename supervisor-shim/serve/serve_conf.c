@@ -84,6 +84,19 @@ int sb_serve_read_secret(const char *file, const char *env, char *out, size_t ou
             }
             n += (size_t)r;
         }
+        /* a file longer than that is refused whole, never cut to what was read */
+        if (n == sizeof(buf) - 1) {
+            char more;
+            ssize_t m;
+            do
+                m = read(fd, &more, 1);
+            while (m < 0 && errno == EINTR);
+            if (m != 0) {
+                snprintf(err, errsz, "the file %s: the %s is longer than 1024 bytes", file, what);
+                close(fd);
+                goto Exit;
+            }
+        }
         close(fd);
         buf[n] = '\0';
     } else {

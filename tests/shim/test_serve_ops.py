@@ -263,6 +263,13 @@ def t_check_config_names_flag_or_env():
         f.write("x" * 31)
     rc, out, err = check_config(["--deno", DENO, "--admission-secret-file", short])
     check(rc == 2 and "--admission-secret-file %s must hold at least 32 bytes" % short in err, "names the file", err)
+    # a file longer than the cap is refused whole: never cut to its first 1024 bytes and a newline
+    for name, text in (("long-secret", "x" * 1024 + "\nthe rest of the file"), ("longer-secret", "y" * 1030)):
+        path = os.path.join(TMP, name)
+        with open(path, "w") as f:
+            f.write(text)
+        rc, out, err = check_config(["--deno", DENO, "--admission-secret-file", path])
+        check(rc == 2 and "the file %s: the host admission secret is longer than 1024 bytes" % path in err, "refused: " + name, rc, err)
 
 
 # ---- signals ----
