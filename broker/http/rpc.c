@@ -360,7 +360,8 @@ static void on_quota(void *arg, sb_status_t st, const char *why)
         goto Exit;
     }
     c->call.cid = c->cid;
-    c->call.module_path = module_path(c->super.req);
+    /* read only for the one method that asks: no header scan on every other call */
+    c->call.module_path = c->m.kind == SB_MK_IMPORT && module_path(c->super.req);
     /* the manifest is checked on every call: nothing about a grant is cached */
     reason[0] = '\0';
     if ((st = sb_authz_check(c->tok->manifest, &c->call, reason, sizeof(reason))) != SB_OK) {
