@@ -620,7 +620,6 @@ static void job_dispose(sb_serve_job_t *job)
 static void handle_run(h2o_req_t *req)
 {
     int64_t started = sb_serve_now_ms();
-    static sb_shim_imports_t imports; /* the loop's thread only; 10 KiB, not on its stack */
     sb_serve_job_t job;
     sb_serve_run_t run;
     json_t *root = NULL;
@@ -659,7 +658,6 @@ static void handle_run(h2o_req_t *req)
     job.timeout_ms = run.timeout_ms;
     job.memory_mb = run.memory_mb;
     /* remote module imports: through the broker's egress, on the module path inside the guest's jail (relay/modules.h) */
-    memset(&imports, 0, sizeof(imports));
     if (run.imports != NULL && json_array_size(run.imports) != 0) {
         size_t i;
         json_t *h;
@@ -672,7 +670,7 @@ static void handle_run(h2o_req_t *req)
         }
         json_array_foreach(run.imports, i, h)
         {
-            if (sb_shim_imports_add(&imports, json_string_value(h), json_string_length(h), &iwhy) != 0) {
+            if (sb_shim_imports_add(&job.origins, json_string_value(h), json_string_length(h), &iwhy) != 0) {
                 snprintf(e, sizeof(e), "egress blocked: capabilities.import entry \"%.256s\": %s", json_string_value(h), iwhy);
                 answer_failure(req, SB_SERVE_OUT_EGRESS_BLOCKED, e, started);
                 goto Exit;
@@ -729,7 +727,8 @@ static void handle_run(h2o_req_t *req)
         account(SB_SERVE_OUT_BUSY, 503, sb_serve_now_ms() - started, NULL);
         goto Exit;
     }
-    if (sb_serve_req_pack_init(&run, job.kind == SB_SERVE_BINDINGS, job.kind != SB_SERVE_COMPUTE, &imports, &job.init) != SB_OK) {
+    if (sb_serve_req_pack_init(&run, job.kind == SB_SERVE_BINDINGS, job.kind != SB_SERVE_COMPUTE, &job.origins, &job.init) !=
+        SB_OK) {
         answer_failure(req, SB_SERVE_OUT_INVALID, "sandbox output limit exceeded", started);
         goto Exit;
     }

@@ -21,6 +21,7 @@
 #include "serve/netmint.h"
 #include "relay/relay.h"
 #include "guest/runner.h"
+#include "relay/modules.h"
 #include "serve/serve_req.h"
 #include "relay/url.h"
 
@@ -102,7 +103,8 @@ typedef struct st_sb_serve_job_t {
     unsigned memory_mb;
     char token[SB_SHIM_MAX_TOKEN + 1]; /* SB_SERVE_BINDINGS */
     json_t *net;                       /* SB_SERVE_NET: capabilities.net (a reference) */
-    json_t *imports;                   /* capabilities.import when not empty (a reference), else NULL */
+    json_t *imports;                   /* capabilities.import when not empty (a reference), else NULL: for the mint */
+    sb_shim_imports_t origins;         /* the same as origins, parsed once by the service (relay/modules.h) */
     /* SB_SERVE_NET: the net-mint credential as the service holds it now (a reload changes it); the
      * launcher keeps no copy, so the run gets it with its job */
     char netmint_secret[SB_SHIM_NETMINT_MAX_SECRET + 1];

@@ -153,7 +153,6 @@ __attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, sb_s
     static sb_shim_config_t cfg; /* 8 KiB of token: not on the stack */
     static sb_shim_guest_t cold;
     static sb_shim_netmint_t netmint; /* the URL from the configuration, the secret from the job */
-    static sb_shim_imports_t imports; /* capabilities.import as origins (relay/modules.h) */
     sb_shim_guest_t *guest = NULL;    /* released after the answer: it is reaped by then */
     json_t *outcome = NULL, *answer = NULL, *meta, *detail = NULL, *modules = NULL;
     sb_serve_outcome_t outcome_kind = SB_SERVE_OUT_COUNT; /* COUNT: not decided yet */
@@ -192,22 +191,8 @@ __attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, sb_s
     cfg.stderr_cap_fails = 1;
     cfg.upstream_call_limit = 1;
     cfg.mark_denial = 1;
-    if (job->imports != NULL) {
-        size_t i;
-        json_t *h;
-        const char *why = NULL;
-        /* validated by the service already (sb_serve_imports_parse): this cannot fail on what it took */
-        json_array_foreach(job->imports, i, h)
-        {
-            if (sb_shim_imports_add(&imports, json_string_value(h), json_string_length(h), &why) != 0) {
-                outcome = failure("egress blocked: capabilities.import is not a list of hosts");
-                outcome_kind = SB_SERVE_OUT_EGRESS_BLOCKED;
-                if (pre != NULL)
-                    sb_shim_deno_discard(pre);
-                goto Answer;
-            }
-        }
-        cfg.imports = &imports;
+    if (job->origins.n != 0) {
+        cfg.imports = &job->origins; /* parsed once, by the service */
         /* a pooled guest has no module path (its flags and listeners are fixed at spawn): the launcher starts these
          * runs cold, and one that came with a guest all the same does not use it */
         if (pre != NULL) {
@@ -348,7 +333,7 @@ Answer:
 /* ---- the job, from the service to its run process (launcher.h) ---- */
 
 #define JOB_MAGIC "SBJ1"
-#define JOB_HEAD 45u                      /* magic 4, kind 1, memory 4, timeout 8, started 8, five lengths 4 each */
+#define JOB_HEAD 49u                      /* magic 4, kind 1, memory 4, timeout 8, started 8, six lengths 4 each */
 #define JOB_MAX_INIT (8u * 1024u * 1024u) /* an init frame is far smaller: source, input and secrets are capped */
 #define JOB_MAX_NET (256u * 1024u)        /* capabilities.net: at most SB_SERVE_MAX_HOSTS short names */
 
@@ -412,7 +397,17 @@ sb_status_t sb_serve_job_write(int fd, const sb_serve_job_t *job)
     size_t token_len = job->kind == SB_SERVE_BINDINGS ? strnlen(job->token, sizeof(job->token)) : 0;
     char *net = job->net != NULL ? json_dumps(job->net, JSON_COMPACT) : NULL;
     char *imp = job->imports != NULL ? json_dumps(job->imports, JSON_COMPACT) : NULL;
-    size_t net_len = net != NULL ? strlen(net) : 0, imp_len = imp != NULL ? strlen(imp) : 0;
+    size_t net_len = net != NULL ? strlen(net) : 0, imp_len = imp != NULL ? strlen(imp) : 0, org_len = 0;
+    uint8_t org[SB_SHIM_MAX_IMPORT_ORIGINS * (SB_SHIM_MAX_ORIGIN + 2)];
+
+    /* the origins as the service parsed them: each a 2-byte length and its bytes */
+    for (unsigned i = 0; i < job->origins.n && i < SB_SHIM_MAX_IMPORT_ORIGINS; ++i) {
+        size_t l = strnlen(job->origins.origin[i], SB_SHIM_MAX_ORIGIN - 1);
+        org[org_len++] = (uint8_t)(l >> 8);
+        org[org_len++] = (uint8_t)l;
+        memcpy(org + org_len, job->origins.origin[i], l);
+        org_len += l;
+    }
     size_t mint_len = job->kind == SB_SERVE_NET ? strnlen(job->netmint_secret, sizeof(job->netmint_secret)) : 0;
     sb_status_t st = SB_E_EXECUTION;
 
@@ -429,9 +424,11 @@ sb_status_t sb_serve_job_write(int fd, const sb_serve_job_t *job)
     put32(head + 33, (uint32_t)net_len);
     put32(head + 37, (uint32_t)mint_len);
     put32(head + 41, (uint32_t)imp_len);
+    put32(head + 45, (uint32_t)org_len);
     if (write_fd_all(fd, head, sizeof(head)) == 0 && write_fd_all(fd, job->token, token_len) == 0 &&
         write_fd_all(fd, job->init.data, job->init.size) == 0 && write_fd_all(fd, net, net_len) == 0 &&
-        write_fd_all(fd, job->netmint_secret, mint_len) == 0 && write_fd_all(fd, imp, imp_len) == 0)
+        write_fd_all(fd, job->netmint_secret, mint_len) == 0 && write_fd_all(fd, imp, imp_len) == 0 &&
+        write_fd_all(fd, org, org_len) == 0)
         st = SB_OK;
 Exit:
     sb_mem_free_foreign(net);
@@ -458,10 +455,34 @@ static sb_status_t read_json_array(int fd, size_t len, json_t **out)
     return SB_OK;
 }
 
+/* the origins the service parsed (sb_serve_job_write), each checked for its length and form on the way in */
+static sb_status_t read_origins(int fd, size_t len, sb_shim_imports_t *im)
+{
+    uint8_t buf[SB_SHIM_MAX_IMPORT_ORIGINS * (SB_SHIM_MAX_ORIGIN + 2)];
+    size_t off = 0;
+
+    if (read_fd_all(fd, buf, len) != 0)
+        return SB_E_EXECUTION;
+    memset(im, 0, sizeof(*im));
+    while (off < len) {
+        size_t l;
+        if (len - off < 2 || im->n >= SB_SHIM_MAX_IMPORT_ORIGINS)
+            return SB_E_EXECUTION;
+        l = (size_t)buf[off] << 8 | buf[off + 1];
+        off += 2;
+        if (l < 9 || l >= SB_SHIM_MAX_ORIGIN || l > len - off || memcmp(buf + off, "https://", 8) != 0 || memchr(buf + off, 0, l))
+            return SB_E_EXECUTION;
+        memcpy(im->origin[im->n], buf + off, l);
+        im->origin[im->n++][l] = '\0';
+        off += l;
+    }
+    return SB_OK;
+}
+
 sb_status_t sb_serve_job_read(int fd, const sb_serve_conf_t *conf, sb_serve_job_t *job)
 {
     uint8_t head[JOB_HEAD];
-    uint32_t token_len, init_len, net_len, mint_len, imp_len;
+    uint32_t token_len, init_len, net_len, mint_len, imp_len, org_len;
     sb_status_t st;
 
     memset(job, 0, sizeof(*job));
@@ -474,7 +495,9 @@ sb_status_t sb_serve_job_read(int fd, const sb_serve_conf_t *conf, sb_serve_job_
     net_len = get32(head + 33);
     mint_len = get32(head + 37);
     imp_len = get32(head + 41);
-    if (imp_len > JOB_MAX_NET || head[4] > SB_SERVE_NET || token_len > SB_SHIM_MAX_TOKEN || init_len == 0 ||
+    org_len = get32(head + 45);
+    if (imp_len > JOB_MAX_NET || org_len > SB_SHIM_MAX_IMPORT_ORIGINS * (SB_SHIM_MAX_ORIGIN + 2) ||
+        (imp_len != 0) != (org_len != 0) || head[4] > SB_SERVE_NET || token_len > SB_SHIM_MAX_TOKEN || init_len == 0 ||
         init_len > JOB_MAX_INIT || net_len > JOB_MAX_NET || mint_len > SB_SHIM_NETMINT_MAX_SECRET ||
         (head[4] == SB_SERVE_NET) != (net_len != 0) || (head[4] == SB_SERVE_NET) != (mint_len != 0) ||
         (head[4] == SB_SERVE_BINDINGS) != (token_len != 0))
@@ -502,5 +525,5 @@ sb_status_t sb_serve_job_read(int fd, const sb_serve_conf_t *conf, sb_serve_job_
     job->netmint_secret[mint_len] = '\0';
     if (imp_len != 0 && (st = read_json_array(fd, imp_len, &job->imports)) != SB_OK)
         return st;
-    return SB_OK;
+    return org_len != 0 ? read_origins(fd, org_len, &job->origins) : SB_OK;
 }
