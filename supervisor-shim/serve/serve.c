@@ -84,8 +84,6 @@
 typedef struct st_conn_t {
     struct st_conn_t *next, *prev;
     h2o_socket_t *sock;
-    struct sockaddr_storage peer, local; /* the connection's two ends: together they name it */
-    socklen_t peer_len, local_len;
     int gated;         /* still in the gate: serve reads its head, h2o does not have it yet */
     int lingering;     /* a refusal was written: its input is dropped until LINGER_MS or LINGER_BYTES */
     int admitted;      /* its first head carried the admission header: h2o keeps it alive */
@@ -539,23 +537,13 @@ static void on_req_dispose(void *p)
 }
 
 /* the client's connection, found by its two ends (peer and local address) among the open ones */
+static conn_t *conn_of(h2o_req_t *req);
+
+/* the request's own connection (its socket, not an address that two connections may share) */
 static int client_fd(h2o_req_t *req)
 {
-    struct sockaddr_storage sa, la;
-    socklen_t len, llen;
-
-    /*
-     * by both ends: one client address may hold connections to two of our addresses (a wildcard
-     * --listen on a host with several), and a run must never hold another client's connection
-     */
-    if (req->conn->callbacks->get_peername == NULL || req->conn->callbacks->get_sockname == NULL ||
-        (len = req->conn->callbacks->get_peername(req->conn, (void *)&sa)) == 0 ||
-        (llen = req->conn->callbacks->get_sockname(req->conn, (void *)&la)) == 0)
-        return -1;
-    for (conn_t *c = S.conns; c != NULL; c = c->next)
-        if (c->peer_len == len && memcmp(&c->peer, &sa, len) == 0 && c->local_len == llen && memcmp(&c->local, &la, llen) == 0)
-            return h2o_socket_get_fd(c->sock);
-    return -1;
+    conn_t *c = conn_of(req);
+    return c != NULL && c->sock != NULL ? h2o_socket_get_fd(c->sock) : -1;
 }
 
 static void start_run(h2o_req_t *req, sb_serve_job_t *job)
@@ -895,8 +883,6 @@ static int later_framing_refused(conn_t *c, h2o_req_t *req)
     return 1;
 }
 
-static conn_t *conn_of(h2o_req_t *req);
-
 static int on_req(h2o_handler_t *self, h2o_req_t *req)
 {
     h2o_iovec_t p = req->path_normalized;
@@ -1106,8 +1092,6 @@ static void on_accept(h2o_socket_t *listener, const char *err)
             continue;
         }
         c->sock = sock;
-        c->peer_len = h2o_socket_getpeername(sock, (void *)&c->peer);
-        c->local_len = h2o_socket_getsockname(sock, (void *)&c->local);
         c->gated = 1;
         c->since_ms = sb_serve_now_ms();
         c->next = S.conns;
