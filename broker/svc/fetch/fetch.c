@@ -298,7 +298,11 @@ static void take_request(fetch_t *f, const sb_call_fetch_t *c)
 
 static void add_header(fetch_t *f, const char *name, const char *value)
 {
-    req_header_t *h = &f->headers[f->nheaders++];
+    req_header_t *h;
+
+    if (f->nheaders >= MAX_REQ_HEADERS)
+        sb_fatal(__FILE__, __LINE__, "a fetch's own headers above MAX_REQ_HEADERS"); /* import.fetch adds 2 to none */
+    h = &f->headers[f->nheaders++];
     h->name = sb_mem_strdup(name);
     h->value = sb_mem_strdup(value);
     h->value_len = strlen(value);
