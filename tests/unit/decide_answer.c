@@ -104,7 +104,7 @@ static void describe(const char *method, const char *args_json, const char *targ
     }
     call.cid = "cid-1";
     sb_buf_init(out, SB_MAX_DECIDE_REQUEST);
-    *st = sb_decide_describe(out, call.cid, "run-1", target, &call, 1234);
+    *st = sb_decide_describe(out, call.cid, "run-1", target, &call, 1234, NULL);
 }
 
 static void expect(const char *method, const char *args_json, const char *want)

@@ -313,7 +313,7 @@ static sb_status_t put_args(sb_buf_t *b, const sb_call_t *call, int full, const 
 }
 
 static sb_status_t describe(sb_buf_t *b, const char *cid, const char *run_id, const char *target, const sb_call_t *call,
-                            uint64_t deadline_ms, int full)
+                            uint64_t deadline_ms, int full, int *partial)
 {
     const char *omitted = NULL;
     int first = 1;
@@ -331,25 +331,29 @@ static sb_status_t describe(sb_buf_t *b, const char *cid, const char *run_id, co
     TRY(put_uint(b, &first, "deadlineMs", deadline_ms));
     TRY(put_key(b, &first, "args"));
     TRY(put_args(b, call, full, &omitted));
+    *partial = omitted != NULL;
     if (omitted != NULL)
         TRY(sb_buf_printf(b, ",\"omitted\":[\"%s\"]", omitted));
     return sb_buf_append_char(b, '}');
 }
 
 sb_status_t sb_decide_describe(sb_buf_t *out, const char *cid, const char *run_id, const char *target, const sb_call_t *call,
-                               uint64_t deadline_ms)
+                               uint64_t deadline_ms, int *partial)
 {
     size_t start = out->len;
-    sb_status_t st = describe(out, cid, run_id, target, call, deadline_ms, 1);
+    int left_out = 0;
+    sb_status_t st = describe(out, cid, run_id, target, call, deadline_ms, 1, &left_out);
 
     /* too large, or a value JSON cannot carry (binary): the same description without the big parts */
     if (st == SB_E_TOO_LARGE || st == SB_E_BAD_ARGS) {
         sb_buf_truncate(out, start);
-        st = describe(out, cid, run_id, target, call, deadline_ms, 0);
+        st = describe(out, cid, run_id, target, call, deadline_ms, 0, &left_out);
         if (st == SB_E_BAD_ARGS)
             st = SB_E_TOO_LARGE;
     }
     if (st != SB_OK)
         sb_buf_truncate(out, start);
+    if (partial != NULL)
+        *partial = st == SB_OK && left_out;
     return st;
 }

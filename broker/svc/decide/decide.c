@@ -556,8 +556,9 @@ int sb_decide_start(sb_decide_ctx_t *ctx, const sb_decide_conf_t *conf, const sb
     if (conf->reuse_ms != 0) {
         /* the key: the run (its token) and the call as described, without what differs between identical calls */
         uint8_t in[32 + 32];
+        int partial = 0;
         cache_entry_t *e;
-        if ((st = sb_decide_describe(&body, "", tok->run_id, tok->target, call, 0)) != SB_OK) {
+        if ((st = sb_decide_describe(&body, "", tok->run_id, tok->target, call, 0, &partial)) != SB_OK) {
             sb_buf_free(&body);
             return decided_now(d, SB_DECIDE_FAIL, "the call cannot be described to the decider", cid, tok->run_id, method,
                                started_us);
@@ -566,11 +567,10 @@ int sb_decide_start(sb_decide_ctx_t *ctx, const sb_decide_conf_t *conf, const sb
         sb_sha256(body.base, body.len, in + 32);
         /*
          * A description that left arguments out (too large for the decider's request) names
-         * different calls alike: such a call is decided on its own, never from another's answer.
-         * (A guest's own "omitted" key in a where can only turn reuse off, never on.)
+         * different calls alike: such a call is decided on its own, never from another's answer
          */
         r = sb_mem_calloc(1, sizeof(*r));
-        r->cacheable = memmem(body.base, body.len, ",\"omitted\":[", 12) == NULL;
+        r->cacheable = !partial;
         sb_buf_reset(&body);
         sb_sha256(in, sizeof(in), r->key);
         if (r->cacheable && (e = cache_find(ctx, conf, r->key, (int64_t)(started_us / 1000u))) != NULL) {
@@ -606,7 +606,7 @@ int sb_decide_start(sb_decide_ctx_t *ctx, const sb_decide_conf_t *conf, const sb
     snprintf(r->cid, sizeof(r->cid), "%s", cid);
     snprintf(r->run_id, sizeof(r->run_id), "%s", tok->run_id);
     memcpy(r->method, method, sizeof(method));
-    if ((st = sb_decide_describe(&body, cid, tok->run_id, tok->target, call, wait_ms)) != SB_OK ||
+    if ((st = sb_decide_describe(&body, cid, tok->run_id, tok->target, call, wait_ms, NULL)) != SB_OK ||
         (st = build_request(r, &body)) != SB_OK) {
         sb_buf_free(&body);
         sb_buf_free(&r->request);

@@ -115,10 +115,11 @@ size_t sb_decide_pending(void);
  * matter (a where, a tool's arguments) do not fit the cap, or JSON cannot
  * carry them, they are left out and "omitted" lists their names.
  * @param out a buffer whose cap is SB_MAX_DECIDE_REQUEST
+ * @param partial if not NULL, 1 when arguments were left out ("omitted" is written), else 0
  * @return SB_OK, SB_E_TOO_LARGE (even the short form does not fit) or SB_E_NOMEM
  */
 SB_WARN_UNUSED sb_status_t sb_decide_describe(sb_buf_t *out, const char *cid, const char *run_id, const char *target,
-                                              const sb_call_t *call, uint64_t deadline_ms);
+                                              const sb_call_t *call, uint64_t deadline_ms, int *partial);
 
 /** a parsed answer */
 typedef struct st_sb_decide_answer_t {
