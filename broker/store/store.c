@@ -131,6 +131,11 @@ void sb_store_conn_destroy(sb_store_conn_t *c)
     sb_mem_free(c);
 }
 
+int sb_store_conn_settle(sb_store_conn_t *c)
+{
+    return c->store->is_redis ? sb_store__redis_settle(c->redis) : 0;
+}
+
 int sb_store_conn_healthy(sb_store_conn_t *c)
 {
     return c->store->is_redis ? sb_store__redis_healthy(c->redis) : 1;

@@ -5,10 +5,13 @@
  * manifest, target, scope and expiry. Two backends sit behind one interface:
  *   memory  one process, a locked hash table (the embedded default);
  *   redis   shared by every broker instance, hiredis async on each worker's
- *           h2o loop, no cache of grants: every call asks Redis, so a
- *           revocation on one instance is refused by every instance on its
- *           next call. The primary is a fixed address (redis://, unix://) or
- *           the one Redis Sentinel names (redis-sentinel://).
+ *           h2o loop. Each worker keeps the records it read while Redis
+ *           tracks them for it (CLIENT TRACKING: every change to a token key
+ *           is pushed to every instance as it happens) and leases per-run
+ *           quota in blocks, so a granted call in steady state asks Redis
+ *           nothing; losing the push fails every call closed until it is
+ *           back. The primary is a fixed address (redis://, unix://) or the
+ *           one Redis Sentinel names (redis-sentinel://).
  * Any doubt (backend down, record unreadable, clock past expiry) is answered
  * SB_E_UNAVAILABLE or SB_E_UNAUTHORIZED, never a grant.
  */
@@ -144,6 +147,12 @@ sb_store_conn_t *sb_store_conn_create(sb_store_t *s, h2o_loop_t *loop);
 void sb_store_conn_destroy(sb_store_conn_t *c);
 /** 1 when the backend can answer now */
 int sb_store_conn_healthy(sb_store_conn_t *c);
+/**
+ * The drain, once the worker's calls have ended: gives back the quota the
+ * connection leased (Redis), and says whether commands still wait for an
+ * answer (1: turn the loop and ask again, until the drain deadline)
+ */
+int sb_store_conn_settle(sb_store_conn_t *c);
 
 /*
  * The operations. Callbacks run on the connection's loop, possibly before the

@@ -65,6 +65,7 @@ SB_WARN_UNUSED sb_status_t sb_store__redis_check(sb_store_t *s, char *err, size_
 void *sb_store__redis_conn_create(sb_store_t *s, h2o_loop_t *loop);
 void sb_store__redis_conn_destroy(void *rc);
 int sb_store__redis_healthy(void *rc);
+int sb_store__redis_settle(void *rc);
 void sb_store__redis_get(void *rc, const uint8_t hash[32], sb_store_get_cb cb, void *arg);
 void sb_store__redis_lookup_acquire(void *rc, const uint8_t hash[32], sb_store_lookup_cb cb, void *arg);
 void sb_store__redis_put(void *rc, sb_token_t *tok, const json_t *caps, sb_store_done_cb cb, void *arg);

@@ -1,20 +1,28 @@
 /*
  * The redis token-store backend: hiredis 0.14 async on a worker's h2o loop.
  *
- * One round trip per call. The call path runs one script (EVALSHA) that reads
- * the token record and, when there is one, counts the call against its run
- * and takes a concurrency slot; the slot goes back with a second script sent
- * after the reply, which nobody waits for (its answer is still checked: a
- * failed release is logged and counted). Scripts are loaded once per
- * connection (SCRIPT LOAD); a NOSCRIPT answer (SCRIPT FLUSH, a restarted or
- * replaced primary) resends that one command as EVAL, which runs and caches
- * the script again, so callers never see it.
+ * No round trip for a granted call in steady state. A worker answers a call
+ * on its own when it holds the token's record while Redis tracks it (the
+ * invalidation link, store_redis_conn.c: any change to the key, a revocation
+ * or an expiry, reaches every instance as it happens, and losing that link
+ * stops every call until it is back) and has a call and a concurrency slot
+ * of the run leased. Otherwise one script (EVALSHA) reads the record and
+ * leases more: calls in blocks that grow from 1 to LEASE_MAX_CALLS while the
+ * token is used and shrink to a sixteenth of what the run has left, slots one
+ * at a time (PROTOCOL.md section 9). A slot a call gives back stays in the
+ * worker's lease; what a lease holds unused goes back to Redis once the token
+ * has been idle for LEASE_IDLE_MS, when the table slot is wanted for another
+ * token, and at the drain; it is carried by the next script or sent on its
+ * own, and a return that fails is logged and counted. Scripts are loaded once
+ * per connection (SCRIPT LOAD); a NOSCRIPT answer (SCRIPT FLUSH, a restarted
+ * or replaced primary) resends that one command as EVAL, which runs and
+ * caches the script again, so callers never see it.
  *
- * There is no cache of grants: every call asks Redis, so a revocation made
- * through any instance is refused by every instance on its next call. What is
- * kept per worker is the parsed form of record bytes already seen (a record
- * never changes once written): the bytes Redis returns are compared in full
- * before the parsed record is reused.
+ * A record read from Redis is kept parsed (records never change once
+ * written); it answers calls alone only while tracked: read while the
+ * invalidation link was up, with no invalidation between the read and its
+ * answer, and no revocation answered by this process since (those tell every
+ * worker at once, before the revocation's answer goes out).
  *
  * The primary is a fixed address (redis://, unix://) or the one Redis
  * Sentinel names (redis-sentinel://). With Sentinel each worker keeps two
@@ -71,30 +79,93 @@ static const char *mint_of(const char *rec, size_t len)
     return rec + sizeof(head) - 1;
 }
 
+_Atomic uint64_t sb_store__redis_revoke_gen;
+
+/* the table slot of a token (hashes are SHA-256 of secrets: uniform) */
+static rcache_t *slot_of(redis_conn_t *rc, const uint8_t hash[32])
+{
+    uint32_t h;
+    memcpy(&h, hash + 28, sizeof(h));
+    return &rc->cache[h % RCACHE_SLOTS];
+}
+
+static int owns(const rcache_t *e, const uint8_t hash[32])
+{
+    return (e->tok != NULL || e->ltok != NULL) && memcmp(e->hash, hash, 32) == 0;
+}
+
+/* what this worker holds for `hash` (a record, a lease or both), or NULL */
+static rcache_t *entry_of(redis_conn_t *rc, const uint8_t hash[32])
+{
+    rcache_t *e = slot_of(rc, hash);
+    return owns(e, hash) ? e : NULL;
+}
+
+static void release_add(redis_conn_t *rc, int calls, const char *run_id, size_t rlen, unsigned n);
+
+/* gives the lease's unused quota back to Redis (queued); the lease goes once no slot of it is in use */
+static void lease_return(redis_conn_t *rc, rcache_t *e)
+{
+    const char *run = e->ltok->run_id;
+    if (e->calls_left != 0)
+        release_add(rc, 1, run, strlen(run), e->calls_left);
+    if (e->slots_free != 0)
+        release_add(rc, 0, run, strlen(run), e->slots_free);
+    e->calls_left = e->slots_free = 0;
+    e->next_block = 1;
+    if (e->slots_used == 0) {
+        sb_token_release(e->ltok);
+        e->ltok = NULL;
+    }
+}
+
+/*
+ * The entry for `hash`, taken over from another token when that one has no
+ * slot in use (its lease is given back); NULL when it has: the call then
+ * goes without a lease.
+ */
+static rcache_t *entry_claim(redis_conn_t *rc, const uint8_t hash[32])
+{
+    rcache_t *e = slot_of(rc, hash);
+    if (owns(e, hash))
+        return e;
+    if (e->ltok != NULL) {
+        if (e->slots_used != 0)
+            return NULL;
+        lease_return(rc, e);
+    }
+    sb_token_release(e->tok);
+    memset(e, 0, sizeof(*e));
+    memcpy(e->hash, hash, 32);
+    e->next_block = 1;
+    return e;
+}
+
 /*
  * The record for `hash` from the bytes Redis returned: the parsed form this
  * worker already holds for the same record (same mint id and length), else a
- * fresh parse, kept for next time. A reference the caller must release, or
- * NULL (unreadable).
+ * fresh parse, kept for next time (`tracked`: Redis will say when it
+ * changes). A reference the caller must release, or NULL (unreadable).
  */
-static sb_token_t *record_token(redis_conn_t *rc, const uint8_t hash[32], const char *rec, size_t len)
+static sb_token_t *record_token(redis_conn_t *rc, const uint8_t hash[32], const char *rec, size_t len, int tracked)
 {
-    rcache_t *e = &rc->cache[hash[31] % RCACHE_SLOTS];
+    rcache_t *e = entry_of(rc, hash);
     const char *mint = mint_of(rec, len);
     sb_token_t *tok;
 
-    if (mint != NULL && e->tok != NULL && e->len == len && memcmp(e->hash, hash, 32) == 0 && memcmp(e->mint, mint, 32) == 0) {
+    if (mint != NULL && e != NULL && e->tok != NULL && e->len == len && memcmp(e->mint, mint, 32) == 0) {
+        e->tracked |= tracked;
         sb_token_addref(e->tok);
         return e->tok;
     }
     if (sb_token_deserialize(hash, rec, len, &tok) != SB_OK)
         return NULL;
-    if (mint != NULL) {
+    if (mint != NULL && (e = entry_claim(rc, hash)) != NULL) {
         uint64_t v[4] = {len, (uint64_t)tok->expires_at_ms, (uint64_t)tok->quota.calls, (uint64_t)tok->quota.concurrent};
         sb_token_release(e->tok);
-        memcpy(e->hash, hash, 32);
         memcpy(e->mint, mint, 32);
         e->len = len;
+        e->tracked = tracked;
         sb_token_addref(tok);
         e->tok = tok;
         for (int i = 0; i < 4; ++i)
@@ -106,16 +177,58 @@ static sb_token_t *record_token(redis_conn_t *rc, const uint8_t hash[32], const 
 /* the parsed record this worker holds for `hash`, or NULL */
 static rcache_t *known_record(redis_conn_t *rc, const uint8_t hash[32])
 {
-    rcache_t *e = &rc->cache[hash[31] % RCACHE_SLOTS];
-    return e->tok != NULL && memcmp(e->hash, hash, 32) == 0 ? e : NULL;
+    rcache_t *e = entry_of(rc, hash);
+    return e != NULL && e->tok != NULL ? e : NULL;
 }
 
+/* drops the parsed record (its lease stays until it is given back) */
 static void forget_record(redis_conn_t *rc, const uint8_t hash[32])
 {
-    rcache_t *e = known_record(rc, hash);
-    if (e != NULL) {
-        sb_token_release(e->tok);
+    rcache_t *e = entry_of(rc, hash);
+    if (e == NULL)
+        return;
+    sb_token_release(e->tok);
+    e->tok = NULL;
+    e->tracked = 0;
+    e->len = 0;
+    if (e->ltok == NULL)
         memset(e, 0, sizeof(*e));
+}
+
+void sb_store__redis_untrack_all(redis_conn_t *rc)
+{
+    ++rc->inv_seq;
+    for (size_t i = 0; i < RCACHE_SLOTS; ++i)
+        rc->cache[i].tracked = 0;
+}
+
+static int unhex32(const char *s, size_t len, uint8_t out[32]);
+
+void sb_store__redis_invalidate(redis_conn_t *rc, const redisReply *keys)
+{
+    size_t plen = strlen(rc->store->prefix);
+    uint8_t hash[32];
+
+    if (keys == NULL || keys->type != REDIS_REPLY_ARRAY) {
+        /* FLUSHALL, FLUSHDB, or a message we cannot read: nothing is known any more */
+        for (size_t i = 0; i < RCACHE_SLOTS; ++i)
+            if (rc->cache[i].tok != NULL)
+                forget_record(rc, rc->cache[i].hash);
+        sb_store__redis_untrack_all(rc);
+        return;
+    }
+    for (size_t i = 0; i < keys->elements; ++i) {
+        const redisReply *k = keys->element[i];
+        if (k->type != REDIS_REPLY_STRING)
+            continue;
+        if (k->len == rc->hb_key_len && memcmp(k->str, rc->hb_key, k->len) == 0) {
+            rc->hb_sent = 0; /* our own heartbeat came round: the link is alive */
+        } else if (k->len == plen + 4 + 64 && memcmp(k->str, rc->store->prefix, plen) == 0 &&
+                   memcmp(k->str + plen, "tok:", 4) == 0 && unhex32(k->str + plen + 4, 64, hash)) {
+            ++rc->inv_seq;
+            forget_record(rc, hash);
+        }
+        /* other keys under the prefix are other workers' heartbeats */
     }
 }
 
@@ -160,10 +273,13 @@ void sb_store__redis_update_failed(const char *update, const char *run_id, const
     sb_log_end(&l);
 }
 
-/* the run id of an in-flight counter key a command carried */
+/* the run id of a counter key a command carried ("<prefix>q:inflight:<run>" or "<prefix>q:calls:<run>") */
 static void run_of_key(const redis_conn_t *rc, const char *key, size_t klen, char *out)
 {
-    size_t skip = strlen(rc->store->prefix) + sizeof("q:inflight:") - 1, n = klen > skip ? klen - skip : 0;
+    size_t skip = strlen(rc->store->prefix) + sizeof("q:") - 1, n;
+    const char *colon = klen > skip ? memchr(key + skip, ':', klen - skip) : NULL;
+    skip = colon != NULL ? (size_t)(colon - key) + 1 : klen;
+    n = klen > skip ? klen - skip : 0;
     if (n > SB_MAX_RUN_ID)
         n = SB_MAX_RUN_ID;
     memcpy(out, key + skip, n);
@@ -183,7 +299,14 @@ static void check_releases(cmd_t *cmd, const redisReply *mask, const char *why)
         if (mask != NULL && (mask->type != REDIS_REPLY_INTEGER || (mask->integer & (1LL << i)) == 0))
             continue;
         run_of_key(cmd->rc, cmd->resp + cmd->rel_key_off[i], cmd->rel_key_len[i], run);
-        snprintf(buf, sizeof(buf), "%s", mask != NULL ? "the in-flight counter is not a number" : why);
+        if (mask == NULL)
+            snprintf(buf, sizeof(buf), "%s", why);
+        else
+            snprintf(buf, sizeof(buf), "the %s counter is not a number",
+                     cmd->rel_key_len[i] > strlen(cmd->rc->store->prefix) + 2 &&
+                             memcmp(cmd->resp + cmd->rel_key_off[i] + strlen(cmd->rc->store->prefix), "q:calls:", 8) == 0
+                         ? "calls"
+                         : "in-flight");
         sb_store__redis_update_failed("release", run, buf);
     }
 }
@@ -194,7 +317,8 @@ static size_t take_releases(redis_conn_t *rc, char keys[][KEY_MAX], char counts[
     size_t n = rc->nrel;
     for (size_t i = 0; i < n; ++i) {
         argv[*argc] = keys[i];
-        lens[(*argc)++] = quota_key(rc->store, "inflight", rc->rel[i].run_id, strlen(rc->rel[i].run_id), keys[i], sizeof(keys[i]));
+        lens[(*argc)++] = quota_key(rc->store, rc->rel[i].calls ? "calls" : "inflight", rc->rel[i].run_id, strlen(rc->rel[i].run_id),
+                                    keys[i], sizeof(keys[i]));
         *sb_store__redis_put_u64(counts[i], rc->rel[i].n) = '\0';
     }
     rc->nrel = 0;
@@ -252,46 +376,103 @@ static void flush_releases(redis_conn_t *rc)
     sb_store__redis_cmd_send(cmd);
 }
 
+int sb_store__redis_settle(void *rcp)
+{
+    redis_conn_t *rc = rcp;
+    if (usable(rc)) {
+        sb_store__redis_leases_tick(rc, mono_ms(), 1);
+        flush_releases(rc);
+    }
+    return !h2o_linklist_is_empty(&rc->pending);
+}
+
 void sb_store__redis_on_flush(h2o_timeout_entry_t *entry)
 {
     flush_releases(H2O_STRUCT_FROM_MEMBER(redis_conn_t, flush, entry));
 }
 
 /*
- * Queues one slot to go back. It rides on the next call's script when one
- * follows within this loop pass (one command per call), else it goes on its
- * own once the pass's I/O is handled: never later than a separate command
- * would have been written.
+ * Queues `n` of a run's slots (or leased calls) to go back. They ride on the
+ * next call's script when one follows within this loop pass (one command per
+ * call), else they go on their own once the pass's I/O is handled: never
+ * later than a separate command would have been written.
  */
-static void release_run(redis_conn_t *rc, const char *run_id, size_t rlen)
+static void release_add(redis_conn_t *rc, int calls, const char *run_id, size_t rlen, unsigned n)
 {
-    size_t n = rlen < SB_MAX_RUN_ID ? rlen : SB_MAX_RUN_ID, i;
+    size_t i;
 
+    if (rlen > SB_MAX_RUN_ID)
+        rlen = SB_MAX_RUN_ID;
     for (i = 0; i < rc->nrel; ++i)
-        if (strlen(rc->rel[i].run_id) == n && memcmp(rc->rel[i].run_id, run_id, n) == 0)
+        if (rc->rel[i].calls == calls && strlen(rc->rel[i].run_id) == rlen && memcmp(rc->rel[i].run_id, run_id, rlen) == 0)
             break;
     if (i == rc->nrel) {
         if (rc->nrel == REL_MAX)
             flush_releases(rc);
         i = rc->nrel++;
-        memcpy(rc->rel[i].run_id, run_id, n);
-        rc->rel[i].run_id[n] = '\0';
+        memcpy(rc->rel[i].run_id, run_id, rlen);
+        rc->rel[i].run_id[rlen] = '\0';
+        rc->rel[i].calls = calls;
         rc->rel[i].n = 0;
     }
-    ++rc->rel[i].n;
+    rc->rel[i].n += n;
     if (!h2o_timeout_is_linked(&rc->flush))
         h2o_timeout_link(rc->loop, &rc->flush_timeout, &rc->flush);
+}
+
+static void release_run(redis_conn_t *rc, const char *run_id, size_t rlen)
+{
+    release_add(rc, 0, run_id, rlen, 1);
+}
+
+/* quota a call took from its lease and does not use: back to the lease, or to Redis when the lease has gone */
+static void give_back(redis_conn_t *rc, const uint8_t hash[32], const char *run_id, uint32_t calls, uint32_t slots)
+{
+    rcache_t *e = entry_of(rc, hash);
+
+    if (e != NULL && e->ltok != NULL) {
+        e->calls_left += calls;
+        e->slots_free += slots;
+        return;
+    }
+    if (calls != 0)
+        release_add(rc, 1, run_id, strlen(run_id), calls);
+    if (slots != 0)
+        release_add(rc, 0, run_id, strlen(run_id), slots);
 }
 
 void sb_store__redis_quota_release(void *rcp, const sb_token_t *tok)
 {
     redis_conn_t *rc = rcp;
+    rcache_t *e = entry_of(rc, tok->hash);
+
+    if (e != NULL && e->ltok != NULL && e->slots_used != 0) {
+        /* slots are alike: one in use by this worker's calls becomes free in the lease */
+        --e->slots_used;
+        ++e->slots_free;
+        e->last_use = mono_ms();
+        return;
+    }
     if (!usable(rc)) {
         /* the slot expires with the run's tokens */
         sb_store__redis_update_failed("release", tok->run_id, "the token store is unavailable");
         return;
     }
     release_run(rc, tok->run_id, strlen(tok->run_id));
+}
+
+void sb_store__redis_leases_tick(redis_conn_t *rc, int64_t now, int all)
+{
+    if (!all && !usable(rc))
+        return; /* kept until Redis can take them */
+    for (size_t i = 0; i < RCACHE_SLOTS; ++i) {
+        rcache_t *e = &rc->cache[i];
+        if (e->ltok != NULL && (all || now - e->last_use >= LEASE_IDLE_MS)) {
+            lease_return(rc, e);
+            if (e->ltok == NULL && e->tok == NULL)
+                memset(e, 0, sizeof(*e));
+        }
+    }
 }
 
 static void on_update(cmd_t *cmd, redisReply *reply)
@@ -327,6 +508,48 @@ void sb_store__redis_quota_fetch_add(void *rcp, const sb_token_t *tok, uint64_t 
 
 /* ---- the call path ----------------------------------------------------------------------------------------------------- */
 
+/* a count the script returned: an integer from 0 to LEASE_MAX_CALLS */
+static int grant_of(const redisReply *r, uint32_t *out)
+{
+    if (r->type != REDIS_REPLY_INTEGER || r->integer < 0 || r->integer > LEASE_MAX_CALLS)
+        return 0;
+    *out = (uint32_t)r->integer;
+    return 1;
+}
+
+/*
+ * What the call took and was granted, into the lease: this call uses one
+ * call and (when `slot`) one slot, the rest is kept for the next calls. With
+ * no lease to hold them (the table slot is busy with another token's calls),
+ * the extras go straight back. Returns 1 when this call's slot is in the
+ * lease's count (then its release is too).
+ */
+static void lease_take(redis_conn_t *rc, cmd_t *cmd, sb_token_t *tok, uint32_t gc, uint32_t gs, int slot)
+{
+    uint32_t calls = cmd->res_call + gc, slots = cmd->res_slot + gs;
+    rcache_t *e = entry_claim(rc, cmd->hash);
+
+    /* the call uses one call; a call refused a slot uses none */
+    calls = calls != 0 ? calls - 1 : 0;
+    if (slot)
+        slots = slots != 0 ? slots - 1 : 0;
+    if (e == NULL) {
+        give_back(rc, cmd->hash, tok->run_id, calls, slots);
+        return;
+    }
+    if (e->ltok == NULL) {
+        sb_token_addref(tok);
+        e->ltok = tok;
+    }
+    e->calls_left += calls;
+    e->slots_free += slots;
+    if (slot)
+        ++e->slots_used;
+    if (gc != 0 && e->next_block < LEASE_MAX_CALLS)
+        e->next_block *= 2;
+    e->last_use = mono_ms();
+}
+
 static void on_lookup(cmd_t *cmd, redisReply *reply)
 {
     redis_conn_t *rc = cmd->rc;
@@ -337,6 +560,9 @@ static void on_lookup(cmd_t *cmd, redisReply *reply)
     redisReply *rec, *run;
     const char *run_id;
     size_t run_len;
+    uint32_t gc = 0, gs = 0;
+    int tracked = cmd->inv_seq == rc->inv_seq && cmd->gen == atomic_load_explicit(&sb_store__redis_revoke_gen, memory_order_acquire) &&
+                  rc->data.state == L_UP;
 
     if (reply == NULL || reply->type != REDIS_REPLY_ARRAY || reply->elements < 2 ||
         reply->element[0]->type != REDIS_REPLY_INTEGER || reply->element[1]->type != REDIS_REPLY_INTEGER) {
@@ -348,21 +574,29 @@ static void on_lookup(cmd_t *cmd, redisReply *reply)
     check_releases(cmd, reply->element[0], NULL);
     code = reply->element[1]->integer;
     if (code == 0) {
+        rcache_t *e;
         forget_record(rc, cmd->hash);
+        /* the token is gone: so is its lease */
+        if ((e = entry_of(rc, cmd->hash)) != NULL)
+            lease_return(rc, e);
         st = SB_E_UNAUTHORIZED;
         goto Done;
     }
-    if (code != 1 && code != 2 && code != 4)
+    if ((code != 1 && code != 2 && code != 4) || reply->elements < 4 || !grant_of(reply->element[2], &gc) ||
+        !grant_of(reply->element[3], &gs))
         goto Done; /* 3: a record the script cannot read */
-    if (reply->elements == 2 && cmd->known != NULL) {
+    if (reply->elements == 4 && cmd->known != NULL) {
         /* the record the lookup named: counted against the run id it sent */
+        rcache_t *e = known_record(rc, cmd->hash);
         tok = cmd->known;
         cmd->known = NULL;
+        if (e != NULL && e->tok == tok && tracked)
+            e->tracked = 1;
         run_id = tok->run_id;
         run_len = strlen(run_id);
-    } else if (reply->elements == 4 && (rec = reply->element[2])->type == REDIS_REPLY_STRING &&
-               (run = reply->element[3])->type == REDIS_REPLY_STRING) {
-        tok = record_token(rc, cmd->hash, rec->str, rec->len);
+    } else if (reply->elements == 6 && (rec = reply->element[4])->type == REDIS_REPLY_STRING &&
+               (run = reply->element[5])->type == REDIS_REPLY_STRING) {
+        tok = record_token(rc, cmd->hash, rec->str, rec->len, tracked);
         run_id = run->str;
         run_len = run->len;
     } else {
@@ -370,6 +604,12 @@ static void on_lookup(cmd_t *cmd, redisReply *reply)
     }
     /* the script counted against the run it read; the record must agree */
     if (tok == NULL || strlen(tok->run_id) != run_len || memcmp(tok->run_id, run_id, run_len) != 0) {
+        /* what was granted is counted against `run_id`: it goes back there */
+        if (gc != 0)
+            release_add(rc, 1, run_id, run_len, gc);
+        if (gs != 0)
+            release_add(rc, 0, run_id, run_len, gs);
+        gc = gs = 0;
         st = SB_E_UNAVAILABLE;
     } else if (tok->expires_at_ms <= sb_now_ms()) {
         /* Redis expiry and our clock disagree: believe the stricter one */
@@ -380,13 +620,21 @@ static void on_lookup(cmd_t *cmd, redisReply *reply)
         st = SB_E_RATE_LIMITED;
         why = code == 1 ? "calls per run" : "concurrent calls per run";
     }
-    if (st != SB_OK && code == 4)
-        release_run(rc, run_id, run_len); /* a slot taken for a call that does not go ahead */
+    if (tok != NULL && st != SB_E_UNAVAILABLE) {
+        /* the call is counted (a refusal for the calls quota is not), and holds a slot when granted */
+        if (code == 1)
+            give_back(rc, cmd->hash, tok->run_id, cmd->res_call, cmd->res_slot);
+        else
+            lease_take(rc, cmd, tok, gc, gs, st == SB_OK);
+        cmd->res_call = cmd->res_slot = 0;
+    }
     if (st != SB_OK && st != SB_E_RATE_LIMITED) {
         sb_token_release(tok);
         tok = NULL;
     }
 Done:
+    if (cmd->res_call != 0 || cmd->res_slot != 0)
+        give_back(rc, cmd->hash, cmd->run_id, cmd->res_call, cmd->res_slot);
     if (st == SB_E_UNAVAILABLE)
         why = "the token store is unavailable";
     cmd->cb.lookup(cmd->arg, st, tok, why);
@@ -395,17 +643,52 @@ Done:
 void sb_store__redis_lookup_acquire(void *rcp, const uint8_t hash[32], sb_store_lookup_cb cb, void *arg)
 {
     redis_conn_t *rc = rcp;
-    char key[KEY_MAX], nk[8], keys[REL_MAX][KEY_MAX], counts[REL_MAX][12];
+    char key[KEY_MAX], nk[8], keys[REL_MAX][KEY_MAX], counts[REL_MAX][12], want[2][12];
     const char *argv[CMD_MAX_ARGS];
     size_t lens[CMD_MAX_ARGS], nrel;
     int argc = 2;
-    rcache_t *known = known_record(rc, hash);
+    uint64_t gen = atomic_load_explicit(&sb_store__redis_revoke_gen, memory_order_acquire);
+    uint32_t res_call = 0, res_slot = 0;
+    rcache_t *e, *known;
     cmd_t *cmd;
 
     if (!usable(rc)) {
         cb(arg, SB_E_UNAVAILABLE, NULL, "the token store is unavailable");
         return;
     }
+    if (gen != rc->seen_gen) {
+        /* a revocation was answered by this process: what this worker tracks may not have heard of it yet */
+        rc->seen_gen = gen;
+        sb_store__redis_untrack_all(rc);
+    }
+    e = entry_of(rc, hash);
+    if (e != NULL && e->tok != NULL && e->tracked) {
+        sb_token_t *tok = e->tok;
+        if (tok->expires_at_ms <= sb_now_ms()) {
+            forget_record(rc, hash);
+            cb(arg, SB_E_UNAUTHORIZED, NULL, NULL);
+            return;
+        }
+        if (e->ltok != NULL && e->calls_left != 0 && e->slots_free != 0) {
+            /* the record is current (Redis would have said otherwise) and the quota is leased: no round trip */
+            --e->calls_left;
+            --e->slots_free;
+            ++e->slots_used;
+            e->last_use = mono_ms();
+            sb_token_addref(tok);
+            cb(arg, SB_OK, tok, NULL);
+            return;
+        }
+    }
+    if (e != NULL && e->ltok != NULL) {
+        /* what the lease has goes first; Redis is asked for the rest */
+        res_call = e->calls_left != 0;
+        res_slot = e->slots_free != 0;
+        e->calls_left -= res_call;
+        e->slots_free -= res_slot;
+        e->last_use = mono_ms();
+    }
+    known = e != NULL && e->tok != NULL ? e : NULL;
     argv[1] = key;
     lens[1] = tok_key(rc->store, hash, key);
     /* the slots queued since the last command go back first, in the same script */
@@ -432,6 +715,10 @@ void sb_store__redis_lookup_acquire(void *rcp, const uint8_t hash[32], sb_store_
             lens[argc++] = 0;
         }
     }
+    argv[argc] = want[0];
+    lens[argc++] = (size_t)(sb_store__redis_put_u64(want[0], res_call ? 0 : e != NULL ? e->next_block : 1) - want[0]);
+    argv[argc] = want[1];
+    lens[argc++] = (size_t)(sb_store__redis_put_u64(want[1], res_slot ? 0 : 1) - want[1]);
     for (size_t i = 0; i < nrel; ++i) {
         argv[argc] = counts[i];
         lens[argc++] = strlen(counts[i]);
@@ -443,6 +730,12 @@ void sb_store__redis_lookup_acquire(void *rcp, const uint8_t hash[32], sb_store_
         sb_token_addref(known->tok);
         cmd->known = known->tok;
     }
+    if (res_call != 0 || res_slot != 0)
+        snprintf(cmd->run_id, sizeof(cmd->run_id), "%s", e->ltok->run_id);
+    cmd->res_call = res_call;
+    cmd->res_slot = res_slot;
+    cmd->inv_seq = rc->inv_seq;
+    cmd->gen = gen;
     cmd->cb.lookup = cb;
     cmd->arg = arg;
     memcpy(cmd->hash, hash, 32);
@@ -458,7 +751,7 @@ static void on_get(cmd_t *cmd, redisReply *reply)
         forget_record(cmd->rc, cmd->hash);
         st = SB_E_UNAUTHORIZED;
     } else if (reply != NULL && reply->type == REDIS_REPLY_STRING &&
-               (tok = record_token(cmd->rc, cmd->hash, reply->str, reply->len)) != NULL) {
+               (tok = record_token(cmd->rc, cmd->hash, reply->str, reply->len, 0)) != NULL) {
         st = SB_OK;
         if (tok->expires_at_ms <= sb_now_ms()) {
             sb_token_release(tok);
@@ -545,8 +838,14 @@ void sb_store__redis_put(void *rcp, sb_token_t *tok, const json_t *caps, sb_stor
     sb_store__redis_cmd_send(cmd);
 }
 
-static void on_done(cmd_t *cmd, redisReply *reply)
+/*
+ * A revocation done: before it is answered, every worker of this process is
+ * told to stop answering from what it tracks (other instances hear it from
+ * Redis, on their invalidation links)
+ */
+static void on_revoked(cmd_t *cmd, redisReply *reply)
 {
+    atomic_fetch_add_explicit(&sb_store__redis_revoke_gen, 1, memory_order_acq_rel);
     cmd->cb.done(cmd->arg, reply != NULL && reply->type == REDIS_REPLY_INTEGER ? SB_OK : SB_E_UNAVAILABLE);
 }
 
@@ -566,7 +865,7 @@ void sb_store__redis_revoke_token(void *rcp, const uint8_t hash[32], sb_store_do
     forget_record(rc, hash);
     lens[0] = 3;
     lens[1] = key_for(rc->store, "tok", hex, 64, key, sizeof(key));
-    cmd = sb_store__redis_cmd_new(rc, "DEL", on_done, -1, 2, argv, lens);
+    cmd = sb_store__redis_cmd_new(rc, "DEL", on_revoked, -1, 2, argv, lens);
     cmd->cb.done = cb;
     cmd->arg = arg;
     sb_store__redis_cmd_send(cmd);
@@ -587,7 +886,7 @@ void sb_store__redis_revoke_run(void *rcp, const char *run_id, sb_store_done_cb 
     lens[0] = 1;
     lens[1] = key_for(rc->store, "run", run_id, strlen(run_id), rkey, sizeof(rkey));
     lens[2] = (size_t)snprintf(tprefix, sizeof(tprefix), "%stok:", rc->store->prefix);
-    cmd = sb_store__redis_cmd_new(rc, "the run revocation", on_done, SC_REVOKE_RUN, 3, argv, lens);
+    cmd = sb_store__redis_cmd_new(rc, "the run revocation", on_revoked, SC_REVOKE_RUN, 3, argv, lens);
     cmd->cb.done = cb;
     cmd->arg = arg;
     sb_store__redis_cmd_send(cmd);

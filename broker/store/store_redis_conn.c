@@ -399,6 +399,10 @@ static void on_cmd_reply(redisAsyncContext *ac, void *r, void *privdata)
 
 /* ---- the data link's life cycle ---------------------------------------------------------------------------------------- */
 
+/*
+ * The data link is down (or going): so is the invalidation link, and nothing
+ * this worker read is tracked any more. Both come back together.
+ */
 static void data_failed(redis_conn_t *rc, const char *why, int slow)
 {
     unsigned cap = slow ? RECONNECT_SLOW_CAP_MS : RECONNECT_CAP_MS;
@@ -407,6 +411,8 @@ static void data_failed(redis_conn_t *rc, const char *why, int slow)
     rc->data.state = L_DOWN;
     rc->next_attempt = mono_ms() + (int64_t)(backoff < cap ? backoff : cap);
     ++rc->failures;
+    link_close(&rc->inv);
+    sb_store__redis_untrack_all(rc);
     update_usable(rc, why);
 }
 
@@ -424,6 +430,18 @@ static int is_transient(const redisReply *r)
 {
     return reply_is_error(r, "LOADING") || reply_is_error(r, "BUSY") || reply_is_error(r, "MASTERDOWN") ||
            reply_is_error(r, "TRYAGAIN");
+}
+
+/* one step of the set-up done: the link is up after the last one (the data link's commands, tracking, the subscription) */
+static void setup_step(redis_conn_t *rc)
+{
+    if (--rc->setup_left == 0) {
+        rc->data.state = L_UP;
+        rc->failures = 0;
+        rc->last_heartbeat = mono_ms();
+        rc->hb_sent = 0;
+        update_usable(rc, NULL);
+    }
 }
 
 static void on_setup(cmd_t *cmd, redisReply *reply)
@@ -461,12 +479,7 @@ static void on_setup(cmd_t *cmd, redisReply *reply)
         data_teardown(rc, why, slow);
         return;
     }
-    if (--rc->setup_left == 0) {
-        rc->data.state = L_UP;
-        rc->failures = 0;
-        rc->last_heartbeat = mono_ms();
-        update_usable(rc, NULL);
-    }
+    setup_step(rc);
 }
 
 static void on_data_connect(const redisAsyncContext *ac, int status)
@@ -511,23 +524,215 @@ static void setup_cmd(redis_conn_t *rc, const char *what, int setup_script, int 
     sb_store__redis_cmd_send(cmd);
 }
 
+/* ---- the invalidation link --------------------------------------------------------------------------------------------- */
+
+/*
+ * Each worker's data link runs CLIENT TRACKING in broadcast mode for the
+ * token keys, redirected to a second connection of the same worker that is
+ * subscribed to __redis__:invalidate (hiredis 0.14 speaks RESP2 only, so
+ * invalidations cannot come on the data link itself). Redis then tells every
+ * instance of every change to a token key (a mint, a revocation, an expiry)
+ * as it happens, and a worker answers calls on a token it read since without
+ * asking Redis (store_redis.c). The two links live and die together: while
+ * either is down nothing is tracked and every call fails closed. A heartbeat
+ * key under the tracked prefix, written every second on the data link, must
+ * come back as an invalidation within the store timeout, or the link is
+ * treated as lost (a connection that died without a word).
+ */
+
+static void on_inv_connect(const redisAsyncContext *ac, int status)
+{
+    link_t *l = ac->data;
+    char why[192];
+
+    if (status != REDIS_OK) {
+        /* hiredis frees the context after this callback */
+        snprintf(why, sizeof(why), "the invalidation link could not connect: %s",
+                 ac->errstr[0] != '\0' ? ac->errstr : "unknown error");
+        if (l->state != L_DOWN) {
+            l->state = L_DOWN;
+            data_teardown(l->rc, why, 0);
+        }
+        return;
+    }
+    if (l->state == L_CONNECTING)
+        l->state = L_SETUP;
+}
+
+static void on_inv_disconnect(const redisAsyncContext *ac, int status)
+{
+    link_t *l = ac->data;
+    char why[192];
+
+    if (l->state == L_DOWN)
+        return; /* we tore it down ourselves */
+    l->state = L_DOWN;
+    snprintf(why, sizeof(why), "the invalidation link was lost: %s",
+             status == REDIS_OK ? "closed by the server" : (ac->errstr[0] != '\0' ? ac->errstr : "unknown error"));
+    data_teardown(l->rc, why, 0);
+}
+
+/* AUTH and CLIENT SETNAME on the invalidation link: a refusal reads as the data link's would (one line for both) */
+static void inv_setup_answer(redis_conn_t *rc, const char *what, const redisReply *reply)
+{
+    char why[192];
+
+    if (reply == NULL || rc->inv.state == L_DOWN)
+        return;
+    if (reply->type == REDIS_REPLY_STATUS && strcmp(reply->str, "OK") == 0)
+        return;
+    if (reply->type == REDIS_REPLY_ERROR)
+        snprintf(why, sizeof(why), "%s refused: %.140s", what, reply->str);
+    else
+        snprintf(why, sizeof(why), "%s: unexpected answer", what);
+    data_teardown(rc, why, reply->type != REDIS_REPLY_ERROR || !is_transient(reply));
+}
+
+static void on_inv_auth(redisAsyncContext *ac, void *r, void *privdata)
+{
+    inv_setup_answer(privdata, "AUTH", r);
+}
+
+static void on_inv_setname(redisAsyncContext *ac, void *r, void *privdata)
+{
+    inv_setup_answer(privdata, "CLIENT SETNAME", r);
+}
+
+/* the invalidation link's CLIENT ID: the data link's tracking is redirected there */
+static void on_inv_id(redisAsyncContext *ac, void *r, void *privdata)
+{
+    redis_conn_t *rc = privdata;
+    redisReply *reply = r;
+    const sb_store_t *s = rc->store;
+    char id[24], prefix[KEY_MAX], salt[8], hex[17];
+    const char *argv[7] = {"CLIENT", "TRACKING", "ON", "REDIRECT", id, "BCAST", "PREFIX"};
+    size_t lens[7] = {6, 8, 2, 8, 0, 5, 6};
+    const char *targv[8];
+    size_t tlens[8];
+    cmd_t *cmd;
+
+    if (reply == NULL || rc->inv.state == L_DOWN || rc->data.state == L_DOWN)
+        return;
+    if (reply->type != REDIS_REPLY_INTEGER || sb_random(salt, sizeof(salt)) != SB_OK) {
+        data_teardown(rc, "the invalidation link's CLIENT ID gave no id", 1);
+        return;
+    }
+    rc->inv_id = reply->integer;
+    lens[4] = (size_t)snprintf(id, sizeof(id), "%lld", rc->inv_id);
+    sb_hex((const uint8_t *)salt, sizeof(salt), hex);
+    rc->hb_key_len = (size_t)snprintf(rc->hb_key, sizeof(rc->hb_key), "%stok:hb:%lld.%s", s->prefix, rc->inv_id, hex);
+    for (int i = 0; i < 7; ++i) {
+        targv[i] = argv[i];
+        tlens[i] = lens[i];
+    }
+    targv[7] = prefix;
+    tlens[7] = (size_t)snprintf(prefix, sizeof(prefix), "%stok:", s->prefix);
+    /* counted in the set-up already (data_connect) */
+    cmd = sb_store__redis_cmd_new(rc, "CLIENT TRACKING", on_setup, -1, 8, targv, tlens);
+    cmd->setup_script = -1;
+    sb_store__redis_cmd_send(cmd);
+}
+
+/* the subscription's confirmation, then invalidations */
+static void on_inv_message(redisAsyncContext *ac, void *r, void *privdata)
+{
+    redis_conn_t *rc = privdata;
+    redisReply *reply = r;
+
+    if (reply == NULL || rc->inv.state == L_DOWN)
+        return;
+    if (reply->type == REDIS_REPLY_ARRAY && reply->elements == 3 && reply->element[0]->type == REDIS_REPLY_STRING) {
+        if (strcmp(reply->element[0]->str, "message") == 0) {
+            sb_store__redis_invalidate(rc, reply->element[2]);
+            return;
+        }
+        if (strcmp(reply->element[0]->str, "subscribe") == 0 && rc->inv.state == L_SETUP) {
+            rc->inv.state = L_UP;
+            setup_step(rc);
+            return;
+        }
+    }
+    data_teardown(rc, "the invalidation link sent something other than an invalidation", 0);
+}
+
+/* opens the invalidation link beside a data link being opened; 0, or -1 (the data link is torn down) */
+static int inv_open(redis_conn_t *rc, const sb_store_addr_t *to, const char *path)
+{
+    const char *pw = rc->store->password;
+    char why[192];
+    const char *err;
+
+    if ((err = link_open(&rc->inv, rc->loop, to, path, on_inv_connect, on_inv_disconnect, why, sizeof(why))) != NULL) {
+        char msg[240];
+        snprintf(msg, sizeof(msg), "the invalidation link could not connect: %s", err);
+        data_teardown(rc, msg, 0);
+        return -1;
+    }
+    /* the commands wait in hiredis until the connect completes */
+    if (pw != NULL) {
+        const char *argv[] = {"AUTH", pw};
+        size_t lens[] = {4, strlen(pw)};
+        redisAsyncCommandArgv(rc->inv.ac, on_inv_auth, rc, 2, argv, lens);
+    }
+    {
+        const char *argv[] = {"CLIENT", "SETNAME", "sandbox-broker:inv"};
+        size_t lens[] = {6, 7, 18};
+        redisAsyncCommandArgv(rc->inv.ac, on_inv_setname, rc, 3, argv, lens);
+    }
+    {
+        const char *argv[] = {"CLIENT", "ID"};
+        size_t lens[] = {6, 2};
+        redisAsyncCommandArgv(rc->inv.ac, on_inv_id, rc, 2, argv, lens);
+    }
+    {
+        const char *argv[] = {"SUBSCRIBE", "__redis__:invalidate"};
+        size_t lens[] = {9, 20};
+        redisAsyncCommandArgv(rc->inv.ac, on_inv_message, rc, 2, argv, lens);
+    }
+    return 0;
+}
+
+static void on_hb_set(cmd_t *cmd, redisReply *reply)
+{
+    redis_conn_t *rc = cmd->rc;
+    char why[192];
+
+    if (reply == NULL || rc->data.state != L_UP || (reply->type == REDIS_REPLY_STATUS && strcmp(reply->str, "OK") == 0))
+        return;
+    snprintf(why, sizeof(why), "the heartbeat key could not be written: %.140s",
+             reply->type == REDIS_REPLY_ERROR ? reply->str : "unexpected answer");
+    data_teardown(rc, why, 0);
+}
+
+/* writes the heartbeat key; its invalidation must come back on the invalidation link */
+static void hb_send(redis_conn_t *rc, int64_t now)
+{
+    char v[24];
+    const char *argv[5] = {"SET", rc->hb_key, v, "PX", "10000"};
+    size_t lens[5] = {3, rc->hb_key_len, 0, 2, 5};
+
+    lens[2] = (size_t)snprintf(v, sizeof(v), "%lld", (long long)now);
+    rc->hb_sent = now;
+    sb_store__redis_cmd_send(sb_store__redis_cmd_new(rc, "the heartbeat key", on_hb_set, -1, 5, argv, lens));
+}
+
 static void data_connect(redis_conn_t *rc)
 {
     sb_store_t *s = rc->store;
     char why[192], db[8];
     const char *err;
 
-    err = link_open(&rc->data, rc->loop,
-                    s->unix_path != NULL ? NULL
-                    : is_sentinel(rc)    ? &rc->primary
-                                         : &s->addr,
-                    s->unix_path, on_data_connect, on_data_disconnect, why, sizeof(why));
+    const sb_store_addr_t *to = s->unix_path != NULL ? NULL : is_sentinel(rc) ? &rc->primary : &s->addr;
+
+    err = link_open(&rc->data, rc->loop, to, s->unix_path, on_data_connect, on_data_disconnect, why, sizeof(why));
     if (err != NULL) {
         data_failed(rc, err, 0);
         return;
     }
     /* never HELLO 3: hiredis 0.14 cannot parse RESP3. The commands wait in hiredis until the connect completes */
-    rc->setup_left = 0;
+    rc->setup_left = 2; /* CLIENT TRACKING (sent once the invalidation link has its id), and the subscription */
+    if (inv_open(rc, to, s->unix_path) != 0)
+        return;
     if (s->password != NULL) {
         const char *argv[] = {"AUTH", s->password};
         size_t lens[] = {4, strlen(s->password)};
@@ -542,6 +747,11 @@ static void data_connect(redis_conn_t *rc)
         const char *argv[] = {"SCRIPT", "LOAD", sb_store__redis_scripts[i].body};
         size_t lens[] = {6, 4, sb_store__redis_scripts[i].len};
         setup_cmd(rc, "SCRIPT LOAD", i, 3, argv, lens);
+    }
+    {
+        const char *argv[] = {"CLIENT", "SETNAME", "sandbox-broker:data"};
+        size_t lens[] = {6, 7, 19};
+        setup_cmd(rc, "CLIENT SETNAME", -1, 3, argv, lens);
     }
     {
         const char *argv[] = {"ROLE"};
@@ -828,6 +1038,14 @@ static void on_tick(h2o_timeout_entry_t *entry)
     if (rc->data.state == L_CONNECTING && now - rc->data.since > timeout) {
         snprintf(why, sizeof(why), "connect timed out after %lld ms", (long long)timeout);
         data_teardown(rc, why, 0);
+    } else if (rc->data.state == L_SETUP && now - rc->data.since > 2 * timeout) {
+        /* the data link's own commands time out below: this is the invalidation link's part */
+        snprintf(why, sizeof(why), "the invalidation link was not set up within %lld ms", (long long)(2 * timeout));
+        data_teardown(rc, why, 0);
+    } else if (rc->data.state == L_UP && rc->hb_sent != 0 && now - rc->hb_sent > timeout) {
+        snprintf(why, sizeof(why), "the heartbeat's invalidation did not come back within %lld ms: the invalidation link is lost",
+                 (long long)timeout);
+        data_teardown(rc, why, 0);
     } else if (!h2o_linklist_is_empty(&rc->pending)) {
         cmd_t *oldest = H2O_STRUCT_FROM_MEMBER(cmd_t, link, rc->pending.next);
         if (oldest->deadline <= now) {
@@ -841,10 +1059,14 @@ static void on_tick(h2o_timeout_entry_t *entry)
         size_t lens[] = {4};
         rc->last_heartbeat = now;
         sb_store__redis_cmd_send(sb_store__redis_cmd_new(rc, "ROLE", on_heartbeat, -1, 1, argv, lens));
+        if (rc->hb_sent == 0)
+            hb_send(rc, now);
     }
+    sb_store__redis_leases_tick(rc, now, 0);
     if (is_sentinel(rc))
         sentinel_tick(rc, now);
-    if (rc->data.state == L_DOWN && rc->data.ac == NULL && now >= rc->next_attempt && (!is_sentinel(rc) || rc->have_primary))
+    if (rc->data.state == L_DOWN && rc->data.ac == NULL && rc->inv.ac == NULL && now >= rc->next_attempt &&
+        (!is_sentinel(rc) || rc->have_primary))
         data_connect(rc);
     update_usable(rc, NULL);
 }
@@ -854,10 +1076,10 @@ void *sb_store__redis_conn_create(sb_store_t *s, h2o_loop_t *loop)
     redis_conn_t *rc = sb_mem_calloc(1, sizeof(*rc));
     rc->store = s;
     rc->loop = loop;
-    rc->data.rc = rc->sq.rc = rc->ss.rc = rc;
-    rc->data.flush_timeout = rc->sq.flush_timeout = rc->ss.flush_timeout = &rc->flush_timeout;
-    rc->data.loop = rc->sq.loop = rc->ss.loop = loop;
-    rc->data.wflush.cb = rc->sq.wflush.cb = rc->ss.wflush.cb = on_wflush;
+    rc->data.rc = rc->inv.rc = rc->sq.rc = rc->ss.rc = rc;
+    rc->data.flush_timeout = rc->inv.flush_timeout = rc->sq.flush_timeout = rc->ss.flush_timeout = &rc->flush_timeout;
+    rc->data.loop = rc->inv.loop = rc->sq.loop = rc->ss.loop = loop;
+    rc->data.wflush.cb = rc->inv.wflush.cb = rc->sq.wflush.cb = rc->ss.wflush.cb = on_wflush;
     h2o_linklist_init_anchor(&rc->pending);
     h2o_timeout_init(loop, &rc->tick_timeout, TICK_MS);
     h2o_timeout_init(loop, &rc->flush_timeout, 0);
@@ -874,13 +1096,15 @@ void *sb_store__redis_conn_create(sb_store_t *s, h2o_loop_t *loop)
 void sb_store__redis_conn_destroy(void *p)
 {
     redis_conn_t *rc = p;
-    link_t *links[] = {&rc->data, &rc->sq, &rc->ss};
+    link_t *links[] = {&rc->data, &rc->inv, &rc->sq, &rc->ss};
 
     for (size_t i = 0; i < sizeof(links) / sizeof(links[0]); ++i) {
         links[i]->state = L_DOWN;
         if (links[i]->ac != NULL)
             redisAsyncFree(links[i]->ac);
     }
+    /* leases not given back by sb_store__redis_settle: counted as releases that failed */
+    sb_store__redis_leases_tick(rc, mono_ms(), 1);
     for (size_t i = 0; i < rc->nrel; ++i)
         sb_store__redis_update_failed("release", rc->rel[i].run_id, "the worker stopped before it was sent");
     sb_store__redis_timeline_dispose(rc);
@@ -890,8 +1114,10 @@ void sb_store__redis_conn_destroy(void *p)
         h2o_timeout_unlink(&rc->flush);
     h2o_timeout_dispose(rc->loop, &rc->tick_timeout);
     h2o_timeout_dispose(rc->loop, &rc->flush_timeout);
-    for (size_t i = 0; i < RCACHE_SLOTS; ++i)
+    for (size_t i = 0; i < RCACHE_SLOTS; ++i) {
         sb_token_release(rc->cache[i].tok);
+        sb_token_release(rc->cache[i].ltok);
+    }
     sb_mem_free(rc);
 }
 

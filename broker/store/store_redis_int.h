@@ -23,9 +23,12 @@
 #define RECONNECT_FIRST_MS 100
 #define RECONNECT_CAP_MS 250       /* refused or silent: probe often */
 #define RECONNECT_SLOW_CAP_MS 3200 /* answered with an error that needs an operator */
-#define REL_MAX 16                 /* distinct runs whose slots wait to go back, and the most one command carries */
-#define CMD_MAX_ARGS (9 + 2 * REL_MAX)
-#define RCACHE_SLOTS 256
+#define REL_MAX 16                 /* distinct counters waiting to be given back, and the most one command carries */
+#define CMD_MAX_ARGS (11 + 2 * REL_MAX)
+#define RCACHE_SLOTS 1024
+/* quota leases (store_redis.c): the most calls one lease asks for, and how long an idle lease is kept */
+#define LEASE_MAX_CALLS 256
+#define LEASE_IDLE_MS 100
 /* prefix (at most 256) + "q:inflight:" + run id (at most SB_MAX_RUN_ID): never truncated, or the C and Lua keys would differ */
 #define KEY_MAX (256 + 16 + SB_MAX_RUN_ID + 1)
 #define RCACHE_MAX_RECORD 8192
@@ -64,15 +67,34 @@ typedef struct st_link_t {
 
 /* ---- one worker's connection ------------------------------------------------------------------------------------------- */
 
-/* a record this worker parsed: known by its token hash, mint id and length */
+/*
+ * One token this worker knows, by its hash (a direct-mapped table): the
+ * record it parsed, and the quota it leased for the token's run.
+ */
 typedef struct st_rcache_t {
     uint8_t hash[32];
+    /* the parsed record (NULL: none), known by its mint id and length */
+    sb_token_t *tok;
     char mint[32];
     size_t len;
-    sb_token_t *tok;
+    /*
+     * 1 while Redis tracks the record for us: read while the invalidation
+     * link was subscribed and no invalidation arrived between the read and
+     * its answer. Only a tracked record answers a call without Redis.
+     */
+    int tracked;
     /* what the call-path script is told about it, formatted once: length, expiresAt, calls, concurrent */
     char num[4][21];
     size_t numlen[4];
+    /*
+     * The lease (NULL ltok: none): calls and concurrency slots counted in
+     * the run's Redis counters and not used yet, and the slots in use by
+     * calls this worker is answering. ltok names the run and its quotas.
+     */
+    sb_token_t *ltok;
+    uint32_t calls_left, slots_free, slots_used;
+    uint32_t next_block; /* the calls the next lease asks for: 1, doubling up to LEASE_MAX_CALLS */
+    int64_t last_use;
 } rcache_t;
 
 struct st_redis_conn_t {
@@ -80,8 +102,14 @@ struct st_redis_conn_t {
     h2o_loop_t *loop;
     h2o_timeout_t tick_timeout;
     h2o_timeout_entry_t tick;
-    /* the data link */
-    link_t data;
+    /* the data link, and the invalidation link its CLIENT TRACKING redirects to */
+    link_t data, inv;
+    long long inv_id;       /* the invalidation link's CLIENT ID */
+    uint64_t inv_seq;       /* token invalidations received (and link losses): a read that saw it move is not kept */
+    uint64_t seen_gen;      /* sb_store__redis_revoke_gen when this worker last looked */
+    int64_t hb_sent;        /* when the heartbeat key was written and its invalidation not back yet (0: none) */
+    char hb_key[KEY_MAX];   /* "<prefix>tok:hb:<inv id>.<random>" */
+    size_t hb_key_len;
     h2o_linklist_t pending; /* its commands, oldest first */
     int setup_left;
     int64_t next_attempt, last_heartbeat;
@@ -104,6 +132,7 @@ struct st_redis_conn_t {
     /* slots to give back: carried by the next call's script, or sent on their own at the end of the loop pass */
     struct {
         char run_id[SB_MAX_RUN_ID + 1];
+        int calls; /* 0: the in-flight counter, 1: the calls counter */
         unsigned n;
     } rel[REL_MAX];
     size_t nrel;
@@ -130,6 +159,9 @@ struct st_cmd_t {
     int setup_script; /* SCRIPT LOAD of this script: the digest its answer must be */
     int resent;
     int nrel; /* releases carried: their keys are the arguments at rel_first.. */
+    /* the call path: quota this worker took from its lease (given back if the call does not go ahead), what the read saw */
+    uint32_t res_call, res_slot;
+    uint64_t inv_seq, gen;
     uint32_t rel_key_off[REL_MAX], rel_key_len[REL_MAX];
     sb_token_t *known; /* the parsed record the lookup told the script about, or NULL */
     union {
@@ -190,6 +222,14 @@ void sb_store__redis_cmd_send(cmd_t *cmd);
 /* store_redis.c */
 /** the end of a loop pass: sends the slot releases no call carried */
 void sb_store__redis_on_flush(h2o_timeout_entry_t *entry);
+/** every tick: gives back the leases idle for LEASE_IDLE_MS (all of them when `all`) */
+void sb_store__redis_leases_tick(redis_conn_t *rc, int64_t now, int all);
+/** the invalidation link's message: the token keys Redis says changed (a NULL or non-array payload: every key) */
+void sb_store__redis_invalidate(redis_conn_t *rc, const redisReply *keys);
+/** no record is tracked any more (the invalidation link is lost, or its subscription not confirmed) */
+void sb_store__redis_untrack_all(redis_conn_t *rc);
+/** bumped by every revocation this process answers: its workers stop trusting their caches before the answer goes out */
+extern _Atomic uint64_t sb_store__redis_revoke_gen;
 /** logs and counts a quota update nobody waits for that failed */
 void sb_store__redis_update_failed(const char *update, const char *run_id, const char *why);
 

@@ -22,24 +22,33 @@
     "end\n"
 
 /*
- * The call path. KEYS[1] the token record, KEYS[2..] slots to give back first
- * (releases of earlier calls carried along, counts in ARGV[8..]). ARGV[1] the
- * key prefix; ARGV[2..7] what the worker knows of a record it parsed before
- * (mint id, length, runId, expiresAt, calls, concurrent), or empty.
+ * The call path. KEYS[1] the token record, KEYS[2..] counters to give back
+ * first (releases and lease returns of earlier calls carried along, counts
+ * in ARGV[10..]). ARGV[1] the key prefix; ARGV[2..7] what the worker knows
+ * of a record it parsed before (mint id, length, runId, expiresAt, calls,
+ * concurrent), or empty; ARGV[8] the calls the worker asks for (0: it has
+ * one leased already), ARGV[9] the concurrency slots (0 likewise).
+ *
+ * Calls are leased (PROTOCOL.md section 9, "Quotas across instances"): the
+ * grant is what was asked for, at most a sixteenth of what the run has left
+ * and at least one, so a run near its limit gets one call at a time and no
+ * more is ever granted in total than its quota. A run with nothing left is
+ * refused without counting. Slots are granted as asked, up to what is free.
  *
  * Returns {failed, 0} no record; {failed, 3} a record it cannot read; else
- * {failed, code} when the record is the one the worker knows (same mint id at
- * its fixed offset and same length: records never change once written, and
- * each write gets a fresh id), or {failed, code, record, runId}; code is 1
- * calls per run exceeded, 2 concurrent calls exceeded, 4 counted and a slot
- * taken. A record the worker does not know is read with one anchored match
- * (token.c writes runId, expiresAt and the call quotas first), or decoded in
- * full when written in another order. The mint creates the run's counters
- * with the run's latest expiry; a counter not there yet (a record from an
- * older version) gets the token's.
+ * {failed, code, calls granted, slots granted} when the record is the one the
+ * worker knows (same mint id at its fixed offset and same length: records
+ * never change once written, and each write gets a fresh id), or the same
+ * with the record and its runId appended; code is 1 calls per run exceeded,
+ * 2 concurrent calls exceeded (the calls granted are counted), 4 granted. A
+ * record the worker does not know is read with one anchored match (token.c
+ * writes runId, expiresAt and the call quotas first), or decoded in full when
+ * written in another order. The mint creates the run's counters with the
+ * run's latest expiry; a counter not there yet (a record from an older
+ * version) gets the token's.
  */
 static const char script_lookup[] = "#!lua\n" RELEASE_LUA(
-    2, 6) "local rec = redis.call('GET', KEYS[1])\n"
+    2, 8) "local rec = redis.call('GET', KEYS[1])\n"
           "if not rec then return {failed, 0} end\n"
           "local run, exp, calls, conc\n"
           "local known = ARGV[2] ~= '' and #rec == tonumber(ARGV[3]) and string.sub(rec, 16, 47) == ARGV[2]\n"
@@ -60,16 +69,27 @@ static const char script_lookup[] = "#!lua\n" RELEASE_LUA(
           "  calls = o.quota.calls\n"
           "  conc = o.quota.concurrent\n"
           "end\n"
-          "local function answer(code) if known then return {failed, code} end return {failed, code, rec, run} end\n"
-          "local ck = ARGV[1] .. 'q:calls:' .. run\n"
-          "local n = redis.call('INCR', ck)\n"
-          "if n == 1 and redis.call('PEXPIRETIME', ck) < tonumber(exp) then redis.call('PEXPIREAT', ck, exp) end\n"
-          "if n > tonumber(calls) then return answer(1) end\n"
-          "local ik = ARGV[1] .. 'q:inflight:' .. run\n"
-          "local f = redis.call('INCR', ik)\n"
-          "if f == 1 and redis.call('PEXPIRETIME', ik) < tonumber(exp) then redis.call('PEXPIREAT', ik, exp) end\n"
-          "if f > tonumber(conc) then redis.call('DECR', ik) return answer(2) end\n"
-          "return answer(4)\n";
+          "exp = tonumber(exp)\n"
+          "local function answer(code, gc, gs) if known then return {failed, code, gc, gs} end return {failed, code, gc, gs, rec, run} end\n"
+          "local function take(k, n)\n"
+          "  if redis.call('INCRBY', k, n) == n and redis.call('PEXPIRETIME', k) < exp then redis.call('PEXPIREAT', k, exp) end\n"
+          "end\n"
+          "local gc, wc, ws = 0, tonumber(ARGV[8]), tonumber(ARGV[9])\n"
+          "if wc > 0 then\n"
+          "  local ck = ARGV[1] .. 'q:calls:' .. run\n"
+          "  local left = tonumber(calls) - tonumber(redis.call('GET', ck) or '0')\n"
+          "  if left <= 0 then return answer(1, 0, 0) end\n"
+          "  gc = math.max(1, math.min(wc, math.floor(left / 16)))\n"
+          "  take(ck, gc)\n"
+          "end\n"
+          "if ws > 0 then\n"
+          "  local ik = ARGV[1] .. 'q:inflight:' .. run\n"
+          "  local free = tonumber(conc) - tonumber(redis.call('GET', ik) or '0')\n"
+          "  if free <= 0 then return answer(2, gc, 0) end\n"
+          "  if ws > free then ws = free end\n"
+          "  take(ik, ws)\n"
+          "end\n"
+          "return answer(4, gc, ws)\n";
 /* releases on their own (no call followed within the loop pass): KEYS[1..] slots, ARGV counts; returns the failed mask */
 static const char script_release[] = "#!lua\n" RELEASE_LUA(1, 0) "return failed\n";
 /* KEYS[1] the run's fetched-bytes counter, ARGV[1] bytes, ARGV[2] the token's expiry */
