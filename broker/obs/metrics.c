@@ -358,9 +358,15 @@ sb_status_t sb_metrics_render_into(sb_buf_t *out)
          "# HELP sb_redis_script_reloads_total Script calls answered NOSCRIPT and resent with the script.\n"
          "# TYPE sb_redis_script_reloads_total counter\nsb_redis_script_reloads_total %llu\n"
          "# HELP sb_redis_primary_switches_total Times a sentinel named another primary (per worker connection).\n"
-         "# TYPE sb_redis_primary_switches_total counter\nsb_redis_primary_switches_total %llu\n",
+         "# TYPE sb_redis_primary_switches_total counter\nsb_redis_primary_switches_total %llu\n"
+         "# HELP sb_redis_lookups_total Calls whose token and quota were settled without Redis (local) or by asking it.\n"
+         "# TYPE sb_redis_lookups_total counter\nsb_redis_lookups_total{path=\"local\"} %llu\n"
+         "sb_redis_lookups_total{path=\"redis\"} %llu\n"
+         "# HELP sb_redis_tracking_lost_total Invalidation links lost or silent past the store timeout (per worker).\n"
+         "# TYPE sb_redis_tracking_lost_total counter\nsb_redis_tracking_lost_total %llu\n",
          STORE_EV(SB_STORE_EV_RELEASE_FAILED), STORE_EV(SB_STORE_EV_FETCH_ADD_FAILED), STORE_EV(SB_STORE_EV_SCRIPT_RELOAD),
-         STORE_EV(SB_STORE_EV_PRIMARY_SWITCH));
+         STORE_EV(SB_STORE_EV_PRIMARY_SWITCH), STORE_EV(SB_STORE_EV_LOOKUP_LOCAL), STORE_EV(SB_STORE_EV_LOOKUP_REDIS),
+         STORE_EV(SB_STORE_EV_TRACKING_LOST));
 #undef STORE_EV
     if (db_up_fn != NULL && db_up_fn() >= 0)
         emit(&o, "# HELP sb_database_up 1 when the database answers.\n# TYPE sb_database_up gauge\nsb_database_up %d\n",

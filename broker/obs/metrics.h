@@ -38,6 +38,9 @@ typedef enum en_sb_store_event_t {
     SB_STORE_EV_FETCH_ADD_FAILED,   /* sb_quota_update_failures_total{update="fetch_bytes"} */
     SB_STORE_EV_SCRIPT_RELOAD,      /* sb_redis_script_reloads_total: a NOSCRIPT answer resent as EVAL */
     SB_STORE_EV_PRIMARY_SWITCH,     /* sb_redis_primary_switches_total: Sentinel named another primary */
+    SB_STORE_EV_LOOKUP_LOCAL,       /* sb_redis_lookups_total{path="local"}: a call answered from a tracked record and a lease */
+    SB_STORE_EV_LOOKUP_REDIS,       /* sb_redis_lookups_total{path="redis"}: a call that asked Redis */
+    SB_STORE_EV_TRACKING_LOST,      /* sb_redis_tracking_lost_total: an invalidation link lost or silent */
     SB_STORE_EV_COUNT_
 } sb_store_event_t;
 void sb_metrics_store_event(sb_store_event_t ev);

@@ -317,8 +317,8 @@ static size_t take_releases(redis_conn_t *rc, char keys[][KEY_MAX], char counts[
     size_t n = rc->nrel;
     for (size_t i = 0; i < n; ++i) {
         argv[*argc] = keys[i];
-        lens[(*argc)++] = quota_key(rc->store, rc->rel[i].calls ? "calls" : "inflight", rc->rel[i].run_id, strlen(rc->rel[i].run_id),
-                                    keys[i], sizeof(keys[i]));
+        lens[(*argc)++] = quota_key(rc->store, rc->rel[i].calls ? "calls" : "inflight", rc->rel[i].run_id,
+                                    strlen(rc->rel[i].run_id), keys[i], sizeof(keys[i]));
         *sb_store__redis_put_u64(counts[i], rc->rel[i].n) = '\0';
     }
     rc->nrel = 0;
@@ -561,8 +561,8 @@ static void on_lookup(cmd_t *cmd, redisReply *reply)
     const char *run_id;
     size_t run_len;
     uint32_t gc = 0, gs = 0;
-    int tracked = cmd->inv_seq == rc->inv_seq && cmd->gen == atomic_load_explicit(&sb_store__redis_revoke_gen, memory_order_acquire) &&
-                  rc->data.state == L_UP;
+    int tracked = cmd->inv_seq == rc->inv_seq &&
+                  cmd->gen == atomic_load_explicit(&sb_store__redis_revoke_gen, memory_order_acquire) && rc->data.state == L_UP;
 
     if (reply == NULL || reply->type != REDIS_REPLY_ARRAY || reply->elements < 2 ||
         reply->element[0]->type != REDIS_REPLY_INTEGER || reply->element[1]->type != REDIS_REPLY_INTEGER) {
@@ -676,6 +676,7 @@ void sb_store__redis_lookup_acquire(void *rcp, const uint8_t hash[32], sb_store_
             ++e->slots_used;
             e->last_use = mono_ms();
             sb_token_addref(tok);
+            sb_metrics_store_event(SB_STORE_EV_LOOKUP_LOCAL);
             cb(arg, SB_OK, tok, NULL);
             return;
         }
@@ -689,6 +690,7 @@ void sb_store__redis_lookup_acquire(void *rcp, const uint8_t hash[32], sb_store_
         e->last_use = mono_ms();
     }
     known = e != NULL && e->tok != NULL ? e : NULL;
+    sb_metrics_store_event(SB_STORE_EV_LOOKUP_REDIS);
     argv[1] = key;
     lens[1] = tok_key(rc->store, hash, key);
     /* the slots queued since the last command go back first, in the same script */

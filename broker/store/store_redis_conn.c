@@ -567,6 +567,7 @@ static void on_inv_disconnect(const redisAsyncContext *ac, int status)
     if (l->state == L_DOWN)
         return; /* we tore it down ourselves */
     l->state = L_DOWN;
+    sb_metrics_store_event(SB_STORE_EV_TRACKING_LOST);
     snprintf(why, sizeof(why), "the invalidation link was lost: %s",
              status == REDIS_OK ? "closed by the server" : (ac->errstr[0] != '\0' ? ac->errstr : "unknown error"));
     data_teardown(l->rc, why, 0);
@@ -1045,6 +1046,7 @@ static void on_tick(h2o_timeout_entry_t *entry)
     } else if (rc->data.state == L_UP && rc->hb_sent != 0 && now - rc->hb_sent > timeout) {
         snprintf(why, sizeof(why), "the heartbeat's invalidation did not come back within %lld ms: the invalidation link is lost",
                  (long long)timeout);
+        sb_metrics_store_event(SB_STORE_EV_TRACKING_LOST);
         data_teardown(rc, why, 0);
     } else if (!h2o_linklist_is_empty(&rc->pending)) {
         cmd_t *oldest = H2O_STRUCT_FROM_MEMBER(cmd_t, link, rc->pending.next);

@@ -104,11 +104,11 @@ struct st_redis_conn_t {
     h2o_timeout_entry_t tick;
     /* the data link, and the invalidation link its CLIENT TRACKING redirects to */
     link_t data, inv;
-    long long inv_id;       /* the invalidation link's CLIENT ID */
-    uint64_t inv_seq;       /* token invalidations received (and link losses): a read that saw it move is not kept */
-    uint64_t seen_gen;      /* sb_store__redis_revoke_gen when this worker last looked */
-    int64_t hb_sent;        /* when the heartbeat key was written and its invalidation not back yet (0: none) */
-    char hb_key[KEY_MAX];   /* "<prefix>tok:hb:<inv id>.<random>" */
+    long long inv_id;     /* the invalidation link's CLIENT ID */
+    uint64_t inv_seq;     /* token invalidations received (and link losses): a read that saw it move is not kept */
+    uint64_t seen_gen;    /* sb_store__redis_revoke_gen when this worker last looked */
+    int64_t hb_sent;      /* when the heartbeat key was written and its invalidation not back yet (0: none) */
+    char hb_key[KEY_MAX]; /* "<prefix>tok:hb:<inv id>.<random>" */
     size_t hb_key_len;
     h2o_linklist_t pending; /* its commands, oldest first */
     int setup_left;

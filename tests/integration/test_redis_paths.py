@@ -265,6 +265,108 @@ class Lookup(Base):
         self.calls_settle_at(n, "run-unix", 1)
 
 
+class Tracking(Base):
+    """Records kept while Redis tracks them, and quota leased: what a granted call asks Redis."""
+
+    def setUp(self):
+        super().setUp()
+        self.r = self.node()
+        self.b = self.broker(self.r.url)
+
+    def evalsha_calls(self):
+        for line in self.r.cmd("INFO", "commandstats").decode().splitlines():
+            if line.startswith("cmdstat_evalsha:"):
+                return int(line.split("calls=")[1].split(",")[0])
+        return 0
+
+    def connections(self, name):
+        out = []
+        for line in self.r.cmd("CLIENT", "LIST").decode().splitlines():
+            f = dict(kv.split("=", 1) for kv in line.split(" ") if "=" in kv)
+            if f.get("name") == name:
+                out.append(f)
+        return out
+
+    def test_granted_calls_in_steady_state_ask_redis_nothing(self):
+        # no timeline: its events are written to Redis after the replies, batched, and would be counted below
+        self.b = self.broker(self.r.url, SANDBOX_BROKER_TIMELINE_MAX_EVENTS="0")
+        tok = self.b.mint_ok("run-steady", CAPS, quotas={"calls": 100000})
+        for _ in range(3):
+            self.works(self.b, tok)
+        before, local = self.evalsha_calls(), redisfix.metric(self.b, 'sb_redis_lookups_total{path="local"}')
+        for _ in range(120):
+            self.works(self.b, tok)
+        asked = self.evalsha_calls() - before
+        # leases of 4, 8, 16, 32, 64 calls: five scripts for 120 calls, not 120
+        self.assertLessEqual(asked, 6)
+        self.assertGreaterEqual(redisfix.metric(self.b, 'sb_redis_lookups_total{path="local"}') - local, 114)
+        # once idle, the leased calls not used go back: the counter is what was used
+        self.calls_settle_at(self.r, "run-steady", 123)
+        self.assertTrue(poll(lambda: self.inflight(self.r, "run-steady") == 0, 2.0))
+
+    def test_links_are_named_and_tracking(self):
+        data, inv = self.connections("sandbox-broker:data"), self.connections("sandbox-broker:inv")
+        self.assertEqual((len(data), len(inv)), (1, 1))
+        self.assertIn("t", data[0]["flags"])  # CLIENT TRACKING on
+        self.assertIn("P", inv[0]["flags"])  # subscribed
+        self.assertEqual(data[0]["redir"], inv[0]["id"])
+
+    def test_a_record_deleted_in_redis_is_refused_without_the_broker_being_told(self):
+        tok = self.b.mint_ok("run-del", CAPS)
+        for _ in range(3):
+            self.works(self.b, tok)
+        # straight in Redis: only the invalidation can tell the broker
+        self.assertEqual(self.r.cmd("DEL", "sb:tok:" + token_hash(tok)), 1)
+        self.assertTrue(poll(lambda: self.call(self.b, tok).status == 401, 1.0))
+        for _ in range(20):
+            self.refused(self.b, tok)
+        # FLUSHALL drops everything tracked too
+        tok2 = self.b.mint_ok("run-flushall", CAPS)
+        self.works(self.b, tok2)
+        self.works(self.b, tok2)
+        self.assertEqual(self.r.cmd("FLUSHALL"), "OK")
+        self.assertTrue(poll(lambda: self.call(self.b, tok2).status == 401, 1.0))
+
+    def test_the_invalidation_link_lost_fails_closed_then_recovers(self):
+        tok = self.b.mint_ok("run-inv", CAPS)
+        for _ in range(3):
+            self.works(self.b, tok)
+        inv = self.connections("sandbox-broker:inv")
+        self.assertEqual(len(inv), 1)
+        self.assertEqual(self.r.cmd("CLIENT", "KILL", "ID", inv[0]["id"]), 1)
+        # whatever the broker answers from now on, the record deleted behind its back is never granted
+        self.assertEqual(self.r.cmd("DEL", "sb:tok:" + token_hash(tok)), 1)
+        seen = set()
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            r = self.call(self.b, tok)
+            seen.add(r.status)
+            if r.status == 401:
+                break
+        self.assertNotIn(501, seen)
+        self.assertTrue(seen <= {401, 503}, seen)
+        self.assertTrue(poll(lambda: self.call(self.b, tok).status == 401, 1.0))
+        down = [e for e in self.events(self.b, "redis.down") if "invalidation link" in e["reason"]]
+        self.assertEqual(len(down), 1, self.events(self.b, "redis.down"))
+        self.assertTrue(down[0]["reason"].startswith("the invalidation link was lost: "), down[0])
+        self.assertGreaterEqual(redisfix.metric(self.b, "sb_redis_tracking_lost_total"), 1)
+        tok2 = self.b.mint_ok("run-inv2", CAPS)
+        self.works(self.b, tok2)
+        self.assertEqual(len(self.connections("sandbox-broker:inv")), 1)
+
+    def test_calls_quota_is_exact_with_leases(self):
+        tok = self.b.mint_ok("run-exact", CAPS, quotas={"calls": 50})
+        granted = 0
+        for _ in range(60):
+            r = self.call(self.b, tok)
+            if r.status == 501:
+                granted += 1
+            else:
+                self.assertError(r, 429, "rate_limited", "run quota exceeded: calls per run")
+        self.assertEqual(granted, 50)
+        self.calls_settle_at(self.r, "run-exact", 50)
+
+
 class Quotas(Base):
     """Concurrency slots and fetched bytes through Redis, and updates that fail."""
 
