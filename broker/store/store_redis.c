@@ -425,6 +425,18 @@ static void release_run(redis_conn_t *rc, const char *run_id, size_t rlen)
     release_add(rc, 0, run_id, rlen, 1);
 }
 
+/*
+ * The free slots a lease may keep for the token's next calls: a sixteenth of
+ * the run's concurrency quota, so a run with fewer than 16 takes and gives
+ * back every slot in Redis (exact to the call), and workers holding slots
+ * another worker's call could use keep at most a sixteenth of them each
+ */
+static uint32_t slots_kept(const sb_token_t *tok)
+{
+    int64_t n = tok->quota.concurrent / 16;
+    return n > LEASE_MAX_CALLS ? LEASE_MAX_CALLS : (uint32_t)(n > 0 ? n : 0);
+}
+
 /* quota a call took from its lease and does not use: back to the lease, or to Redis when the lease has gone */
 static void give_back(redis_conn_t *rc, const uint8_t hash[32], const char *run_id, uint32_t calls, uint32_t slots)
 {
@@ -447,11 +459,13 @@ void sb_store__redis_quota_release(void *rcp, const sb_token_t *tok)
     rcache_t *e = entry_of(rc, tok->hash);
 
     if (e != NULL && e->ltok != NULL && e->slots_used != 0) {
-        /* slots are alike: one in use by this worker's calls becomes free in the lease */
+        /* slots are alike: one in use by this worker's calls becomes free in the lease, up to what a lease may keep */
         --e->slots_used;
-        ++e->slots_free;
         e->last_use = mono_ms();
-        return;
+        if (e->slots_free < slots_kept(e->ltok)) {
+            ++e->slots_free;
+            return;
+        }
     }
     if (!usable(rc)) {
         /* the slot expires with the run's tokens */
@@ -521,8 +535,7 @@ static int grant_of(const redisReply *r, uint32_t *out)
  * What the call took and was granted, into the lease: this call uses one
  * call and (when `slot`) one slot, the rest is kept for the next calls. With
  * no lease to hold them (the table slot is busy with another token's calls),
- * the extras go straight back. Returns 1 when this call's slot is in the
- * lease's count (then its release is too).
+ * the extras go straight back, and so do slots beyond what a lease keeps.
  */
 static void lease_take(redis_conn_t *rc, cmd_t *cmd, sb_token_t *tok, uint32_t gc, uint32_t gs, int slot)
 {
@@ -542,6 +555,11 @@ static void lease_take(redis_conn_t *rc, cmd_t *cmd, sb_token_t *tok, uint32_t g
         e->ltok = tok;
     }
     e->calls_left += calls;
+    if (e->slots_free + slots > slots_kept(tok)) {
+        uint32_t keep = e->slots_free < slots_kept(tok) ? slots_kept(tok) - e->slots_free : 0;
+        release_add(rc, 0, tok->run_id, strlen(tok->run_id), slots - keep);
+        slots = keep;
+    }
     e->slots_free += slots;
     if (slot)
         ++e->slots_used;
