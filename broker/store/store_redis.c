@@ -228,7 +228,7 @@ void sb_store__redis_invalidate(redis_conn_t *rc, const redisReply *keys)
             ++rc->inv_seq;
             forget_record(rc, hash);
         }
-        /* other keys under the prefix are other workers' heartbeats */
+        /* nothing else is tracked */
     }
 }
 

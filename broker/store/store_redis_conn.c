@@ -535,9 +535,9 @@ static void setup_cmd(redis_conn_t *rc, const char *what, int setup_script, int 
  * as it happens, and a worker answers calls on a token it read since without
  * asking Redis (store_redis.c). The two links live and die together: while
  * either is down nothing is tracked and every call fails closed. A heartbeat
- * key under the tracked prefix, written every second on the data link, must
- * come back as an invalidation within the store timeout, or the link is
- * treated as lost (a connection that died without a word).
+ * key of the worker's own (a second tracked prefix), written every second on
+ * the data link, must come back as an invalidation within the store timeout,
+ * or the link is treated as lost (a connection that died without a word).
  */
 
 static void on_inv_connect(const redisAsyncContext *ac, int status)
@@ -606,10 +606,8 @@ static void on_inv_id(redisAsyncContext *ac, void *r, void *privdata)
     redisReply *reply = r;
     const sb_store_t *s = rc->store;
     char id[24], prefix[KEY_MAX], salt[8], hex[17];
-    const char *argv[7] = {"CLIENT", "TRACKING", "ON", "REDIRECT", id, "BCAST", "PREFIX"};
-    size_t lens[7] = {6, 8, 2, 8, 0, 5, 6};
-    const char *targv[8];
-    size_t tlens[8];
+    const char *argv[10] = {"CLIENT", "TRACKING", "ON", "REDIRECT", id, "BCAST", "PREFIX", prefix, "PREFIX", rc->hb_key};
+    size_t lens[10] = {6, 8, 2, 8, 0, 5, 6, 0, 6, 0};
     cmd_t *cmd;
 
     if (reply == NULL || rc->inv.state == L_DOWN || rc->data.state == L_DOWN)
@@ -621,15 +619,12 @@ static void on_inv_id(redisAsyncContext *ac, void *r, void *privdata)
     rc->inv_id = reply->integer;
     lens[4] = (size_t)snprintf(id, sizeof(id), "%lld", rc->inv_id);
     sb_hex((const uint8_t *)salt, sizeof(salt), hex);
-    rc->hb_key_len = (size_t)snprintf(rc->hb_key, sizeof(rc->hb_key), "%stok:hb:%lld.%s", s->prefix, rc->inv_id, hex);
-    for (int i = 0; i < 7; ++i) {
-        targv[i] = argv[i];
-        tlens[i] = lens[i];
-    }
-    targv[7] = prefix;
-    tlens[7] = (size_t)snprintf(prefix, sizeof(prefix), "%stok:", s->prefix);
+    /* the heartbeat key is a prefix of its own, so other workers' heartbeats never reach this link */
+    rc->hb_key_len = (size_t)snprintf(rc->hb_key, sizeof(rc->hb_key), "%shb:%lld.%s", s->prefix, rc->inv_id, hex);
+    lens[7] = (size_t)snprintf(prefix, sizeof(prefix), "%stok:", s->prefix);
+    lens[9] = rc->hb_key_len;
     /* counted in the set-up already (data_connect) */
-    cmd = sb_store__redis_cmd_new(rc, "CLIENT TRACKING", on_setup, -1, 8, targv, tlens);
+    cmd = sb_store__redis_cmd_new(rc, "CLIENT TRACKING", on_setup, -1, 10, argv, lens);
     cmd->setup_script = -1;
     sb_store__redis_cmd_send(cmd);
 }

@@ -108,7 +108,7 @@ struct st_redis_conn_t {
     uint64_t inv_seq;     /* token invalidations received (and link losses): a read that saw it move is not kept */
     uint64_t seen_gen;    /* sb_store__redis_revoke_gen when this worker last looked */
     int64_t hb_sent;      /* when the heartbeat key was written and its invalidation not back yet (0: none) */
-    char hb_key[KEY_MAX]; /* "<prefix>tok:hb:<inv id>.<random>" */
+    char hb_key[KEY_MAX]; /* "<prefix>hb:<inv id>.<random>", tracked on its own */
     size_t hb_key_len;
     h2o_linklist_t pending; /* its commands, oldest first */
     int setup_left;
