@@ -2,9 +2,10 @@
 # Revoke-to-refusal delay across instances (issue 6: target p99 <= 10 ms).
 #
 # Two broker instances share one Redis on loopback. For each of REVOKE_TOKENS tokens,
-# tests/bench/revoke_probe.py mints on instance A, checks that a granted call works on
-# instance B (501), revokes on A (by token and by run, alternately) and calls B back to
-# back until it answers 401; the delay is from A's 204 to B's first 401. It prints
+# tests/bench/revoke_probe.py mints on instance A, checks that granted calls work on
+# instance B (501, three times: B then answers from the record it keeps while Redis tracks
+# it), revokes on A (by token and by run, alternately) and calls B back to back until it
+# answers 401; the delay is from A's 204 to B's first 401. It prints
 # p50/p90/p99/max per revocation kind and overall.
 #
 # Environment (all optional):

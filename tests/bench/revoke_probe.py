@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Revoke-to-refusal delay across broker instances (driven by tests/bench/revoke.sh).
 
-For each of N tokens: mint on instance A (admin), confirm that a call on instance B works (501 for
+For each of N tokens: mint on instance A (admin), confirm that calls on instance B work (501 for
 a granted services call), send the revocation to A, and meanwhile call B back to back on a
 keep-alive connection. One thread and non-blocking sockets: the DELETE to A and the calls to B are
 multiplexed with select(), so the moment A's 204 arrives and the moment B's first 401 arrives are
@@ -149,7 +149,12 @@ def main():
             continue
         token = json.loads(body)["token"]
         hdrs = {TOKEN_HEADER: token, "Content-Type": "application/json"}
-        st, _, body = pub.request("POST", args.rpc_path, hdrs, call_body)
+        # three calls: B then answers from the record it keeps while Redis tracks it (and its leased quota),
+        # so what is measured is the invalidation reaching B, not B asking Redis
+        for _ in range(3):
+            st, _, body = pub.request("POST", args.rpc_path, hdrs, call_body)
+            if st != 501:
+                break
         if st != 501:
             failures.append("token %d: the call on B before the revocation answered %d %r" % (i, st, body[:200]))
             continue
