@@ -535,9 +535,11 @@ static void setup_cmd(redis_conn_t *rc, const char *what, int setup_script, int 
  * as it happens, and a worker answers calls on a token it read since without
  * asking Redis (store_redis.c). The two links live and die together: while
  * either is down nothing is tracked and every call fails closed. A heartbeat
- * key of the worker's own (a second tracked prefix), written every second on
- * the data link, must come back as an invalidation within the store timeout,
- * or the link is treated as lost (a connection that died without a word).
+ * key of the worker's own (a second tracked prefix), written every
+ * INV_HEARTBEAT_MS on the data link, must come back as an invalidation within
+ * the store timeout, or the link is treated as lost (a connection that died
+ * without a word, or a Redis that stopped pushing): what a silent link can
+ * let through is bounded by the two together.
  */
 
 static void on_inv_connect(const redisAsyncContext *ac, int status)
@@ -708,7 +710,7 @@ static void hb_send(redis_conn_t *rc, int64_t now)
     size_t lens[5] = {3, rc->hb_key_len, 0, 2, 5};
 
     lens[2] = (size_t)snprintf(v, sizeof(v), "%lld", (long long)now);
-    rc->hb_sent = now;
+    rc->hb_sent = rc->hb_last = now;
     sb_store__redis_cmd_send(sb_store__redis_cmd_new(rc, "the heartbeat key", on_hb_set, -1, 5, argv, lens));
 }
 
@@ -1056,9 +1058,9 @@ static void on_tick(h2o_timeout_entry_t *entry)
         size_t lens[] = {4};
         rc->last_heartbeat = now;
         sb_store__redis_cmd_send(sb_store__redis_cmd_new(rc, "ROLE", on_heartbeat, -1, 1, argv, lens));
-        if (rc->hb_sent == 0)
-            hb_send(rc, now);
     }
+    if (rc->data.state == L_UP && rc->hb_sent == 0 && now - rc->hb_last >= INV_HEARTBEAT_MS)
+        hb_send(rc, now);
     sb_store__redis_leases_tick(rc, now, 0);
     if (is_sentinel(rc))
         sentinel_tick(rc, now);

@@ -19,6 +19,7 @@
 
 #define TICK_MS 50
 #define HEARTBEAT_MS 1000
+#define INV_HEARTBEAT_MS 250 /* the invalidation link's heartbeat (store_redis_conn.c) */
 #define SENTINEL_QUERY_MS 1000
 #define RECONNECT_FIRST_MS 100
 #define RECONNECT_CAP_MS 250       /* refused or silent: probe often */
@@ -108,6 +109,7 @@ struct st_redis_conn_t {
     uint64_t inv_seq;     /* token invalidations received (and link losses): a read that saw it move is not kept */
     uint64_t seen_gen;    /* sb_store__redis_revoke_gen when this worker last looked */
     int64_t hb_sent;      /* when the heartbeat key was written and its invalidation not back yet (0: none) */
+    int64_t hb_last;      /* when the heartbeat key was last written */
     char hb_key[KEY_MAX]; /* "<prefix>hb:<inv id>.<random>", tracked on its own */
     size_t hb_key_len;
     h2o_linklist_t pending; /* its commands, oldest first */
