@@ -354,6 +354,16 @@ class Tracking(Base):
         self.works(self.b, tok2)
         self.assertEqual(len(self.connections("sandbox-broker:inv")), 1)
 
+    def test_a_stopping_broker_gives_its_leases_back(self):
+        tok = self.b.mint_ok("run-stop", CAPS, quotas={"calls": 100000})
+        for _ in range(20):
+            self.works(self.b, tok)
+        # leases of 1, 2, 4, 8 and 16: 31 calls counted for 20 used, until they go back
+        self.assertEqual(self.b.stop(), 0)
+        self.assertEqual(self.r.cmd("GET", "sb:q:calls:run-stop"), b"20")
+        self.assertEqual(self.inflight(self.r, "run-stop"), 0)
+        self.assertEqual(self.events(self.b, "redis.quota_update_failed"), [])
+
     def test_calls_quota_is_exact_with_leases(self):
         tok = self.b.mint_ok("run-exact", CAPS, quotas={"calls": 50})
         granted = 0
