@@ -218,6 +218,18 @@ static void on_stored(void *arg, sb_status_t st)
     sb_async_release(&op->super);
 }
 
+static void on_revoked(void *arg, sb_status_t st);
+
+/* a token revocation names the run the token belonged to, when the store knew it: its log line and timeline event say so */
+static void on_token_revoked(void *arg, sb_status_t st, const char *run_id)
+{
+    admin_op_t *op = arg;
+
+    if (st == SB_OK && run_id != NULL && op->run_id[0] == '\0')
+        snprintf(op->run_id, sizeof(op->run_id), "%s", run_id);
+    on_revoked(arg, st);
+}
+
 static void on_revoked(void *arg, sb_status_t st)
 {
     admin_op_t *op = arg;
@@ -234,6 +246,8 @@ static void on_revoked(void *arg, sb_status_t st)
         if (op->run_id[0] != '\0' && sb_store_timeline_enabled(sb_current_worker->store)) {
             sb_store_timeline_begin(&l, "revoke");
             sb_log_cstr(&l, "runId", op->run_id);
+            if (op->tokref[0] != '\0')
+                sb_log_cstr(&l, "token", op->tokref); /* one token of the run, not the run */
             sb_store_timeline_end(&l, sb_current_worker->store, op->run_id, 0);
         }
     }
@@ -518,7 +532,7 @@ static void revoke_id(h2o_req_t *req, int by_run, const char *seg, size_t seglen
         sb_sha256(id, 64, hash);
         sb_hex(hash, 6, h);
         memcpy(op->tokref, h, 13);
-        sb_store_revoke_token(sb_current_worker->store, hash, on_revoked, op);
+        sb_store_revoke_token(sb_current_worker->store, hash, on_token_revoked, op);
     }
 }
 

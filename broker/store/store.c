@@ -278,9 +278,11 @@ Exit:
     cb(arg, st);
 }
 
-void sb_store_revoke_token(sb_store_conn_t *c, const uint8_t hash[32], sb_store_done_cb cb, void *arg)
+void sb_store_revoke_token(sb_store_conn_t *c, const uint8_t hash[32], sb_store_revoked_cb cb, void *arg)
 {
     sb_store_t *s = c->store;
+    char run_id[SB_MAX_RUN_ID + 1];
+    int found = 0;
 
     if (s->is_redis) {
         sb_store__redis_revoke_token(c->redis, hash, cb, arg);
@@ -289,12 +291,14 @@ void sb_store_revoke_token(sb_store_conn_t *c, const uint8_t hash[32], sb_store_
     pthread_mutex_lock(&s->mu);
     for (sb_token_t **pp = &s->buckets[bucket_of(s->nbuckets, hash)]; *pp != NULL; pp = &(*pp)->_next) {
         if (memcmp((*pp)->hash, hash, 32) == 0) {
+            snprintf(run_id, sizeof(run_id), "%s", (*pp)->run_id);
+            found = 1;
             unlink_locked(s, pp);
             break;
         }
     }
     pthread_mutex_unlock(&s->mu);
-    cb(arg, SB_OK);
+    cb(arg, SB_OK, found ? run_id : NULL);
 }
 
 static size_t run_bucket(size_t nqbuckets, const char *run_id)

@@ -163,7 +163,13 @@ int sb_store_conn_settle(sb_store_conn_t *c);
 void sb_store_get(sb_store_conn_t *c, const uint8_t hash[32], sb_store_get_cb cb, void *arg);
 /** stores a new record; SB_E_BAD_ARGS when the token already exists, SB_E_RATE_LIMITED when the store is full */
 void sb_store_put(sb_store_conn_t *c, sb_token_t *tok, const json_t *capabilities, sb_store_done_cb cb, void *arg);
-void sb_store_revoke_token(sb_store_conn_t *c, const uint8_t hash[32], sb_store_done_cb cb, void *arg);
+/**
+ * called when a token revocation is done: SB_OK with the run the token
+ * belonged to (NULL when there was no such token, or its record could not be
+ * read; valid until the callback returns), or SB_E_UNAVAILABLE
+ */
+typedef void (*sb_store_revoked_cb)(void *arg, sb_status_t st, const char *run_id);
+void sb_store_revoke_token(sb_store_conn_t *c, const uint8_t hash[32], sb_store_revoked_cb cb, void *arg);
 void sb_store_revoke_run(sb_store_conn_t *c, const char *run_id, sb_store_done_cb cb, void *arg);
 
 /** what a run has used of its quotas (PROTOCOL.md section 9, quotas) */

@@ -69,7 +69,7 @@ int sb_store__redis_settle(void *rc);
 void sb_store__redis_get(void *rc, const uint8_t hash[32], sb_store_get_cb cb, void *arg);
 void sb_store__redis_lookup_acquire(void *rc, const uint8_t hash[32], sb_store_lookup_cb cb, void *arg);
 void sb_store__redis_put(void *rc, sb_token_t *tok, const json_t *caps, sb_store_done_cb cb, void *arg);
-void sb_store__redis_revoke_token(void *rc, const uint8_t hash[32], sb_store_done_cb cb, void *arg);
+void sb_store__redis_revoke_token(void *rc, const uint8_t hash[32], sb_store_revoked_cb cb, void *arg);
 void sb_store__redis_revoke_run(void *rc, const char *run_id, sb_store_done_cb cb, void *arg);
 void sb_store__redis_inspect_run(void *rc, const char *run_id, size_t max, sb_store_inspect_cb cb, void *arg);
 void sb_store__redis_quota_release(void *rc, const sb_token_t *tok);

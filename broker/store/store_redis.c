@@ -863,31 +863,54 @@ void sb_store__redis_put(void *rcp, sb_token_t *tok, const json_t *caps, sb_stor
  * told to stop answering from what it tracks (other instances hear it from
  * Redis, on their invalidation links)
  */
-static void on_revoked(cmd_t *cmd, redisReply *reply)
+static void revoked_here(void)
 {
     atomic_fetch_add_explicit(&sb_store__redis_revoke_gen, 1, memory_order_acq_rel);
+}
+
+static void on_revoked(cmd_t *cmd, redisReply *reply)
+{
+    revoked_here();
     cmd->cb.done(cmd->arg, reply != NULL && reply->type == REDIS_REPLY_INTEGER ? SB_OK : SB_E_UNAVAILABLE);
 }
 
-void sb_store__redis_revoke_token(void *rcp, const uint8_t hash[32], sb_store_done_cb cb, void *arg)
+/* GETDEL's answer: the record that was deleted (its run goes to the timeline), or nil */
+static void on_token_revoked(cmd_t *cmd, redisReply *reply)
+{
+    sb_token_t *tok = NULL;
+
+    revoked_here();
+    if (reply == NULL || (reply->type != REDIS_REPLY_NIL && reply->type != REDIS_REPLY_STRING)) {
+        cmd->cb.revoked(cmd->arg, SB_E_UNAVAILABLE, NULL);
+        return;
+    }
+    /* a record the broker cannot read is deleted all the same; only its run stays unknown */
+    if (reply->type == REDIS_REPLY_STRING && sb_token_deserialize(cmd->hash, reply->str, reply->len, &tok) != SB_OK)
+        tok = NULL;
+    cmd->cb.revoked(cmd->arg, SB_OK, tok != NULL ? tok->run_id : NULL);
+    sb_token_release(tok);
+}
+
+void sb_store__redis_revoke_token(void *rcp, const uint8_t hash[32], sb_store_revoked_cb cb, void *arg)
 {
     redis_conn_t *rc = rcp;
     char hex[65], key[KEY_MAX];
-    const char *argv[2] = {"DEL", key};
+    const char *argv[2] = {"GETDEL", key};
     size_t lens[2];
     cmd_t *cmd;
 
     if (!usable(rc)) {
-        cb(arg, SB_E_UNAVAILABLE);
+        cb(arg, SB_E_UNAVAILABLE, NULL);
         return;
     }
     sb_hex(hash, 32, hex);
     forget_record(rc, hash);
-    lens[0] = 3;
+    lens[0] = 6;
     lens[1] = key_for(rc->store, "tok", hex, 64, key, sizeof(key));
-    cmd = sb_store__redis_cmd_new(rc, "DEL", on_revoked, -1, 2, argv, lens);
-    cmd->cb.done = cb;
+    cmd = sb_store__redis_cmd_new(rc, "GETDEL", on_token_revoked, -1, 2, argv, lens);
+    cmd->cb.revoked = cb;
     cmd->arg = arg;
+    memcpy(cmd->hash, hash, 32);
     sb_store__redis_cmd_send(cmd);
 }
 

@@ -170,6 +170,7 @@ struct st_cmd_t {
         sb_store_get_cb get;
         sb_store_lookup_cb lookup;
         sb_store_done_cb done;
+        sb_store_revoked_cb revoked;
         sb_quota_cb quota;
         sb_store_inspect_cb inspect;
         sb_store_timeline_cb timeline;

@@ -4,6 +4,7 @@ decision made for the run: calls, http.fetch hops, secrets placed (the name and 
 The memory store keeps it per instance; on Redis two instances share it, and a run's events made through both come
 back complete and in order. The run inspection gains calls by outcome and secrets used per host."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -55,6 +56,10 @@ class Memory(sbtest.BrokerTestCase):
             self.assertEqual(r.status, 200, r.body)
             self.assertEqual(r.body["callsByOutcome"], {"not_implemented": 2, "forbidden": 1})
             self.assertEqual(r.body["secretsByHost"], {})
+            # one token revoked on its own: its run's timeline says which one
+            extra = b.mint_ok("tl-mem", {"services": ["svc"]})
+            self.assertEqual(b.admin("DELETE", "/admin/v1/tokens/" + extra).status, 204)
+            self.assertEqual(b.rpc(tok, "services.svc.three", {}).status, 501)
             self.assertEqual(b.admin("DELETE", "/admin/v1/runs/tl-mem").status, 204)
             self.assertEqual(b.rpc(tok, "services.svc.fn", {}).status, 401)
             r = events_of(b, "tl-mem")
@@ -64,7 +69,11 @@ class Memory(sbtest.BrokerTestCase):
                 ("call", "services.svc.one", "allow", "not_implemented", 501),
                 ("call", "services.other.fn", "deny", "forbidden", 403),
                 ("call", "services.svc.two", "allow", "not_implemented", 501),
+                ("revoke", None, None, None, None),
+                ("call", "services.svc.three", "allow", "not_implemented", 501),
                 ("revoke", None, None, None, None)])
+            self.assertEqual(ev[3]["token"], hashlib.sha256(extra.encode()).hexdigest()[:12])
+            self.assertNotIn("token", ev[5])
             self.assertEqual(ev[1]["reason"], 'service "other" is not granted')
             self.assertTrue(all(isinstance(e["us"], int) for e in ev[:3]))
             self.assertEqual(len({e["inst"] for e in ev}), 1)
@@ -168,10 +177,17 @@ class OnRedis(sbtest.BrokerTestCase):
             self.assertEqual([e["decision"] for e in ev], ["allow"] * 5 + ["deny"] + ["allow"] * 2)
         r = self.b.admin("GET", "/admin/v1/runs/%s" % run)
         self.assertEqual(r.body["callsByOutcome"], {"not_implemented": 7, "forbidden": 1})
+        # a token revoked on its own through one instance is in the run's story on the other
+        extra = self.a.mint_ok(run, {"services": ["svc"]})
+        self.assertEqual(self.a.admin("DELETE", "/admin/v1/tokens/" + extra).status, 204)
+        ev = events_of(self.b, run, want=9).body["events"]
+        self.assertEqual((ev[-1]["event"], ev[-1]["runId"], ev[-1]["token"]),
+                         ("revoke", run, hashlib.sha256(extra.encode()).hexdigest()[:12]))
         # the revocation through the other instance closes the story
         self.assertEqual(self.b.admin("DELETE", "/admin/v1/runs/%s" % run).status, 204)
-        ev = events_of(self.a, run, want=9).body["events"]
+        ev = events_of(self.a, run, want=10).body["events"]
         self.assertEqual(ev[-1]["event"], "revoke")
+        self.assertNotIn("token", ev[-1])
 
     def test_a_redirect_chain_with_a_secret_shows_each_hop_and_the_name_only(self):
         run = "tl-fetch-" + uuid.uuid4().hex[:6]

@@ -38,6 +38,14 @@ static void on_done(void *arg, sb_status_t st)
     r->st = st;
 }
 
+static void on_revoked(void *arg, sb_status_t st, const char *run_id)
+{
+    result_t *r = arg;
+    ++r->called;
+    r->st = st;
+    snprintf(r->last, sizeof(r->last), "%s", run_id != NULL ? run_id : "(none)");
+}
+
 static void on_get(void *arg, sb_status_t st, sb_token_t *tok)
 {
     result_t *r = arg;
@@ -155,8 +163,12 @@ static void test_shared_manifest(void)
     is_int(put(c, t[0]), SB_E_BAD_ARGS, "a token stored twice is refused");
 
     hash_of(1, hash);
-    sb_store_revoke_token(c, hash, on_done, &r);
+    sb_store_revoke_token(c, hash, on_revoked, &r);
     is_int(r.st, SB_OK, "token 1 revoked");
+    is_str(r.last, "run-a", "  the revocation names its run");
+    sb_store_revoke_token(c, hash, on_revoked, &r);
+    is_int(r.st, SB_OK, "token 1 revoked again: nothing to do, still OK");
+    is_str(r.last, "(none)", "  and no run is named");
     is_int(call_once(c, 1, NULL), SB_E_UNAUTHORIZED, "  token 1 is refused");
     is_int(call_once(c, 2, NULL), SB_OK, "  token 2 (same run, same manifest) still works");
     ok(grants_posts_create(c, 2), "  and its manifest still grants posts.create");
@@ -173,7 +185,7 @@ static void test_shared_manifest(void)
     is_int((long long)sb_store_live_tokens(s), 2, "  two live tokens");
 
     hash_of(3, hash);
-    sb_store_revoke_token(c, hash, on_done, &r);
+    sb_store_revoke_token(c, hash, on_revoked, &r);
     is_int(sb_manifest_interned_count(), base + 1, "revoking the last token of a manifest frees it");
     is_int(call_once(c, 4, NULL), SB_OK, "  token 4 still works");
     sb_store_conn_destroy(c);
