@@ -380,6 +380,100 @@ static int check_auth(redisContext *c, const char *where, const char *pw, char *
     return 0;
 }
 
+/* a command whose answer is only checked for being no error */
+static int check_ok(redisContext *c, const char *where, const char *what, int argc, const char **argv, const size_t *lens,
+                    char *err, size_t errsz)
+{
+    redisReply *r = check_cmd(c, where, what, argc, argv, lens, err, errsz);
+    if (r == NULL)
+        return -1;
+    freeReplyObject(r);
+    return 0;
+}
+
+/*
+ * What a worker's invalidation link needs, end to end (store_redis_conn.c): a
+ * second connection subscribed to __redis__:invalidate, tracking on the data
+ * connection redirected there, and a heartbeat key written on the data
+ * connection whose invalidation must arrive within the timeout. Tracking is
+ * turned off again before the connections close.
+ */
+static int check_tracking(const sb_store_t *s, redisContext *data, const sb_store_addr_t *to, const char *where, char *err,
+                          size_t errsz)
+{
+    char id[24], tprefix[KEY_MAX], hb[KEY_MAX], salt[8], hex[17];
+    redisContext *inv;
+    redisReply *r;
+    int ok = -1;
+
+    if ((inv = check_connect(s, to, s->unix_path, where, err, errsz)) == NULL)
+        return -1;
+    if (s->password != NULL && check_auth(inv, where, s->password, err, errsz) != 0)
+        goto Exit;
+    {
+        const char *argv[] = {"CLIENT", "ID"};
+        size_t lens[] = {6, 2};
+        if ((r = check_cmd(inv, where, "CLIENT ID", 2, argv, lens, err, errsz)) == NULL)
+            goto Exit;
+        snprintf(id, sizeof(id), "%lld", r->type == REDIS_REPLY_INTEGER ? r->integer : -1LL);
+        freeReplyObject(r);
+    }
+    {
+        const char *argv[] = {"SUBSCRIBE", "__redis__:invalidate"};
+        size_t lens[] = {9, 20};
+        if ((r = check_cmd(inv, where, "SUBSCRIBE __redis__:invalidate", 2, argv, lens, err, errsz)) == NULL)
+            goto Exit;
+        freeReplyObject(r);
+    }
+    if (sb_random(salt, sizeof(salt)) != SB_OK) {
+        snprintf(err, errsz, "no randomness for the heartbeat key");
+        goto Exit;
+    }
+    sb_hex((const uint8_t *)salt, sizeof(salt), hex);
+    snprintf(tprefix, sizeof(tprefix), "%stok:", s->prefix);
+    snprintf(hb, sizeof(hb), "%shb:check.%s", s->prefix, hex);
+    {
+        const char *argv[] = {"CLIENT", "TRACKING", "ON", "REDIRECT", id, "BCAST", "PREFIX", tprefix, "PREFIX", hb};
+        size_t lens[] = {6, 8, 2, 8, strlen(id), 5, 6, strlen(tprefix), 6, strlen(hb)};
+        if (check_ok(data, where, "CLIENT TRACKING", 10, argv, lens, err, errsz) != 0)
+            goto Exit;
+    }
+    {
+        const char *argv[] = {"SET", hb, "1", "PX", "10000"};
+        size_t lens[] = {3, strlen(hb), 1, 2, 5};
+        if (check_ok(data, where, "SET of the heartbeat key", 5, argv, lens, err, errsz) != 0)
+            goto Exit;
+    }
+    /* the invalidation of the heartbeat key, within the timeout (redisSetTimeout); tokens minted meanwhile may come first */
+    for (int i = 0; i < 64 && ok != 0; ++i) {
+        if (redisGetReply(inv, (void **)&r) != REDIS_OK) {
+            snprintf(err, errsz, "%s: no invalidation came back for the heartbeat key: %s", where,
+                     inv->err ? inv->errstr : "no answer");
+            goto Exit;
+        }
+        if (r->type != REDIS_REPLY_ARRAY || r->elements != 3 || r->element[2]->type != REDIS_REPLY_ARRAY) {
+            snprintf(err, errsz, "%s: the invalidation link got something other than an invalidation", where);
+            freeReplyObject(r);
+            goto Exit;
+        }
+        for (size_t k = 0; k < r->element[2]->elements; ++k)
+            if (r->element[2]->element[k]->type == REDIS_REPLY_STRING && strcmp(r->element[2]->element[k]->str, hb) == 0)
+                ok = 0;
+        freeReplyObject(r);
+    }
+    if (ok != 0)
+        snprintf(err, errsz, "%s: no invalidation came back for the heartbeat key", where);
+Exit : {
+    const char *argv[] = {"CLIENT", "TRACKING", "OFF"};
+    size_t lens[] = {6, 8, 3};
+    redisReply *off = redisCommandArgv(data, 3, argv, lens);
+    if (off != NULL)
+        freeReplyObject(off);
+}
+    redisFree(inv);
+    return ok;
+}
+
 static int check_primary(const sb_store_t *s, const sb_store_addr_t *to, char *err, size_t errsz)
 {
     char where[96], db[8];
@@ -430,6 +524,8 @@ static int check_primary(const sb_store_t *s, const sb_store_addr_t *to, char *e
         }
         freeReplyObject(r);
     }
+    if (check_tracking(s, c, to, where, err, errsz) != 0)
+        goto Exit;
     ok = 0;
 Exit:
     redisFree(c);

@@ -617,6 +617,25 @@ class Auth(Base):
         self.assertEqual(rc, 1, out)
         self.assertIn("127.0.0.1:%d: the node is not a primary (ROLE: slave)" % rep.port, err)
 
+    def test_tracking_refused_by_an_acl_says_so(self):
+        """A user that may not turn CLIENT TRACKING on: --check-config and the running broker both name it."""
+        n = self.node()
+        where = "127.0.0.1:%d" % n.port
+        rc, out, err = self.check(n.url)
+        self.assertEqual((rc, out.strip()), (0, "configuration OK"), err)
+        # nothing of the check stays behind: tracking off, the heartbeat key expiring
+        self.assertNotIn("flags=t", n.cmd("CLIENT", "LIST").decode())
+        self.assertEqual(n.cmd("ACL", "SETUSER", "default", "-client|tracking"), "OK")
+        rc, out, err = self.check(n.url)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("token store: %s: CLIENT TRACKING refused: NOPERM" % where, err)
+        b = self.broker(n.url, wait=False)
+        self.assertTrue(poll(lambda: any(e["reason"].startswith("CLIENT TRACKING refused: NOPERM")
+                                         for e in self.events(b, "redis.down")), 5.0), b.log()[-2000:])
+        self.assertEqual(b.admin("GET", "/readyz").status, 503)
+        self.assertEqual(n.cmd("ACL", "SETUSER", "default", "+client|tracking"), "OK")
+        self.assertTrue(b.wait_store_up(1), b.log()[-2000:])
+
 
 def command_in_db(node, db, *args):
     """A command in database `db` (SELECT first) on one connection."""
