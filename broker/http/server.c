@@ -422,9 +422,16 @@ static void *worker_main(void *arg)
     }
     /* one more turn: the sockets the last contexts closed are released on the next one */
     h2o_evloop_run(w->loop, 0);
-    /* leased quota goes back to Redis (store/store.h), or other instances' calls on those runs would find less */
-    while (sb_store_conn_settle(w->store) && sb_mono_us() < deadline)
-        h2o_evloop_run(w->loop, 10);
+    /*
+     * leased quota goes back to Redis (store/store.h), or other instances'
+     * calls on those runs would find less: up to a second more, even when the
+     * calls used up the drain's time
+     */
+    {
+        uint64_t until = (deadline > sb_mono_us() ? deadline : sb_mono_us()) + 1000000u;
+        while (sb_store_conn_settle(w->store) && sb_mono_us() < until)
+            h2o_evloop_run(w->loop, 10);
+    }
     sb_store_conn_destroy(w->store);
     w->store = NULL;
     sb_log_thread_buffered(0);

@@ -437,12 +437,27 @@ static uint32_t slots_kept(const sb_token_t *tok)
     return n > LEASE_MAX_CALLS ? LEASE_MAX_CALLS : (uint32_t)(n > 0 ? n : 0);
 }
 
-/* quota a call took from its lease and does not use: back to the lease, or to Redis when the lease has gone */
+/*
+ * Whether a lease taken under record `a` may count calls made under record
+ * `b` of the same token: the same run and the same quotas. A token revoked
+ * and registered again under another run is another lease.
+ */
+static int same_lease(const sb_token_t *a, const sb_token_t *b)
+{
+    return a == b ||
+           (strcmp(a->run_id, b->run_id) == 0 && a->quota.calls == b->quota.calls && a->quota.concurrent == b->quota.concurrent);
+}
+
+/*
+ * Quota a call took from its lease and does not use: back to the lease it
+ * came from (the run `run_id`), or to that run's counters in Redis when the
+ * lease has gone or is another run's now
+ */
 static void give_back(redis_conn_t *rc, const uint8_t hash[32], const char *run_id, uint32_t calls, uint32_t slots)
 {
     rcache_t *e = entry_of(rc, hash);
 
-    if (e != NULL && e->ltok != NULL) {
+    if (e != NULL && e->ltok != NULL && strcmp(e->ltok->run_id, run_id) == 0) {
         e->calls_left += calls;
         e->slots_free += slots;
         return;
@@ -458,8 +473,8 @@ void sb_store__redis_quota_release(void *rcp, const sb_token_t *tok)
     redis_conn_t *rc = rcp;
     rcache_t *e = entry_of(rc, tok->hash);
 
-    if (e != NULL && e->ltok != NULL && e->slots_used != 0) {
-        /* slots are alike: one in use by this worker's calls becomes free in the lease, up to what a lease may keep */
+    if (e != NULL && e->ltok != NULL && e->slots_used != 0 && same_lease(e->ltok, tok)) {
+        /* slots of a run are alike: one in use by this worker's calls becomes free in the lease, up to what a lease may keep */
         --e->slots_used;
         e->last_use = mono_ms();
         if (e->slots_free < slots_kept(e->ltok)) {
@@ -546,13 +561,24 @@ static void lease_take(redis_conn_t *rc, cmd_t *cmd, sb_token_t *tok, uint32_t g
     calls = calls != 0 ? calls - 1 : 0;
     if (slot)
         slots = slots != 0 ? slots - 1 : 0;
-    if (e == NULL) {
-        give_back(rc, cmd->hash, tok->run_id, calls, slots);
+    if (e != NULL && e->ltok != NULL && !same_lease(e->ltok, tok))
+        lease_return(rc, e); /* the token is another run's now: the old lease goes back (once its slots are) */
+    if (e == NULL || (e->ltok != NULL && !same_lease(e->ltok, tok))) {
+        if (calls != 0)
+            release_add(rc, 1, tok->run_id, strlen(tok->run_id), calls);
+        if (slots != 0)
+            release_add(rc, 0, tok->run_id, strlen(tok->run_id), slots);
         return;
     }
     if (e->ltok == NULL) {
         sb_token_addref(tok);
         e->ltok = tok;
+    }
+    if (e->calls_left + calls > LEASE_MAX_CALLS) {
+        /* calls that missed the lease together each brought a block: a lease holds at most LEASE_MAX_CALLS */
+        uint32_t over = e->calls_left + calls - LEASE_MAX_CALLS;
+        release_add(rc, 1, tok->run_id, strlen(tok->run_id), over);
+        calls -= over;
     }
     e->calls_left += calls;
     if (e->slots_free + slots > slots_kept(tok)) {
@@ -563,7 +589,7 @@ static void lease_take(redis_conn_t *rc, cmd_t *cmd, sb_token_t *tok, uint32_t g
     e->slots_free += slots;
     if (slot)
         ++e->slots_used;
-    if (gc != 0 && e->next_block < LEASE_MAX_CALLS)
+    if (gc != 0 && (cmd->asked || e->next_block == 1) && e->next_block < LEASE_MAX_CALLS)
         e->next_block *= 2;
     e->last_use = mono_ms();
 }
@@ -581,6 +607,12 @@ static void on_lookup(cmd_t *cmd, redisReply *reply)
     uint32_t gc = 0, gs = 0;
     int tracked = cmd->inv_seq == rc->inv_seq &&
                   cmd->gen == atomic_load_explicit(&sb_store__redis_revoke_gen, memory_order_acquire) && rc->data.state == L_UP;
+
+    if (cmd->asked) {
+        rcache_t *e = entry_of(rc, cmd->hash);
+        if (e != NULL)
+            e->asking = 0;
+    }
 
     if (reply == NULL || reply->type != REDIS_REPLY_ARRAY || reply->elements < 2 ||
         reply->element[0]->type != REDIS_REPLY_INTEGER || reply->element[1]->type != REDIS_REPLY_INTEGER) {
@@ -620,8 +652,16 @@ static void on_lookup(cmd_t *cmd, redisReply *reply)
     } else {
         goto Done;
     }
-    /* the script counted against the run it read; the record must agree */
-    if (tok == NULL || strlen(tok->run_id) != run_len || memcmp(tok->run_id, run_id, run_len) != 0) {
+    /*
+     * The script counted against the run it read; the record must agree. And
+     * quota taken from the lease counts only for the lease's own run: a
+     * record that is not the one the lease was taken under (the token was
+     * registered again for another run) leaves this call uncounted, so it is
+     * not answered (it never is in a steady state).
+     */
+    if (tok == NULL || strlen(tok->run_id) != run_len || memcmp(tok->run_id, run_id, run_len) != 0 ||
+        ((cmd->res_call != 0 || cmd->res_slot != 0) &&
+         (cmd->known == NULL ? reply->elements == 6 : !same_lease(cmd->known, tok)))) {
         /* what was granted is counted against `run_id`: it goes back there */
         if (gc != 0)
             release_add(rc, 1, run_id, run_len, gc);
@@ -641,7 +681,8 @@ static void on_lookup(cmd_t *cmd, redisReply *reply)
     if (tok != NULL && st != SB_E_UNAVAILABLE) {
         /* the call is counted (a refusal for the calls quota is not), and holds a slot when granted */
         if (code == 1)
-            give_back(rc, cmd->hash, tok->run_id, cmd->res_call, cmd->res_slot);
+            give_back(rc, cmd->hash, cmd->res_call != 0 || cmd->res_slot != 0 ? cmd->run_id : tok->run_id, cmd->res_call,
+                      cmd->res_slot);
         else
             lease_take(rc, cmd, tok, gc, gs, st == SB_OK);
         cmd->res_call = cmd->res_slot = 0;
@@ -666,7 +707,7 @@ void sb_store__redis_lookup_acquire(void *rcp, const uint8_t hash[32], sb_store_
     size_t lens[CMD_MAX_ARGS], nrel;
     int argc = 2;
     uint64_t gen = atomic_load_explicit(&sb_store__redis_revoke_gen, memory_order_acquire);
-    uint32_t res_call = 0, res_slot = 0;
+    uint32_t res_call = 0, res_slot = 0, want_block = 1;
     rcache_t *e, *known;
     cmd_t *cmd;
 
@@ -687,8 +728,8 @@ void sb_store__redis_lookup_acquire(void *rcp, const uint8_t hash[32], sb_store_
             cb(arg, SB_E_UNAUTHORIZED, NULL, NULL);
             return;
         }
-        if (e->ltok != NULL && e->calls_left != 0 && e->slots_free != 0) {
-            /* the record is current (Redis would have said otherwise) and the quota is leased: no round trip */
+        if (e->ltok != NULL && e->calls_left != 0 && e->slots_free != 0 && same_lease(e->ltok, tok)) {
+            /* the record is current (Redis would have said otherwise) and its run's quota is leased: no round trip */
             --e->calls_left;
             --e->slots_free;
             ++e->slots_used;
@@ -699,15 +740,21 @@ void sb_store__redis_lookup_acquire(void *rcp, const uint8_t hash[32], sb_store_
             return;
         }
     }
-    if (e != NULL && e->ltok != NULL) {
-        /* what the lease has goes first; Redis is asked for the rest */
+    known = e != NULL && e->tok != NULL ? e : NULL;
+    if (known != NULL && e->ltok != NULL && same_lease(e->ltok, e->tok)) {
+        /* what the lease has goes first (the script checks the record is still the one it was taken for); Redis is asked for the
+         * rest */
         res_call = e->calls_left != 0;
         res_slot = e->slots_free != 0;
         e->calls_left -= res_call;
         e->slots_free -= res_slot;
         e->last_use = mono_ms();
     }
-    known = e != NULL && e->tok != NULL ? e : NULL;
+    if (!res_call && e != NULL && !e->asking && e->next_block > 1) {
+        /* one lease of a block at a time per token: calls that miss it meanwhile ask for their own call only */
+        want_block = e->next_block;
+        e->asking = 1;
+    }
     sb_metrics_store_event(SB_STORE_EV_LOOKUP_REDIS);
     argv[1] = key;
     lens[1] = tok_key(rc->store, hash, key);
@@ -736,7 +783,7 @@ void sb_store__redis_lookup_acquire(void *rcp, const uint8_t hash[32], sb_store_
         }
     }
     argv[argc] = want[0];
-    lens[argc++] = (size_t)(sb_store__redis_put_u64(want[0], res_call ? 0 : e != NULL ? e->next_block : 1) - want[0]);
+    lens[argc++] = (size_t)(sb_store__redis_put_u64(want[0], res_call ? 0 : want_block) - want[0]);
     argv[argc] = want[1];
     lens[argc++] = (size_t)(sb_store__redis_put_u64(want[1], res_slot ? 0 : 1) - want[1]);
     for (size_t i = 0; i < nrel; ++i) {
@@ -754,6 +801,7 @@ void sb_store__redis_lookup_acquire(void *rcp, const uint8_t hash[32], sb_store_
         snprintf(cmd->run_id, sizeof(cmd->run_id), "%s", e->ltok->run_id);
     cmd->res_call = res_call;
     cmd->res_slot = res_slot;
+    cmd->asked = want_block > 1;
     cmd->inv_seq = rc->inv_seq;
     cmd->gen = gen;
     cmd->cb.lookup = cb;

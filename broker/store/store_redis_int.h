@@ -95,6 +95,7 @@ typedef struct st_rcache_t {
     sb_token_t *ltok;
     uint32_t calls_left, slots_free, slots_used;
     uint32_t next_block; /* the calls the next lease asks for: 1, doubling up to LEASE_MAX_CALLS */
+    int asking;          /* a lookup asking for next_block is out: the others ask for one call */
     int64_t last_use;
 } rcache_t;
 
@@ -163,6 +164,7 @@ struct st_cmd_t {
     int nrel; /* releases carried: their keys are the arguments at rel_first.. */
     /* the call path: quota this worker took from its lease (given back if the call does not go ahead), what the read saw */
     uint32_t res_call, res_slot;
+    int asked; /* this lookup asked for a block (rcache_t.asking) */
     uint64_t inv_seq, gen;
     uint32_t rel_key_off[REL_MAX], rel_key_len[REL_MAX];
     sb_token_t *known; /* the parsed record the lookup told the script about, or NULL */

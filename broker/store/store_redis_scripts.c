@@ -40,7 +40,9 @@
  * worker knows (same mint id at its fixed offset and same length: records
  * never change once written, and each write gets a fresh id), or the same
  * with the record and its runId appended; code is 1 calls per run exceeded,
- * 2 concurrent calls exceeded (the calls granted are counted), 4 granted. A
+ * 2 concurrent calls exceeded (the calls granted are counted), 4 granted;
+ * {failed, 3} also when a counter is not a number (read before anything is
+ * counted, so a broken counter costs the run nothing). A
  * record the worker does not know is read with one anchored match (token.c
  * writes runId, expiresAt and the call quotas first), or decoded in full when
  * written in another order. The mint creates the run's counters with the
@@ -75,17 +77,18 @@ static const char script_lookup[] = "#!lua\n" RELEASE_LUA(
           "local function take(k, n)\n"
           "  if redis.call('INCRBY', k, n) == n and redis.call('PEXPIRETIME', k) < exp then redis.call('PEXPIREAT', k, exp) end\n"
           "end\n"
+          "local ck, ik = ARGV[1] .. 'q:calls:' .. run, ARGV[1] .. 'q:inflight:' .. run\n"
+          "local used, busy = tonumber(redis.call('GET', ck) or '0'), tonumber(redis.call('GET', ik) or '0')\n"
+          "if not used or not busy then return {failed, 3} end\n"
           "local gc, wc, ws = 0, tonumber(ARGV[8]), tonumber(ARGV[9])\n"
           "if wc > 0 then\n"
-          "  local ck = ARGV[1] .. 'q:calls:' .. run\n"
-          "  local left = tonumber(calls) - tonumber(redis.call('GET', ck) or '0')\n"
+          "  local left = tonumber(calls) - used\n"
           "  if left <= 0 then return answer(1, 0, 0) end\n"
           "  gc = math.max(1, math.min(wc, math.floor(left / 16)))\n"
           "  take(ck, gc)\n"
           "end\n"
           "if ws > 0 then\n"
-          "  local ik = ARGV[1] .. 'q:inflight:' .. run\n"
-          "  local free = tonumber(conc) - tonumber(redis.call('GET', ik) or '0')\n"
+          "  local free = tonumber(conc) - busy\n"
           "  if free <= 0 then return answer(2, gc, 0) end\n"
           "  if ws > free then ws = free end\n"
           "  take(ik, ws)\n"

@@ -364,6 +364,56 @@ class Tracking(Base):
         self.assertEqual(self.inflight(self.r, "run-stop"), 0)
         self.assertEqual(self.events(self.b, "redis.quota_update_failed"), [])
 
+    def test_a_token_registered_again_for_another_run_takes_nothing_of_the_old_lease(self):
+        tok = self.b.mint_ok("run-old-lease", CAPS, quotas={"calls": 100000})
+        for _ in range(100):
+            self.works(self.b, tok)
+        # leases of 1, 2, 4 ... 64: the worker holds 27 calls of run-old-lease unused
+        self.assertEqual(self.b.revoke_token(tok).status, 204)
+        r = self.b.mint("run-new-lease", CAPS, token=tok, quotas={"calls": 3})
+        self.assertEqual(r.status, 201, r.body)
+        answers = [self.call(self.b, tok).status for _ in range(30)]
+        self.assertEqual(answers.count(501), 3, answers)
+        self.assertEqual(answers.count(429), 27, answers)
+        self.calls_settle_at(self.r, "run-new-lease", 3)
+        self.calls_settle_at(self.r, "run-old-lease", 100)
+        self.assertTrue(poll(lambda: self.inflight(self.r, "run-new-lease") == 0, 2.0))
+        self.assertTrue(poll(lambda: self.inflight(self.r, "run-old-lease") == 0, 2.0))
+
+    def test_calls_that_miss_the_lease_together_do_not_each_take_a_block(self):
+        tok = self.b.mint_ok("run-burst", CAPS, quotas={"calls": 100000, "concurrent": 64})
+        for _ in range(511):
+            self.works(self.b, tok)  # leases 1 ... 256: the next asks for 256
+        out = []
+        barrier = threading.Barrier(48)
+
+        def one():
+            barrier.wait()
+            out.append(self.call(self.b, tok).status)
+
+        threads = [threading.Thread(target=one) for _ in range(48)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(out.count(501), 48, out)
+        held = int(self.r.cmd("GET", "sb:q:calls:run-burst")) - 559
+        self.assertLessEqual(held, 256)  # one block at a time, and a lease never holds more
+        self.calls_settle_at(self.r, "run-burst", 559)
+
+    def test_a_counter_that_is_not_a_number_costs_the_run_nothing(self):
+        tok = self.b.mint_ok("run-nan", CAPS, quotas={"calls": 100000, "concurrent": 8})
+        for _ in range(100):
+            self.works(self.b, tok)
+        self.calls_settle_at(self.r, "run-nan", 100)
+        self.r.cmd("SET", "sb:q:inflight:run-nan", "x", "KEEPTTL")
+        for _ in range(10):
+            self.unavailable(self.b, tok)
+        self.assertEqual(self.r.cmd("GET", "sb:q:calls:run-nan"), b"100")
+        self.r.cmd("SET", "sb:q:inflight:run-nan", "0", "KEEPTTL")
+        self.works(self.b, tok)
+        self.calls_settle_at(self.r, "run-nan", 101)
+
     def test_calls_quota_is_exact_with_leases(self):
         tok = self.b.mint_ok("run-exact", CAPS, quotas={"calls": 50})
         granted = 0
