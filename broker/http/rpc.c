@@ -43,9 +43,10 @@ typedef struct st_rpc_call_t {
     char cid[37];
     char request_id[SB_MAX_REQUEST_ID + 1]; /* the proxy's X-Request-Id (reqid.h), or "" */
     uint64_t started_us;
-    sb_token_t *tok; /* referenced from the token lookup on */
-    int quota_held;  /* a concurrency slot to give back */
-    int granted;     /* the capability check passed */
+    uint64_t elapsed_us; /* read once when the answer is decided: the metric and the log line say the same */
+    sb_token_t *tok;     /* referenced from the token lookup on */
+    int quota_held;      /* a concurrency slot to give back */
+    int granted;         /* the capability check passed */
     /* a decide rule held the call (PROTOCOL.md section 5a): the decider's outcome, for the log and the audit line */
     int decided;
     sb_decide_outcome_t decision;
@@ -101,7 +102,7 @@ static void describe_call(sb_logline_t *l, rpc_call_t *c, sb_status_t st, const 
     sb_log_int(l, "status", sb_status_http(st));
     if (message != NULL && st != SB_OK)
         sb_log_cstr(l, "reason", message);
-    sb_log_int(l, "us", (long long)(sb_mono_us() - c->started_us));
+    sb_log_int(l, "us", (long long)c->elapsed_us);
     sb_log_int(l, "bytesIn", c->super.req != NULL ? (long long)c->super.req->entity.len : 0);
     sb_log_int(l, "bytesOut", (long long)bytes_out);
 }
@@ -136,7 +137,7 @@ static void log_call(rpc_call_t *c, sb_status_t st, const char *message, size_t 
         described = l.enabled;
     }
     if (sb_audit_enabled() || (c->run_id[0] != '\0' && sb_store_timeline_enabled(sb_current_worker->store))) {
-        sb_log_begin_always(&al, "audit");
+        sb_log_begin_always_as(&al, "audit", described ? &l : NULL); /* the rpc line's time, when there is one */
         /* the call's fields once: the rpc line's, copied (so both say the same "us"), else described here */
         if (!described || !sb_log_copy_fields(&al, &l, from))
             describe_call(&al, c, st, message, bytes_out);
@@ -182,13 +183,15 @@ static void reply_error(rpc_call_t *c, sb_status_t st, const char *message)
         /* no memory even for the error body: the fixed execution_error one, never an abort */
         sb_view_t v = sb_reply_error_fallback(c->binary);
         sb_buf_free(&body);
-        sb_metrics_call(c->kind, SB_E_EXECUTION, sb_mono_us() - c->started_us);
+        c->elapsed_us = sb_mono_us() - c->started_us;
+        sb_metrics_call(c->kind, SB_E_EXECUTION, c->elapsed_us);
         log_call(c, SB_E_EXECUTION, "out of memory writing the error reply", v.len);
         sb_reply_send(c->super.req, SB_E_EXECUTION, c->binary ? "application/msgpack" : "application/json", (const char *)v.base,
                       v.len);
         return;
     }
-    sb_metrics_call(c->kind, st, sb_mono_us() - c->started_us);
+    c->elapsed_us = sb_mono_us() - c->started_us;
+    sb_metrics_call(c->kind, st, c->elapsed_us);
     if (st == SB_E_UNAUTHORIZED)
         sb_metrics_deny(c->tokref[0] == '\0' ? SB_DENY_TOKEN_MISSING : SB_DENY_TOKEN_INVALID);
     else if (st == SB_E_FORBIDDEN && c->kind < SB_MK_COUNT_ && !c->decided)
@@ -265,7 +268,8 @@ static void reply_value(rpc_call_t *c, const char *packed, size_t len)
             reply_error(c, SB_E_EXECUTION, why);
         return;
     }
-    sb_metrics_call(c->kind, SB_OK, sb_mono_us() - c->started_us);
+    c->elapsed_us = sb_mono_us() - c->started_us;
+    sb_metrics_call(c->kind, SB_OK, c->elapsed_us);
     send_body(c, SB_OK, NULL, &out);
 }
 

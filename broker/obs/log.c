@@ -434,11 +434,19 @@ void sb_log_end(sb_logline_t *l)
 
 void sb_log_begin_always(sb_logline_t *l, const char *event)
 {
+    sb_log_begin_always_as(l, event, NULL);
+}
+
+void sb_log_begin_always_as(sb_logline_t *l, const char *event, const sb_logline_t *as)
+{
     /* the level check and field are the only differences: build the line as a log line would be */
     static const char ev[] = ",\"event\":\"";
     l->truncated = 0;
     l->enabled = 1;
-    put_stamp(l->buf);
+    if (as != NULL && as->enabled && as->len >= STAMP_LEN && memcmp(as->buf, "{\"ts\":\"", 7) == 0)
+        memcpy(l->buf, as->buf, STAMP_LEN); /* the same moment: no clock read, no formatting */
+    else
+        put_stamp(l->buf);
     l->len = STAMP_LEN;
     memcpy(l->buf + l->len, ev, sizeof(ev) - 1);
     l->len += sizeof(ev) - 1;

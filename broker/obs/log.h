@@ -42,6 +42,8 @@ void sb_log_end(sb_logline_t *l);
 void sb_log_end_audit(sb_logline_t *l);
 /** starts a line regardless of the log level (audit lines are not logs) */
 void sb_log_begin_always(sb_logline_t *l, const char *event);
+/** sb_log_begin_always with the time of `as`, a line begun before (NULL, or a line not begun: now) */
+void sb_log_begin_always_as(sb_logline_t *l, const char *event, const sb_logline_t *as);
 /**
  * Appends to `dst` the fields `src` holds from byte `from` on (an offset `src->len` had after its
  * begin), as they were written: one line's fields given to another without formatting them again.

@@ -435,9 +435,13 @@ static void grow_quotas_locked(sb_store_t *s)
 }
 
 /* finds (or creates) the run's counters; called with the lock held; NULL when the table is full */
-static quota_entry_t *quota_entry(sb_store_t *s, const sb_token_t *tok, int create)
+/*
+ * The run's counters, created when `create`. Counters of runs whose tokens
+ * have all expired by `now` are dropped on the way; 0 drops none (a release,
+ * which needs no clock read).
+ */
+static quota_entry_t *quota_entry(sb_store_t *s, const sb_token_t *tok, int create, int64_t now)
 {
-    int64_t now = sb_now_ms();
     quota_entry_t **pp = &s->qbuckets[run_bucket(s->nqbuckets, tok->run_id)];
 
     while (*pp != NULL) {
@@ -497,7 +501,7 @@ void sb_store_lookup_acquire(sb_store_conn_t *c, const uint8_t hash[32], sb_stor
     found = find_locked(s, hash, now);
     if (found == NULL) {
         st = SB_E_UNAUTHORIZED;
-    } else if ((q = quota_entry(s, found, 1)) == NULL) {
+    } else if ((q = quota_entry(s, found, 1, now)) == NULL) {
         st = SB_E_UNAVAILABLE;
         why = "the quota table is full";
     } else if (++q->calls > found->quota.calls) {
@@ -527,7 +531,7 @@ void sb_store_quota_release(sb_store_conn_t *c, const sb_token_t *tok)
         return;
     }
     pthread_mutex_lock(&s->mu);
-    if ((q = quota_entry(s, tok, 0)) != NULL && q->inflight > 0)
+    if ((q = quota_entry(s, tok, 0, 0)) != NULL && q->inflight > 0)
         --q->inflight;
     pthread_mutex_unlock(&s->mu);
 }
@@ -543,7 +547,7 @@ void sb_store_quota_fetch_check(sb_store_conn_t *c, const sb_token_t *tok, sb_qu
         return;
     }
     pthread_mutex_lock(&s->mu);
-    q = quota_entry(s, tok, 0);
+    q = quota_entry(s, tok, 0, sb_now_ms());
     over = q != NULL && q->fetched >= tok->quota.fetch_bytes;
     pthread_mutex_unlock(&s->mu);
     cb(arg, over ? SB_E_RATE_LIMITED : SB_OK, over ? "fetched bytes per run" : NULL);
@@ -559,7 +563,7 @@ void sb_store_quota_fetch_add(sb_store_conn_t *c, const sb_token_t *tok, uint64_
         return;
     }
     pthread_mutex_lock(&s->mu);
-    if ((q = quota_entry(s, tok, 1)) != NULL)
+    if ((q = quota_entry(s, tok, 1, sb_now_ms())) != NULL)
         q->fetched += (int64_t)bytes;
     pthread_mutex_unlock(&s->mu);
 }
@@ -576,7 +580,7 @@ void sb_store_quota_tool_call(sb_store_conn_t *c, const sb_token_t *tok, unsigne
         return;
     }
     pthread_mutex_lock(&s->mu);
-    if ((q = quota_entry(s, tok, 1)) == NULL) {
+    if ((q = quota_entry(s, tok, 1, sb_now_ms())) == NULL) {
         st = SB_E_UNAVAILABLE;
         why = "the quota table is full";
     } else if (++q->tool_calls > (int64_t)max_calls) {
@@ -610,7 +614,7 @@ void sb_store_quota_modules(sb_store_conn_t *c, const sb_token_t *tok, unsigned 
         return;
     }
     pthread_mutex_lock(&s->mu);
-    if ((q = quota_entry(s, tok, 1)) == NULL) {
+    if ((q = quota_entry(s, tok, 1, sb_now_ms())) == NULL) {
         st = SB_E_UNAVAILABLE;
         why = "the quota table is full";
     } else {

@@ -72,12 +72,17 @@ int sb_store_timeline_enabled(const sb_store_conn_t *c)
     return c != NULL && c->store->tl_max_events != 0;
 }
 
-void sb_store_timeline_begin(sb_logline_t *l, const char *type)
+static void timeline_begin_as(sb_logline_t *l, const char *type, const sb_logline_t *as)
 {
     pthread_once(&inst_once, inst_init);
-    sb_log_begin_always(l, type);
+    sb_log_begin_always_as(l, type, as);
     sb_log_cstr(l, "inst", inst);
     sb_log_int(l, "n", (long long)atomic_fetch_add_explicit(&seq, 1, memory_order_relaxed));
+}
+
+void sb_store_timeline_begin(sb_logline_t *l, const char *type)
+{
+    timeline_begin_as(l, type, NULL);
 }
 
 void sb_store_timeline_from(const sb_logline_t *src, const char *type, sb_store_conn_t *c, const char *run_id,
@@ -92,9 +97,8 @@ void sb_store_timeline_from(const sb_logline_t *src, const char *type, sb_store_
     if (!src->enabled || src->len <= ev_at || memcmp(src->buf + ts_end, "\",\"event\":\"", 11) != 0 ||
         (q = memchr(src->buf + ev_at, '"', src->len - ev_at)) == NULL)
         return;
-    sb_store_timeline_begin(&l, type);
     /* the same time as the line it comes from */
-    memcpy(l.buf + 7, src->buf + 7, 24);
+    timeline_begin_as(&l, type, src);
     rest = src->len - (size_t)(q + 1 - src->buf);
     if (l.len + rest + 32 <= SB_LOGLINE_MAX && !src->truncated) {
         memcpy(l.buf + l.len, q + 1, rest);
@@ -169,10 +173,9 @@ static int make_room_locked(sb_store_t *s, int64_t now, int need_run, size_t nee
     }
 }
 
-static void memory_add(sb_store_t *s, const char *run_id, int64_t keep_until_ms, const char *ev, size_t len)
+static void memory_add(sb_store_t *s, const char *run_id, int64_t now, int64_t keep_until_ms, const char *ev, size_t len)
 {
     size_t b = tl_bucket(run_id), slot;
-    int64_t now = sb_now_ms();
     tl_run_t *r;
 
     pthread_mutex_lock(&s->tl_mu);
@@ -224,7 +227,7 @@ static void memory_add(sb_store_t *s, const char *run_id, int64_t keep_until_ms,
 void sb_store_timeline_end(sb_logline_t *l, sb_store_conn_t *c, const char *run_id, int64_t expires_at_ms)
 {
     sb_store_t *s = c->store;
-    int64_t keep;
+    int64_t keep, now;
 
     if (!l->enabled || run_id == NULL || run_id[0] == '\0' || s->tl_max_events == 0)
         return;
@@ -234,11 +237,12 @@ void sb_store_timeline_end(sb_logline_t *l, sb_store_conn_t *c, const char *run_
         l->len += sizeof(mark) - 1;
     }
     l->buf[l->len++] = '}';
-    keep = (expires_at_ms > sb_now_ms() ? expires_at_ms : sb_now_ms()) + (int64_t)s->tl_retention_ms;
+    now = sb_now_ms();
+    keep = (expires_at_ms > now ? expires_at_ms : now) + (int64_t)s->tl_retention_ms;
     if (s->is_redis)
         sb_store__redis_timeline_add(c->redis, run_id, keep, l->buf, l->len);
     else
-        memory_add(s, run_id, keep, l->buf, l->len);
+        memory_add(s, run_id, now, keep, l->buf, l->len);
 }
 
 void sb_store_timeline_get(sb_store_conn_t *c, const char *run_id, sb_store_timeline_cb cb, void *arg)
