@@ -20,6 +20,7 @@ typedef struct st_sb_async_t {
     h2o_req_t *req;
     sb_worker_t *worker;
     void (*_dispose)(struct st_sb_async_t *);
+    void (*_free)(struct st_sb_async_t *); /* NULL: sb_mem_free */
 } sb_async_t;
 
 /**
@@ -28,6 +29,11 @@ typedef struct st_sb_async_t {
  * @param dispose runs before the memory is freed, when the last reference goes
  */
 sb_async_t *sb_async_attach(h2o_req_t *req, size_t size, void (*dispose)(sb_async_t *));
+/**
+ * sb_async_attach for memory the caller provides (zeroed where sb_async_t
+ * lies); `free_fn` takes it back after the dispose, instead of sb_mem_free
+ */
+void sb_async_attach_to(h2o_req_t *req, sb_async_t *a, void (*dispose)(sb_async_t *), void (*free_fn)(sb_async_t *));
 void sb_async_retain(sb_async_t *a);
 void sb_async_release(sb_async_t *a);
 

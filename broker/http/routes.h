@@ -14,6 +14,8 @@
 #include <h2o.h>
 
 int sb_rpc_on_req(h2o_handler_t *self, h2o_req_t *req);
+/** frees what the worker thread kept for its next calls (rpc.c); at the worker's end, on its thread */
+void sb_rpc_worker_done(void);
 int sb_admin_on_req(h2o_handler_t *self, h2o_req_t *req);
 int sb_health_on_req(h2o_handler_t *self, h2o_req_t *req);
 

@@ -434,6 +434,7 @@ static void *worker_main(void *arg)
     }
     sb_store_conn_destroy(w->store);
     w->store = NULL;
+    sb_rpc_worker_done();
     sb_log_thread_buffered(0);
     /*
      * The loop, its contexts and queue stay: idle keep-alive connections still
