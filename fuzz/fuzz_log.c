@@ -171,9 +171,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (size_t i = 0; i < nf; ++i) {
         snprintf(key, sizeof(key), "f%zu", i);
         if (f[i].is_int)
-            sb_log_int(&l, key, f[i].v);
+            sb_log__int(&l, key, strlen(key), f[i].v);
         else
-            sb_log_str(&l, key, (const char *)f[i].p, f[i].len);
+            sb_log__str(&l, key, strlen(key), (const char *)f[i].p, f[i].len);
         bound += 8 + strlen(key) + (f[i].is_int ? 20 : 6 * f[i].len);
     }
     n = capture_end(&l);

@@ -347,9 +347,9 @@ static void begin(sb_logline_t *l, sb_log_level_t level, const char *event, int 
 }
 
 /* ,"key": for a new field; on a line that cannot take it whole, nothing (and 0) */
-static int field_key(sb_logline_t *l, const char *key, const char *after, size_t after_len)
+static int field_key(sb_logline_t *l, const char *key, size_t klen, const char *after, size_t after_len)
 {
-    size_t start = l->len, klen = strlen(key), limit = sizeof(l->buf) - LINE_RESERVE;
+    size_t start = l->len, limit = sizeof(l->buf) - LINE_RESERVE;
     if (!l->enabled || l->truncated)
         return 0;
     /* the keys are the broker's own names: one copy when the key needs no escape and the field head fits */
@@ -371,10 +371,10 @@ static int field_key(sb_logline_t *l, const char *key, const char *after, size_t
     return 1;
 }
 
-void sb_log_str(sb_logline_t *l, const char *key, const char *val, size_t len)
+void sb_log__str(sb_logline_t *l, const char *key, size_t klen, const char *val, size_t len)
 {
     size_t limit = sizeof(l->buf) - LINE_RESERVE;
-    if (!field_key(l, key, "\":\"", 3))
+    if (!field_key(l, key, klen, "\":\"", 3))
         return;
     /* most values (ids, names, codes) need no escape: one copy when the whole value fits */
     if (len == 0) {
@@ -388,16 +388,16 @@ void sb_log_str(sb_logline_t *l, const char *key, const char *val, size_t len)
     close_quote(l);
 }
 
-void sb_log_cstr(sb_logline_t *l, const char *key, const char *val)
+void sb_log__cstr(sb_logline_t *l, const char *key, size_t klen, const char *val)
 {
-    sb_log_str(l, key, val, strlen(val));
+    sb_log__str(l, key, klen, val, strlen(val));
 }
 
-void sb_log_int(sb_logline_t *l, const char *key, long long v)
+void sb_log__int(sb_logline_t *l, const char *key, size_t klen, long long v)
 {
     char num[24], *end = num + sizeof(num), *p;
     size_t start = l->len;
-    if (!field_key(l, key, "\":", 2))
+    if (!field_key(l, key, klen, "\":", 2))
         return;
     /* the magnitude as unsigned: LLONG_MIN has none as a long long */
     p = put_u64(end, v < 0 ? 0u - (uint64_t)v : (uint64_t)v);

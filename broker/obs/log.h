@@ -34,9 +34,18 @@ int sb_log_parse_level(const char *s);
 void sb_log_begin(sb_logline_t *l, sb_log_level_t level, const char *event);
 /** starts a line of that level whatever the log level: for the outcome of an operator's action (a reload) */
 void sb_log_begin_level_always(sb_logline_t *l, sb_log_level_t level, const char *event);
-void sb_log_str(sb_logline_t *l, const char *key, const char *val, size_t len);
-void sb_log_cstr(sb_logline_t *l, const char *key, const char *val);
-void sb_log_int(sb_logline_t *l, const char *key, long long v);
+/*
+ * Fields. Keys are string literals (the broker's own names: a variable does
+ * not compile), so their length is known when compiled and never measured on
+ * the call path; keys and values are escaped as needed. sb_log__* take a key
+ * of any bytes with its length.
+ */
+#define sb_log_str(l, key, ...) sb_log__str((l), "" key, sizeof(key) - 1, __VA_ARGS__) /* val, len */
+#define sb_log_cstr(l, key, val) sb_log__cstr((l), "" key, sizeof(key) - 1, (val))
+#define sb_log_int(l, key, v) sb_log__int((l), "" key, sizeof(key) - 1, (v))
+void sb_log__str(sb_logline_t *l, const char *key, size_t klen, const char *val, size_t len);
+void sb_log__cstr(sb_logline_t *l, const char *key, size_t klen, const char *val);
+void sb_log__int(sb_logline_t *l, const char *key, size_t klen, long long v);
 void sb_log_end(sb_logline_t *l);
 /** closes the line like sb_log_end but hands it to the audit stream instead of stderr */
 void sb_log_end_audit(sb_logline_t *l);

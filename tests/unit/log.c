@@ -100,7 +100,7 @@ static json_t *log_one(const char *key, const char *val, size_t len, const char 
     sb_logline_t l;
     capture_begin();
     sb_log_begin(&l, SB_LOG_ERROR, "test.line");
-    sb_log_str(&l, key, val, len);
+    sb_log__str(&l, key, strlen(key), val, len);
     sb_log_end(&l);
     capture_end();
     return one_line(what);
