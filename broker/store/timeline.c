@@ -208,16 +208,16 @@ static void memory_add(sb_store_t *s, const char *run_id, int64_t now, int64_t k
     if (keep_until_ms > r->keep_until_ms)
         r->keep_until_ms = keep_until_ms;
     if (r->count == s->tl_max_events) {
-        /* capped: the oldest goes */
+        /* capped: the oldest goes, its memory taken for the new one (a line's length barely changes: mostly in place) */
         slot = r->first;
         r->first = (r->first + 1) % s->tl_max_events;
         s->tl_bytes -= r->evlen[slot];
-        sb_mem_free(r->ev[slot]);
+        r->ev[slot] = sb_mem_realloc(r->ev[slot], len);
         sb_store__timeline_dropped_add(1);
     } else {
         slot = (r->first + r->count++) % s->tl_max_events;
+        r->ev[slot] = sb_mem_alloc(len);
     }
-    r->ev[slot] = sb_mem_alloc(len);
     memcpy(r->ev[slot], ev, len);
     r->evlen[slot] = len;
     s->tl_bytes += len;
