@@ -699,13 +699,132 @@ Done:
     cmd->cb.lookup(cmd->arg, st, tok, why);
 }
 
-void sb_store__redis_lookup_acquire(void *rcp, const uint8_t hash[32], sb_store_lookup_cb cb, void *arg)
+/*
+ * The call-path script for `hash`, asking for `want_calls` calls and
+ * `want_slots` slots, telling it the record `known` holds (or none), with
+ * the releases queued since the last command carried first. Not sent yet.
+ */
+static cmd_t *lookup_cmd(redis_conn_t *rc, const uint8_t hash[32], rcache_t *known, uint32_t want_calls, uint32_t want_slots,
+                         const char *what, cmd_done_fn done)
 {
-    redis_conn_t *rc = rcp;
     char key[KEY_MAX], nk[8], keys[REL_MAX][KEY_MAX], counts[REL_MAX][12], want[2][12];
     const char *argv[CMD_MAX_ARGS];
     size_t lens[CMD_MAX_ARGS], nrel;
     int argc = 2;
+    cmd_t *cmd;
+
+    argv[1] = key;
+    lens[1] = tok_key(rc->store, hash, key);
+    nrel = take_releases(rc, keys, counts, argv, lens, &argc);
+    argv[0] = nk;
+    lens[0] = (size_t)(sb_store__redis_put_u64(nk, 1 + nrel) - nk);
+    argv[argc] = rc->store->prefix;
+    lens[argc++] = strlen(rc->store->prefix);
+    if (known != NULL) {
+        const sb_token_t *t = known->tok;
+        argv[argc] = known->mint;
+        lens[argc++] = 32;
+        argv[argc] = known->num[0];
+        lens[argc++] = known->numlen[0];
+        argv[argc] = t->run_id;
+        lens[argc++] = strlen(t->run_id);
+        for (int i = 1; i < 4; ++i) {
+            argv[argc] = known->num[i];
+            lens[argc++] = known->numlen[i];
+        }
+    } else {
+        for (int i = 0; i < 6; ++i) {
+            argv[argc] = "";
+            lens[argc++] = 0;
+        }
+    }
+    argv[argc] = want[0];
+    lens[argc++] = (size_t)(sb_store__redis_put_u64(want[0], want_calls) - want[0]);
+    argv[argc] = want[1];
+    lens[argc++] = (size_t)(sb_store__redis_put_u64(want[1], want_slots) - want[1]);
+    for (size_t i = 0; i < nrel; ++i) {
+        argv[argc] = counts[i];
+        lens[argc++] = strlen(counts[i]);
+    }
+    if (h2o_timeout_is_linked(&rc->flush))
+        h2o_timeout_unlink(&rc->flush);
+    cmd = sb_store__redis_cmd_new_rel(rc, what, done, SC_LOOKUP, argc, argv, lens, 2, (int)nrel);
+    if (known != NULL) {
+        sb_token_addref(known->tok);
+        cmd->known = known->tok;
+    }
+    memcpy(cmd->hash, hash, 32);
+    return cmd;
+}
+
+/*
+ * A refill's answer: the calls granted go into the lease they were asked
+ * for, or back to the run when the lease or the record is not that one any
+ * more; no call is answered from it.
+ */
+static void on_refill(cmd_t *cmd, redisReply *reply)
+{
+    redis_conn_t *rc = cmd->rc;
+    rcache_t *e = entry_of(rc, cmd->hash);
+    uint32_t gc = 0, gs = 0;
+    long long code;
+
+    if (e != NULL)
+        e->asking = 0;
+    if (reply == NULL || reply->type != REDIS_REPLY_ARRAY || reply->elements < 2 ||
+        reply->element[0]->type != REDIS_REPLY_INTEGER || reply->element[1]->type != REDIS_REPLY_INTEGER) {
+        char lost[192];
+        why_of(reply, lost, sizeof(lost));
+        check_releases(cmd, NULL, lost);
+        return;
+    }
+    check_releases(cmd, reply->element[0], NULL);
+    code = reply->element[1]->integer;
+    if (code == 0) {
+        /* the token is gone: so is its record, and its lease */
+        forget_record(rc, cmd->hash);
+        if ((e = entry_of(rc, cmd->hash)) != NULL && e->ltok != NULL)
+            lease_return(rc, e);
+        return;
+    }
+    if (code != 4 || reply->elements < 4 || !grant_of(reply->element[2], &gc) || !grant_of(reply->element[3], &gs) || gc == 0)
+        return; /* nothing granted (the run has no calls left, or the answer is not one) */
+    if (reply->elements == 4 && cmd->known != NULL && e != NULL && e->ltok != NULL && same_lease(e->ltok, cmd->known)) {
+        uint32_t room = e->calls_left < LEASE_MAX_CALLS ? LEASE_MAX_CALLS - e->calls_left : 0, keep = gc < room ? gc : room;
+        e->calls_left += keep;
+        if (gc > keep)
+            release_add(rc, 1, cmd->known->run_id, strlen(cmd->known->run_id), gc - keep);
+        return;
+    }
+    /* counted against the run the script read */
+    if (reply->elements == 6 && reply->element[5]->type == REDIS_REPLY_STRING)
+        release_add(rc, 1, reply->element[5]->str, reply->element[5]->len, gc);
+    else if (cmd->known != NULL)
+        release_add(rc, 1, cmd->known->run_id, strlen(cmd->known->run_id), gc);
+    if (reply->elements == 6)
+        forget_record(rc, cmd->hash); /* the record changed: read it again on the next call */
+}
+
+/*
+ * Leases the next block before the current one runs out, while calls keep
+ * being answered from it: a token in steady use never waits for Redis.
+ */
+static void lease_refill(redis_conn_t *rc, rcache_t *e)
+{
+    uint32_t want = e->next_block < LEASE_MAX_CALLS - e->calls_left ? e->next_block : LEASE_MAX_CALLS - e->calls_left;
+    cmd_t *cmd;
+
+    e->asking = 1;
+    cmd = lookup_cmd(rc, e->hash, e, want, 0, "a lease refill", on_refill);
+    cmd->asked = 1;
+    if (e->next_block < LEASE_MAX_CALLS)
+        e->next_block *= 2;
+    sb_store__redis_cmd_send(cmd);
+}
+
+void sb_store__redis_lookup_acquire(void *rcp, const uint8_t hash[32], sb_store_lookup_cb cb, void *arg)
+{
+    redis_conn_t *rc = rcp;
     uint64_t gen = atomic_load_explicit(&sb_store__redis_revoke_gen, memory_order_acquire);
     uint32_t res_call = 0, res_slot = 0, want_block = 1;
     rcache_t *e, *known;
@@ -734,6 +853,8 @@ void sb_store__redis_lookup_acquire(void *rcp, const uint8_t hash[32], sb_store_
             --e->slots_free;
             ++e->slots_used;
             e->last_use = mono_ms();
+            if (e->calls_left < e->next_block / 4 && !e->asking && e->next_block > 1)
+                lease_refill(rc, e);
             sb_token_addref(tok);
             sb_metrics_store_event(SB_STORE_EV_LOOKUP_LOCAL);
             cb(arg, SB_OK, tok, NULL);
@@ -756,47 +877,7 @@ void sb_store__redis_lookup_acquire(void *rcp, const uint8_t hash[32], sb_store_
         e->asking = 1;
     }
     sb_metrics_store_event(SB_STORE_EV_LOOKUP_REDIS);
-    argv[1] = key;
-    lens[1] = tok_key(rc->store, hash, key);
-    /* the slots queued since the last command go back first, in the same script */
-    nrel = take_releases(rc, keys, counts, argv, lens, &argc);
-    argv[0] = nk;
-    lens[0] = (size_t)(sb_store__redis_put_u64(nk, 1 + nrel) - nk);
-    argv[argc] = rc->store->prefix;
-    lens[argc++] = strlen(rc->store->prefix);
-    if (known != NULL) {
-        const sb_token_t *t = known->tok;
-        argv[argc] = known->mint;
-        lens[argc++] = 32;
-        argv[argc] = known->num[0];
-        lens[argc++] = known->numlen[0];
-        argv[argc] = t->run_id;
-        lens[argc++] = strlen(t->run_id);
-        for (int i = 1; i < 4; ++i) {
-            argv[argc] = known->num[i];
-            lens[argc++] = known->numlen[i];
-        }
-    } else {
-        for (int i = 0; i < 6; ++i) {
-            argv[argc] = "";
-            lens[argc++] = 0;
-        }
-    }
-    argv[argc] = want[0];
-    lens[argc++] = (size_t)(sb_store__redis_put_u64(want[0], res_call ? 0 : want_block) - want[0]);
-    argv[argc] = want[1];
-    lens[argc++] = (size_t)(sb_store__redis_put_u64(want[1], res_slot ? 0 : 1) - want[1]);
-    for (size_t i = 0; i < nrel; ++i) {
-        argv[argc] = counts[i];
-        lens[argc++] = strlen(counts[i]);
-    }
-    if (h2o_timeout_is_linked(&rc->flush))
-        h2o_timeout_unlink(&rc->flush);
-    cmd = sb_store__redis_cmd_new_rel(rc, "the call lookup", on_lookup, SC_LOOKUP, argc, argv, lens, 2, (int)nrel);
-    if (known != NULL) {
-        sb_token_addref(known->tok);
-        cmd->known = known->tok;
-    }
+    cmd = lookup_cmd(rc, hash, known, res_call ? 0 : want_block, res_slot ? 0 : 1, "the call lookup", on_lookup);
     if (res_call != 0 || res_slot != 0)
         snprintf(cmd->run_id, sizeof(cmd->run_id), "%s", e->ltok->run_id);
     cmd->res_call = res_call;
@@ -806,7 +887,6 @@ void sb_store__redis_lookup_acquire(void *rcp, const uint8_t hash[32], sb_store_
     cmd->gen = gen;
     cmd->cb.lookup = cb;
     cmd->arg = arg;
-    memcpy(cmd->hash, hash, 32);
     sb_store__redis_cmd_send(cmd);
 }
 
