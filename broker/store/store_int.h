@@ -9,7 +9,7 @@ typedef struct st_quota_entry_t quota_entry_t;
 
 #define SB_STORE_MAX_SENTINELS 16
 #define SB_STORE_MAX_MASTER_NAME 64
-#define SB_STORE_NSCRIPTS 9
+#define SB_STORE_NSCRIPTS 8
 
 /** a numeric address hiredis can connect to without resolving anything */
 typedef struct st_sb_store_addr_t {

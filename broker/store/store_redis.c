@@ -589,7 +589,9 @@ static void lease_take(redis_conn_t *rc, cmd_t *cmd, sb_token_t *tok, uint32_t g
     e->slots_free += slots;
     if (slot)
         ++e->slots_used;
-    if (gc != 0 && (cmd->asked || e->next_block == 1) && e->next_block < LEASE_MAX_CALLS)
+    if (gc != 0 && gc < cmd->want_calls)
+        e->next_block = gc; /* the run is near its limit: the blocks shrink with what it has left */
+    else if (gc != 0 && (cmd->asked || e->next_block == 1) && e->next_block < LEASE_MAX_CALLS)
         e->next_block *= 2;
     e->last_use = mono_ms();
 }
@@ -792,6 +794,8 @@ static void on_refill(cmd_t *cmd, redisReply *reply)
     if (reply->elements == 4 && cmd->known != NULL && e != NULL && e->ltok != NULL && same_lease(e->ltok, cmd->known)) {
         uint32_t room = e->calls_left < LEASE_MAX_CALLS ? LEASE_MAX_CALLS - e->calls_left : 0, keep = gc < room ? gc : room;
         e->calls_left += keep;
+        if (gc < cmd->want_calls)
+            e->next_block = gc; /* near the limit: no more refills ahead of the calls (see LEASE_REFILL_MIN) */
         if (gc > keep)
             release_add(rc, 1, cmd->known->run_id, strlen(cmd->known->run_id), gc - keep);
         return;
@@ -817,6 +821,7 @@ static void lease_refill(redis_conn_t *rc, rcache_t *e)
     e->asking = 1;
     cmd = lookup_cmd(rc, e->hash, e, want, 0, "a lease refill", on_refill);
     cmd->asked = 1;
+    cmd->want_calls = want;
     if (e->next_block < LEASE_MAX_CALLS)
         e->next_block *= 2;
     sb_store__redis_cmd_send(cmd);
@@ -853,7 +858,7 @@ void sb_store__redis_lookup_acquire(void *rcp, const uint8_t hash[32], sb_store_
             --e->slots_free;
             ++e->slots_used;
             e->last_use = mono_ms();
-            if (e->calls_left < e->next_block / 4 && !e->asking && e->next_block > 1)
+            if (e->next_block >= LEASE_REFILL_MIN && e->calls_left < e->next_block / 4 && !e->asking)
                 lease_refill(rc, e);
             sb_token_addref(tok);
             sb_metrics_store_event(SB_STORE_EV_LOOKUP_LOCAL);
@@ -883,6 +888,7 @@ void sb_store__redis_lookup_acquire(void *rcp, const uint8_t hash[32], sb_store_
     cmd->res_call = res_call;
     cmd->res_slot = res_slot;
     cmd->asked = want_block > 1;
+    cmd->want_calls = res_call ? 0 : want_block;
     cmd->inv_seq = rc->inv_seq;
     cmd->gen = gen;
     cmd->cb.lookup = cb;

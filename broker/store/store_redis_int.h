@@ -30,13 +30,15 @@
 /* quota leases (store_redis.c): the most calls one lease asks for, and how long an idle lease is kept */
 #define LEASE_MAX_CALLS 256
 #define LEASE_IDLE_MS 100
+/* blocks at least this big are refilled before they run out; smaller ones (a run near its limit) as calls need them */
+#define LEASE_REFILL_MIN 16
 /* prefix (at most 256) + "q:inflight:" + run id (at most SB_MAX_RUN_ID): never truncated, or the C and Lua keys would differ */
 #define KEY_MAX (256 + 16 + SB_MAX_RUN_ID + 1)
 #define RCACHE_MAX_RECORD 8192
 
 /* ---- scripts (store_redis_scripts.c) ------------------------------------------------------------------------------------ */
 
-enum { SC_LOOKUP = 0, SC_RELEASE, SC_FETCH_ADD, SC_MINT, SC_REVOKE_RUN, SC_INSPECT_RUN, SC_TOOL_CALL, SC_TIMELINE_ADD, SC_MODULES };
+enum { SC_LOOKUP = 0, SC_RELEASE, SC_FETCH_ADD, SC_MINT, SC_REVOKE_RUN, SC_INSPECT_RUN, SC_TOOL_CALL, SC_MODULES };
 
 typedef struct st_sb_store_redis_script_t {
     const char *body;
@@ -164,7 +166,8 @@ struct st_cmd_t {
     int nrel; /* releases carried: their keys are the arguments at rel_first.. */
     /* the call path: quota this worker took from its lease (given back if the call does not go ahead), what the read saw */
     uint32_t res_call, res_slot;
-    int asked; /* this lookup asked for a block (rcache_t.asking) */
+    int asked;           /* this lookup asked for a block (rcache_t.asking) */
+    uint32_t want_calls; /* the calls it asked for */
     uint64_t inv_seq, gen;
     uint32_t rel_key_off[REL_MAX], rel_key_len[REL_MAX];
     sb_token_t *known; /* the parsed record the lookup told the script about, or NULL */

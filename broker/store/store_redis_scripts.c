@@ -160,19 +160,6 @@ static const char script_tool_call[] =
     "return n\n";
 
 /*
- * Timeline events of one run: KEYS[1] its list, ARGV[1] the most events kept
- * (the newest), ARGV[2] when the list may go (absolute ms: the run's token
- * expiry plus the retention; only ever pushed later), ARGV[3..] the events.
- */
-static const char script_timeline_add[] = "#!lua\n"
-                                          "local n = redis.call('RPUSH', KEYS[1], unpack(ARGV, 3))\n"
-                                          "local cap = tonumber(ARGV[1])\n"
-                                          "if n > cap then redis.call('LTRIM', KEYS[1], -cap, -1) end\n"
-                                          "if redis.call('PEXPIRETIME', KEYS[1]) < tonumber(ARGV[2]) then\n"
-                                          "  redis.call('PEXPIREAT', KEYS[1], ARGV[2]) end\n"
-                                          "return n\n";
-
-/*
  * A run's import.fetch counters: KEYS[1] its modules, KEYS[2] its module
  * bytes, KEYS[3] its call counter (alive as long as the run's latest token),
  * ARGV[1] the calling token's expiry, ARGV[2] and ARGV[3] what to add. Both
@@ -193,6 +180,5 @@ const sb_store_redis_script_t sb_store__redis_scripts[SB_STORE_NSCRIPTS] = {
     {script_lookup, sizeof(script_lookup) - 1},         {script_release, sizeof(script_release) - 1},
     {script_fetch_add, sizeof(script_fetch_add) - 1},   {script_mint, sizeof(script_mint) - 1},
     {script_revoke_run, sizeof(script_revoke_run) - 1}, {script_inspect_run, sizeof(script_inspect_run) - 1},
-    {script_tool_call, sizeof(script_tool_call) - 1},   {script_timeline_add, sizeof(script_timeline_add) - 1},
-    {script_modules, sizeof(script_modules) - 1},
+    {script_tool_call, sizeof(script_tool_call) - 1},   {script_modules, sizeof(script_modules) - 1},
 };

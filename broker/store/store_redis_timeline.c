@@ -1,20 +1,20 @@
 /*
  * Run timelines in Redis: one list per run, <prefix>tl:<runId>, capped at
  * timeline_max_events (the newest kept) and expiring timeline_retention_ms
- * after the run's last token (timeline.c says what an event is).
+ * after the run's last token (timeline.c says what an event is). A batch is
+ * one transaction of plain commands (MULTI, RPUSH, LTRIM, PEXPIREAT NX and
+ * GT, EXEC): a script would copy every event into Lua and back, which cost
+ * Redis about twice the CPU per event.
  *
  * Events are written off the call's critical path: sb_store__redis_timeline_add
  * only copies the event into the worker's queue (bounded by
  * SB_TIMELINE_QUEUE_MAX events); TL_BATCH_MS after the first event queued (or
  * at the end of the loop pass once the queue is half full) the queue goes out
- * as one script per run and per TL_PER_CMD events (RPUSH, LTRIM, PEXPIREAT),
- * pipelined with whatever else the pass sends, and nobody waits for the
- * answers. Under load one script then carries the events of many calls, which
- * is what keeps the timeline's cost per call small (tests/bench/audit.sh).
- * The drain before a worker stops outlasts TL_BATCH_MS, so a clean shutdown
- * sends what is queued. A full
- * queue, a store that is not usable, or an answer that is an error drops the
- * events and counts them (sb_timeline_dropped_total); the calls never notice.
+ * as one transaction per run and per TL_PER_CMD events, pipelined with
+ * whatever else the pass sends, and nobody waits for the answers. Under load one script then carries the events of many calls,
+ * which is what keeps the timeline's cost per call small (tests/bench/audit.sh). The drain before a worker stops outlasts
+ * TL_BATCH_MS, so a clean shutdown sends what is queued. A full queue, a store that is not usable, or an answer that is an error
+ * drops the events and counts them (sb_timeline_dropped_total); the calls never notice.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,9 +51,20 @@ static void tl_key(const sb_store_t *s, const char *run_id, char *out, size_t ou
     *len = (size_t)n < outsz ? (size_t)n : outsz - 1;
 }
 
+/* the answers inside the transaction: +OK, +QUEUED, or an error that EXEC reports again */
+static void on_queued(cmd_t *cmd, redisReply *reply)
+{
+    (void)cmd;
+    (void)reply;
+}
+
+/* EXEC: RPUSH's count, LTRIM's OK, and the two PEXPIREATs' integers */
 static void on_added(cmd_t *cmd, redisReply *reply)
 {
-    if (reply == NULL || reply->type != REDIS_REPLY_INTEGER) {
+    int ok = reply != NULL && reply->type == REDIS_REPLY_ARRAY && reply->elements == 4 &&
+             reply->element[0]->type == REDIS_REPLY_INTEGER && reply->element[1]->type == REDIS_REPLY_STATUS &&
+             reply->element[2]->type == REDIS_REPLY_INTEGER && reply->element[3]->type == REDIS_REPLY_INTEGER;
+    if (!ok) {
         sb_logline_t l;
         sb_store__timeline_dropped_add((uint64_t)cmd->limit);
         sb_log_begin(&l, SB_LOG_WARN, "timeline.failed");
@@ -62,7 +73,9 @@ static void on_added(cmd_t *cmd, redisReply *reply)
         sb_log_cstr(&l, "reason",
                     reply == NULL                      ? "the store did not answer"
                     : reply->type == REDIS_REPLY_ERROR ? reply->str
-                                                       : "an unexpected answer");
+                    : reply->type == REDIS_REPLY_ARRAY && reply->elements >= 1 && reply->element[0]->type == REDIS_REPLY_ERROR
+                        ? reply->element[0]->str
+                        : "an unexpected answer");
         sb_log_end(&l);
     }
 }
@@ -90,8 +103,8 @@ static void flush_queue(redis_conn_t *rc)
 {
     sb_tl_queue_t *q = rc->tl;
     char key[KEY_MAX], cap[24], until[24];
-    const char *argv[4 + TL_PER_CMD];
-    size_t lens[4 + TL_PER_CMD], klen;
+    const char *argv[2 + TL_PER_CMD];
+    size_t lens[2 + TL_PER_CMD], klen;
 
     if (h2o_timeout_is_linked(&rc->tl_flush))
         h2o_timeout_unlink(&rc->tl_flush);
@@ -103,13 +116,13 @@ static void flush_queue(redis_conn_t *rc)
         drop_all(q);
         return;
     }
-    snprintf(cap, sizeof(cap), "%zu", rc->store->tl_max_events);
+    snprintf(cap, sizeof(cap), "-%zu", rc->store->tl_max_events);
     /* one command per run and per TL_PER_CMD events, each run's events in the order they came */
     for (size_t i = 0; i < q->n;) {
         const char *run = q->ev[i].run_id; /* inline in the event: stays while its text is freed */
         size_t idx[TL_PER_CMD], nev = 0;
         int64_t keep = 0;
-        int argc = 4;
+        int argc = 2;
         cmd_t *cmd;
 
         if (q->ev[i].ev == NULL) {
@@ -117,12 +130,10 @@ static void flush_queue(redis_conn_t *rc)
             continue;
         }
         tl_key(rc->store, run, key, sizeof(key), &klen);
-        argv[0] = "1"; /* numkeys */
-        lens[0] = 1;
+        argv[0] = "RPUSH";
+        lens[0] = 5;
         argv[1] = key;
         lens[1] = klen;
-        argv[2] = cap;
-        lens[2] = strlen(cap);
         for (size_t j = i; j < q->n && nev < TL_PER_CMD; ++j) {
             tl_event_t *e = &q->ev[j];
             if (e->ev == NULL || strcmp(e->run_id, run) != 0)
@@ -134,10 +145,23 @@ static void flush_queue(redis_conn_t *rc)
             idx[nev++] = j;
         }
         snprintf(until, sizeof(until), "%lld", (long long)keep);
-        argv[3] = until;
-        lens[3] = strlen(until);
-        /* the command copies its arguments: the events it carries can go */
-        cmd = sb_store__redis_cmd_new(rc, "timeline", on_added, SC_TIMELINE_ADD, argc, argv, lens);
+        /*
+         * One transaction, written in one piece with nothing between (this
+         * loop runs to its end): the list, kept to its cap, and its expiry
+         * set when it has none (NX) or pushed later (GT), never earlier
+         */
+        {
+            const char *mv[1] = {"MULTI"}, *ev[1] = {"EXEC"}, *tv[4] = {"LTRIM", key, cap, "-1"};
+            const char *nx[4] = {"PEXPIREAT", key, until, "NX"}, *gt[4] = {"PEXPIREAT", key, until, "GT"};
+            size_t ml[1] = {5}, el[1] = {4}, tl[4] = {5, klen, strlen(cap), 2}, xl[4] = {9, klen, strlen(until), 2};
+            sb_store__redis_cmd_send(sb_store__redis_cmd_new(rc, "timeline MULTI", on_queued, -1, 1, mv, ml));
+            /* the command copies its arguments: the events it carries can go */
+            sb_store__redis_cmd_send(sb_store__redis_cmd_new(rc, "timeline RPUSH", on_queued, -1, argc, argv, lens));
+            sb_store__redis_cmd_send(sb_store__redis_cmd_new(rc, "timeline LTRIM", on_queued, -1, 4, tv, tl));
+            sb_store__redis_cmd_send(sb_store__redis_cmd_new(rc, "timeline PEXPIREAT", on_queued, -1, 4, nx, xl));
+            sb_store__redis_cmd_send(sb_store__redis_cmd_new(rc, "timeline PEXPIREAT", on_queued, -1, 4, gt, xl));
+            cmd = sb_store__redis_cmd_new(rc, "timeline EXEC", on_added, -1, 1, ev, el);
+        }
         cmd->limit = (int64_t)nev;
         snprintf(cmd->run_id, sizeof(cmd->run_id), "%s", run);
         for (size_t k = 0; k < nev; ++k)
