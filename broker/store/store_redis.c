@@ -596,6 +596,25 @@ static void lease_take(redis_conn_t *rc, cmd_t *cmd, sb_token_t *tok, uint32_t g
     e->last_use = mono_ms();
 }
 
+/*
+ * The head of every call-path answer, {failed releases, code, ...}: checks
+ * what became of the releases the command carried. 0 with *code set, or -1
+ * when the answer is not one (the releases it carried are logged as lost).
+ */
+static int lookup_head(cmd_t *cmd, const redisReply *reply, long long *code)
+{
+    if (reply == NULL || reply->type != REDIS_REPLY_ARRAY || reply->elements < 2 ||
+        reply->element[0]->type != REDIS_REPLY_INTEGER || reply->element[1]->type != REDIS_REPLY_INTEGER) {
+        char lost[192];
+        why_of(reply, lost, sizeof(lost));
+        check_releases(cmd, NULL, lost);
+        return -1;
+    }
+    check_releases(cmd, reply->element[0], NULL);
+    *code = reply->element[1]->integer;
+    return 0;
+}
+
 static void on_lookup(cmd_t *cmd, redisReply *reply)
 {
     redis_conn_t *rc = cmd->rc;
@@ -616,15 +635,8 @@ static void on_lookup(cmd_t *cmd, redisReply *reply)
             e->asking = 0;
     }
 
-    if (reply == NULL || reply->type != REDIS_REPLY_ARRAY || reply->elements < 2 ||
-        reply->element[0]->type != REDIS_REPLY_INTEGER || reply->element[1]->type != REDIS_REPLY_INTEGER) {
-        char lost[192];
-        why_of(reply, lost, sizeof(lost));
-        check_releases(cmd, NULL, lost);
+    if (lookup_head(cmd, reply, &code) != 0)
         goto Done;
-    }
-    check_releases(cmd, reply->element[0], NULL);
-    code = reply->element[1]->integer;
     if (code == 0) {
         rcache_t *e;
         forget_record(rc, cmd->hash);
@@ -773,15 +785,8 @@ static void on_refill(cmd_t *cmd, redisReply *reply)
 
     if (e != NULL)
         e->asking = 0;
-    if (reply == NULL || reply->type != REDIS_REPLY_ARRAY || reply->elements < 2 ||
-        reply->element[0]->type != REDIS_REPLY_INTEGER || reply->element[1]->type != REDIS_REPLY_INTEGER) {
-        char lost[192];
-        why_of(reply, lost, sizeof(lost));
-        check_releases(cmd, NULL, lost);
+    if (lookup_head(cmd, reply, &code) != 0)
         return;
-    }
-    check_releases(cmd, reply->element[0], NULL);
-    code = reply->element[1]->integer;
     if (code == 0) {
         /* the token is gone: so is its record, and its lease */
         forget_record(rc, cmd->hash);
