@@ -31,10 +31,25 @@ _QUERY_RE = re.compile(r"dnsmasq\[\d+\]: query\[(\w+)\] (\S+) from (\S+)")
 PROBE_SOURCE = "127.0.0.9"
 
 
-def free_udp_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_dns_port():
+    """A port dnsmasq can take on 127.0.0.1 for both UDP and TCP.
+
+    Chosen below the kernel's ephemeral range (32768 and up by default), so that a client
+    socket of another test, even one in TIME_WAIT, cannot hold it; a TCP bind without
+    SO_REUSEADDR sees those the way dnsmasq's listener would.
+    """
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(20000, 32000)
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u, \
+                    socket.socket(socket.AF_INET, socket.SOCK_STREAM) as t:
+                u.bind(("127.0.0.1", port))
+                t.bind(("127.0.0.1", port))
+                return port
+        except OSError:
+            continue
+    raise RuntimeError("no port free for UDP and TCP on 127.0.0.1 in 20000-31999")
 
 
 def _encode_name(name):
@@ -123,8 +138,8 @@ class Dnsmasq:
         self.log_path = os.path.join(self.dir, "dnsmasq.log")
         self.pid_path = os.path.join(self.dir, "dnsmasq.pid")
         self._write_hosts(self.hosts)
-        for attempt in range(5):
-            self.port = free_udp_port()
+        for attempt in range(10):
+            self.port = free_dns_port()
             args = [exe, "--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv", "--no-hosts",
                     "--listen-address=127.0.0.1", "--bind-interfaces", "--port=%d" % self.port, "--local=/test/",
                     "--local-ttl=0", "--user=root", "--pid-file=" + self.pid_path, "--addn-hosts=" + self.hosts_path,
@@ -149,7 +164,7 @@ class Dnsmasq:
             self.stop(keep_dir=True)
             if b"in use" not in err:
                 raise RuntimeError("dnsmasq did not start: %s" % err.decode("utf-8", "replace"))
-        raise RuntimeError("dnsmasq could not bind a free port")
+        raise RuntimeError("dnsmasq could not bind a free port: %s" % err.decode("utf-8", "replace"))
 
     def stop(self, keep_dir=False):
         if self.proc is not None:
