@@ -118,6 +118,64 @@ static const char *check_head(const char *buf, size_t len, h2o_iovec_t *method, 
     return NULL;
 }
 
+/* 1 if the n >= lit_len bytes at p begin with `lit` (lowercase), ASCII case-insensitively */
+static int lc_prefix(const char *p, const char *lit, size_t lit_len)
+{
+    for (size_t i = 0; i != lit_len; ++i)
+        if ((p[i] >= 'A' && p[i] <= 'Z' ? p[i] + ('a' - 'A') : p[i]) != lit[i])
+            return 0;
+    return 1;
+}
+
+int sb_http_framing_plain(const char *buf, size_t len, const char *method, size_t method_len, const char *path, size_t path_len)
+{
+    const char *p = buf, *end;
+    size_t ncl = 0, nfields = 0;
+
+    /* the window check_head reads */
+    if (len > H2O_MAX_REQLEN)
+        len = H2O_MAX_REQLEN;
+    end = buf + len;
+    /* the request line, exactly: method SP target SP HTTP/1.0 or HTTP/1.1, CRLF */
+    if (method_len + path_len + 12 > len || memcmp(p, method, method_len) != 0 || p[method_len] != ' ')
+        return 0;
+    p += method_len + 1;
+    if (memcmp(p, path, path_len) != 0 || p[path_len] != ' ')
+        return 0;
+    p += path_len + 1;
+    if (memcmp(p, "HTTP/1.", 7) != 0 || (p[7] != '0' && p[7] != '1') || p[8] != '\r' || p[9] != '\n')
+        return 0;
+    p += 10;
+    /* field lines, each ending in CRLF, up to the empty one */
+    for (;;) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t n;
+        if (nl == NULL || nl == p || nl[-1] != '\r')
+            return 0; /* cut short, or a bare LF */
+        n = (size_t)(nl - 1 - p);
+        if (n == 0)
+            return 1;
+        if (++nfields > H2O_MAX_HEADERS || p[0] == ' ' || p[0] == '\t')
+            return 0; /* more than h2o reads, or obs-fold */
+        if (n >= 14 && lc_prefix(p, "content-length", 14)) {
+            /* the one Content-Length: the name, ':', optional SP/HTAB, then 1*DIGIT to the CR */
+            size_t i = 15;
+            if (n == 14 || p[14] != ':' || ++ncl > 1)
+                return 0;
+            while (i < n && (p[i] == ' ' || p[i] == '\t'))
+                ++i;
+            if (i == n)
+                return 0;
+            for (; i < n; ++i)
+                if (p[i] < '0' || p[i] > '9')
+                    return 0;
+        } else if (n >= 17 && lc_prefix(p, "transfer-encoding", 17)) {
+            return 0; /* chunked bodies are rare: check_head decides */
+        }
+        p = nl + 1;
+    }
+}
+
 const char *sb_http_framing_check(const char *buf, size_t len)
 {
     h2o_iovec_t method, path;
@@ -137,6 +195,9 @@ int sb_http_framing_refuse(h2o_req_t *req)
         return 0;
     if (sock == NULL || sock->input == NULL)
         why = "the request head is not available";
+    else if (sb_http_framing_plain(sock->input->bytes, sock->input->size, req->input.method.base, req->input.method.len,
+                                   req->input.path.base, req->input.path.len))
+        return 0;
     else if ((why = check_head(sock->input->bytes, sock->input->size, &method, &path)) == NULL &&
              (!h2o_memis(method.base, method.len, req->input.method.base, req->input.method.len) ||
               !h2o_memis(path.base, path.len, req->input.path.base, req->input.path.len)))

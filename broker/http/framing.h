@@ -29,6 +29,19 @@
 const char *sb_http_framing_check(const char *buf, size_t len);
 
 /**
+ * The common head, decided without parsing it a second time: 1 when the head at the start of `buf` is
+ * certainly one sb_http_framing_check accepts and its request line is exactly `method SP path SP
+ * HTTP/1.0` or `HTTP/1.1`; 0 when that is not certain, and sb_http_framing_check decides. It reads lines
+ * ending in CRLF only and looks at the framing fields only: a head that has any obs-fold line, a
+ * Transfer-Encoding field, more than one Content-Length field, one whose value is not optional SP/HTAB
+ * then 1*DIGIT, a bare LF, more fields than h2o reads or no end within H2O_MAX_REQLEN bytes gets 0. It
+ * does not check the other fields' syntax: it is for heads h2o has parsed (the route's), whose bytes
+ * picohttpparser accepted already.
+ * @return 1 or 0, as above
+ */
+int sb_http_framing_plain(const char *buf, size_t len, const char *method, size_t method_len, const char *path, size_t path_len);
+
+/**
  * The route handlers' first call. On an HTTP/1 request whose head sb_http_framing_check refuses, answers
  * 400 (text/plain), marks the connection to be closed after it, logs "http.framing_refused" and returns 1:
  * the handler returns 0 and does nothing else; a request pipelined behind it is never read. Otherwise
