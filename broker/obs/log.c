@@ -371,11 +371,28 @@ static int field_key(sb_logline_t *l, const char *key, size_t klen, const char *
     return 1;
 }
 
-void sb_log__str(sb_logline_t *l, const char *key, size_t klen, const char *val, size_t len)
+/*
+ * The head of a field whose key is a literal, `,"key":"` or `,"key":` put together when compiled (log.h):
+ * copied as it is. On a line that cannot take it whole, nothing (and 0), as field_key.
+ */
+static int field_head(sb_logline_t *l, const char *head, size_t hlen)
 {
     size_t limit = sizeof(l->buf) - LINE_RESERVE;
-    if (!field_key(l, key, klen, "\":\"", 3))
-        return;
+    if (!l->enabled || l->truncated)
+        return 0;
+    if (l->len > limit || hlen > limit - l->len) {
+        l->truncated = 1;
+        return 0;
+    }
+    memcpy(l->buf + l->len, head, hlen);
+    l->len += hlen;
+    return 1;
+}
+
+/* a string value after its field's head, and the closing quote */
+static void str_value(sb_logline_t *l, const char *val, size_t len)
+{
+    size_t limit = sizeof(l->buf) - LINE_RESERVE;
     /* most values (ids, names, codes) need no escape: one copy when the whole value fits */
     if (len == 0) {
         /* nothing to copy (val may be NULL) */
@@ -388,24 +405,49 @@ void sb_log__str(sb_logline_t *l, const char *key, size_t klen, const char *val,
     close_quote(l);
 }
 
-void sb_log__cstr(sb_logline_t *l, const char *key, size_t klen, const char *val)
-{
-    sb_log__str(l, key, klen, val, strlen(val));
-}
-
-void sb_log__int(sb_logline_t *l, const char *key, size_t klen, long long v)
+/* a number after its field's head, which started at `start`: a number is never cut, the field goes */
+static void int_value(sb_logline_t *l, long long v, size_t start)
 {
     char num[24], *end = num + sizeof(num), *p;
-    size_t start = l->len;
-    if (!field_key(l, key, klen, "\":", 2))
-        return;
     /* the magnitude as unsigned: LLONG_MIN has none as a long long */
     p = put_u64(end, v < 0 ? 0u - (uint64_t)v : (uint64_t)v);
     if (v < 0)
         *--p = '-';
     raw(l, p, (size_t)(end - p));
     if (l->truncated)
-        l->len = start; /* a number is never cut: the field goes */
+        l->len = start;
+}
+
+void sb_log__hstr(sb_logline_t *l, const char *head, size_t hlen, const char *val, size_t len)
+{
+    if (field_head(l, head, hlen))
+        str_value(l, val, len);
+}
+
+void sb_log__hcstr(sb_logline_t *l, const char *head, size_t hlen, const char *val)
+{
+    if (field_head(l, head, hlen))
+        str_value(l, val, strlen(val));
+}
+
+void sb_log__hint(sb_logline_t *l, const char *head, size_t hlen, long long v)
+{
+    size_t start = l->len;
+    if (field_head(l, head, hlen))
+        int_value(l, v, start);
+}
+
+void sb_log__str(sb_logline_t *l, const char *key, size_t klen, const char *val, size_t len)
+{
+    if (field_key(l, key, klen, "\":\"", 3))
+        str_value(l, val, len);
+}
+
+void sb_log__int(sb_logline_t *l, const char *key, size_t klen, long long v)
+{
+    size_t start = l->len;
+    if (field_key(l, key, klen, "\":", 2))
+        int_value(l, v, start);
 }
 
 void sb_log_end(sb_logline_t *l)

@@ -36,15 +36,19 @@ void sb_log_begin(sb_logline_t *l, sb_log_level_t level, const char *event);
 void sb_log_begin_level_always(sb_logline_t *l, sb_log_level_t level, const char *event);
 /*
  * Fields. Keys are string literals (the broker's own names: a variable does
- * not compile), so their length is known when compiled and never measured on
- * the call path; keys and values are escaped as needed. sb_log__* take a key
- * of any bytes with its length.
+ * not compile) of letters, digits, '_' and '.', which scripts/checksrc
+ * checks: the field's head (`,"key":"` or `,"key":`) is put together when
+ * compiled and copied as it is. Values are escaped as needed. sb_log__str and
+ * sb_log__int take a key of any bytes with its length, and escape it.
  */
-#define sb_log_str(l, key, ...) sb_log__str((l), "" key, sizeof(key) - 1, __VA_ARGS__) /* val, len */
-#define sb_log_cstr(l, key, val) sb_log__cstr((l), "" key, sizeof(key) - 1, (val))
-#define sb_log_int(l, key, v) sb_log__int((l), "" key, sizeof(key) - 1, (v))
+#define SB_LOG__HEAD(s) (s), sizeof(s) - 1
+#define sb_log_str(l, key, ...) sb_log__hstr((l), SB_LOG__HEAD(",\"" key "\":\""), __VA_ARGS__) /* val, len */
+#define sb_log_cstr(l, key, val) sb_log__hcstr((l), SB_LOG__HEAD(",\"" key "\":\""), (val))
+#define sb_log_int(l, key, v) sb_log__hint((l), SB_LOG__HEAD(",\"" key "\":"), (v))
+void sb_log__hstr(sb_logline_t *l, const char *head, size_t hlen, const char *val, size_t len);
+void sb_log__hcstr(sb_logline_t *l, const char *head, size_t hlen, const char *val);
+void sb_log__hint(sb_logline_t *l, const char *head, size_t hlen, long long v);
 void sb_log__str(sb_logline_t *l, const char *key, size_t klen, const char *val, size_t len);
-void sb_log__cstr(sb_logline_t *l, const char *key, size_t klen, const char *val);
 void sb_log__int(sb_logline_t *l, const char *key, size_t klen, long long v);
 void sb_log_end(sb_logline_t *l);
 /** closes the line like sb_log_end but hands it to the audit stream instead of stderr */
