@@ -45,6 +45,21 @@ void sb_result_fail(sb_result_t *res, sb_status_t st, const char *fmt, ...)
     va_end(ap);
 }
 
+void sb_answer_error_str(sb_dispatch_cb cb, void *arg, sb_status_t st, const char *msg)
+{
+    sb_result_t res;
+    size_t len = strlen(msg);
+
+    sb_result_init(&res);
+    res.status = st;
+    if (len >= sizeof(res.message))
+        len = sb_utf8_trim_tail(msg, sizeof(res.message) - 1);
+    memcpy(res.message, msg, len);
+    res.message[len] = '\0';
+    cb(arg, &res);
+    sb_result_dispose(&res);
+}
+
 void sb_answer_error(sb_dispatch_cb cb, void *arg, sb_status_t st, const char *fmt, ...)
 {
     sb_result_t res;

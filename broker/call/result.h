@@ -48,5 +48,7 @@ void sb_result_vfail(sb_result_t *res, sb_status_t st, const char *fmt, va_list 
  * uses. The callback runs before this returns.
  */
 __attribute__((format(printf, 4, 5))) void sb_answer_error(sb_dispatch_cb cb, void *arg, sb_status_t st, const char *fmt, ...);
+/** sb_answer_error with a message that needs no formatting (cut as sb_result_fail cuts) */
+void sb_answer_error_str(sb_dispatch_cb cb, void *arg, sb_status_t st, const char *msg);
 
 #endif

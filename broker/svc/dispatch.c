@@ -130,14 +130,17 @@ static void count_tool_call(const sb_svc_env_t *env, const sb_target_t *t, sb_to
 void sb_dispatch(const sb_svc_env_t *env, sb_token_t *tok, const sb_call_t *call, sb_dispatch_cb cb, void *arg)
 {
     const sb_method_t *m = &call->m;
-    const char *kind = sb_method_kind_name(m->kind);
     const sb_target_t *t = sb_targets_find(env->targets, tok->target);
 
     switch (m->kind) {
     case SB_MK_SERVICES:
+        sb_answer_error_str(cb, arg, SB_E_NOT_IMPLEMENTED, "services dispatch is not implemented");
+        return;
     case SB_MK_JOBS:
+        sb_answer_error_str(cb, arg, SB_E_NOT_IMPLEMENTED, "jobs dispatch is not implemented");
+        return;
     case SB_MK_WORKFLOWS:
-        sb_answer_error(cb, arg, SB_E_NOT_IMPLEMENTED, "%s dispatch is not implemented", kind);
+        sb_answer_error_str(cb, arg, SB_E_NOT_IMPLEMENTED, "workflows dispatch is not implemented");
         return;
     case SB_MK_GLOBALS:
         if (m->op == SB_OP_SET) {
