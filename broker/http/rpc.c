@@ -36,7 +36,8 @@ typedef struct st_rpc_call_t {
     size_t method_len;
     int kind; /* sb_method_kind_t, or SB_MK_COUNT_ while unknown */
     sb_method_t m;
-    sb_call_t call; /* the typed call: decoded once, checked, dispatched */
+    int method_parsed; /* m holds the method, parsed once for its request cap (step 5) */
+    sb_call_t call;    /* the typed call: decoded once, checked, dispatched */
     uint8_t hash[32];
     char tokref[13];
     char run_id[SB_MAX_RUN_ID + 1];
@@ -399,7 +400,7 @@ static void on_quota(void *arg, sb_status_t st, const char *why)
         goto Exit;
     }
     c->quota_held = 1;
-    if (sb_method_parse(c->method, c->method_len, &c->m) != SB_OK) {
+    if (!c->method_parsed) {
         char msg[300];
         snprintf(msg, sizeof(msg), "unrecognized method \"%.*s\"", (int)c->method_len, c->method);
         reply_error(c, SB_E_BAD_METHOD, msg);
@@ -561,8 +562,9 @@ int sb_rpc_on_req(h2o_handler_t *self, h2o_req_t *req)
         c->method = m->via.str.ptr;
         c->method_len = m->via.str.size;
     }
-    /* 5. the method's own request cap */
-    if (req->entity.len > sb_method_request_cap_str(c->method, c->method_len)) {
+    /* 5. the method's own request cap (an unknown method has the native one; it is refused after the token) */
+    c->method_parsed = sb_method_parse(c->method, c->method_len, &c->m) == SB_OK;
+    if (req->entity.len > (c->method_parsed ? sb_method_request_cap(&c->m) : SB_MAX_NATIVE_REQUEST)) {
         reply_error(c, SB_E_TOO_LARGE, NULL);
         return 0;
     }
