@@ -119,8 +119,19 @@ static void call_free(sb_async_t *a)
     sb_mem_free(c);
 }
 
+/*
+ * The worker's error body: built here and copied into the request's pool, so an error answer allocates
+ * nothing from the heap. Emptied before each use (a reply nested in another's send finds it free).
+ */
+static __thread sb_buf_t error_body;
+static __thread int error_body_ready;
+
 void sb_rpc_worker_done(void)
 {
+    if (error_body_ready) {
+        sb_buf_free(&error_body);
+        error_body_ready = 0;
+    }
     while (ncall_cache > 0) {
         rpc_call_t *c = call_cache[--ncall_cache];
         msgpack_zone_destroy(&c->zone);
@@ -224,20 +235,24 @@ static void send_body(rpc_call_t *c, sb_status_t st, const char *message, sb_buf
  */
 static void reply_error(rpc_call_t *c, sb_status_t st, const char *message)
 {
-    sb_buf_t body;
+    sb_buf_t *body = &error_body;
+    const char *ctype = c->binary ? "application/msgpack" : "application/json";
 
     st = sb_status_on_wire(st);
     release_quota(c);
-    sb_buf_init(&body, SB_REPLY_ERROR_MAX);
-    if (sb_reply_error_body(&body, st, message, c->cid, c->binary) != SB_OK) {
+    if (!error_body_ready) {
+        sb_buf_init(body, SB_REPLY_ERROR_MAX);
+        error_body_ready = 1;
+    }
+    sb_buf_reset(body);
+    if (sb_reply_error_body(body, st, message, c->cid, c->binary) != SB_OK) {
         /* no memory even for the error body: the fixed execution_error one, never an abort */
         sb_view_t v = sb_reply_error_fallback(c->binary);
-        sb_buf_free(&body);
+        sb_buf_free(body);
         c->elapsed_us = sb_mono_us() - c->started_us;
         sb_metrics_call(c->kind, SB_E_EXECUTION, c->elapsed_us);
         log_call(c, SB_E_EXECUTION, "out of memory writing the error reply", v.len);
-        sb_reply_send(c->super.req, SB_E_EXECUTION, c->binary ? "application/msgpack" : "application/json", (const char *)v.base,
-                      v.len);
+        sb_reply_send(c->super.req, SB_E_EXECUTION, ctype, (const char *)v.base, v.len);
         return;
     }
     c->elapsed_us = sb_mono_us() - c->started_us;
@@ -246,7 +261,9 @@ static void reply_error(rpc_call_t *c, sb_status_t st, const char *message)
         sb_metrics_deny(c->tokref[0] == '\0' ? SB_DENY_TOKEN_MISSING : SB_DENY_TOKEN_INVALID);
     else if (st == SB_E_FORBIDDEN && c->kind < SB_MK_COUNT_ && !c->decided)
         sb_metrics_deny(SB_DENY_AXIS + c->kind); /* a decider's refusal is counted in sb_decisions_total */
-    send_body(c, st, message, &body);
+    log_call(c, st, message, body->len);
+    /* copied into the request's pool first: the buffer is free again before anything else can run */
+    sb_reply_send(c->super.req, st, ctype, body->base, body->len);
 }
 
 /* {"ok":true,"value":V} in msgpack: the handler's packed value after a fixed head, within the buffer's cap */
