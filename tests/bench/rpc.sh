@@ -303,6 +303,16 @@ function val(s, k,   i, a) { for (i = 3; i <= NF; ++i) { split($i, a, "="); if (
     lb = val($0, "last_bad"); if (lb != 0) last[c] = lb
     r = val($0, "rps"); if (!(c in lo) || r < lo[c]) lo[c] = r; if (!(c in hi) || r > hi[c]) hi[c] = r
     byround[c, $2] = r; rounds[$2] = 1
+    if (val($0, "requests") > 0) cpuround[c, $2] = val($0, "cpu_ns") / val($0, "requests")
+}
+# median over rounds of (baseline CPU per request / case CPU per request in the same round): a burst of
+# other load on the machine moves one round, not the figure
+function pairedcpu(c,   k, m, i, j, t, v) {
+    m = 0
+    for (k in rounds) if (((c, k) in cpuround) && (("baseline", k) in cpuround) && cpuround[c, k] > 0) v[++m] = cpuround["baseline", k] / cpuround[c, k]
+    if (m == 0) return 0
+    for (i = 2; i <= m; ++i) for (j = i; j > 1 && v[j - 1] > v[j]; --j) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
+    return (m % 2) ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2
 }
 # median over rounds of (case req/s / baseline req/s in the same round): robust to a slow round
 function paired(c,   k, m, i, j, t, v) {
@@ -316,15 +326,16 @@ END {
     nc = split(cases, cl, " ")
     base = ("baseline" in n) ? rps["baseline"] / n["baseline"] : 0
     basecpu = ("baseline" in n && req["baseline"] > 0) ? cpu["baseline"] / req["baseline"] : 0
-    printf "\n%-20s %6s %9s %17s %7s %7s %6s %6s %8s %6s %9s %5s %4s\n", "case", "status", "req/s", "(min..max)", "p50 ms", "p99 ms", "ratio", "paired", "cpu/req", "cpu-r", "requests", "bad", "serr"
+    printf "\n%-20s %6s %9s %17s %7s %7s %6s %6s %8s %6s %6s %9s %5s %4s\n", "case", "status", "req/s", "(min..max)", "p50 ms", "p99 ms", "ratio", "paired", "cpu/req", "cpu-r", "cpu-p", "requests", "bad", "serr"
     for (i = 1; i <= nc; ++i) {
         c = cl[i]; if (!(c in n)) continue
         m = rps[c] / n[c]
         ex = (c ~ /denied/) ? 403 : 501
         cr = req[c] > 0 ? cpu[c] / req[c] : 0
-        printf "%-20s %6d %9.0f %17s %7.3f %7.3f %6s %6s %6.2fus %6s %9d %5d %4d%s\n", c, ex, m, sprintf("(%.0f..%.0f)", lo[c], hi[c]),
+        printf "%-20s %6d %9.0f %17s %7.3f %7.3f %6s %6s %6.2fus %6s %6s %9d %5d %4d%s\n", c, ex, m, sprintf("(%.0f..%.0f)", lo[c], hi[c]),
             p50[c] / n[c] / 1000, p99[c] / n[c] / 1000, (base > 0 ? sprintf("%.2fx", m / base) : "-"), paired(c),
-            cr / 1000, (basecpu > 0 && cr > 0 ? sprintf("%.2fx", basecpu / cr) : "-"), req[c], bad[c], serr[c],
+            cr / 1000, (basecpu > 0 && cr > 0 ? sprintf("%.2fx", basecpu / cr) : "-"),
+            (pairedcpu(c) > 0 ? sprintf("%.2fx", pairedcpu(c)) : "-"), req[c], bad[c], serr[c],
             (bad[c] > 0 ? sprintf("  <- non-%d statuses (last %d)", ex, last[c]) : "")
     }
     if (base > 0 && ("mem-granted" in n)) {
@@ -351,19 +362,24 @@ function vs(c, ref,   k, m, i, j, t, v, kr) {
     printf "decide axis, no rule matching (%s vs %s): %.3fx req/s paired, %.3fx by CPU cost\n", c, ref,
         (m % 2) ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2, kr
 }
-# the Redis store: >= 0.60x by CPU cost (the broker plus redis-server) and >= 0.70x in req/s, on the paired ratio
-function redis_target(c, what,   r, k) {
+# The targets are judged on the paired medians (each round of a case against the baseline of the same round);
+# the whole-run ratios are printed next to them.
+# the Redis store: >= 0.60x by CPU cost (the broker plus redis-server) and >= 0.70x in req/s
+function redis_target(c, what,   r, k, kw) {
     r = paired(c); sub(/x$/, "", r)
-    k = (basecpu > 0 && req[c] > 0 && cpu[c] > 0) ? basecpu / (cpu[c] / req[c]) : 0
-    printf "redis store target >= 0.60x by CPU cost, >= 0.70x req/s: %s (%s, %s: %.2fx by CPU cost, %.2fx req/s paired)\n",
-        (k >= 0.6 && r + 0 >= 0.7 ? "PASS" : "FAIL"), c, what, k, r + 0
+    k = pairedcpu(c)
+    kw = (basecpu > 0 && req[c] > 0 && cpu[c] > 0) ? basecpu / (cpu[c] / req[c]) : 0
+    printf "redis store target >= 0.60x by CPU cost, >= 0.70x req/s: %s (%s, %s: %.2fx by CPU cost, %.2fx req/s, paired; whole run %.2fx by CPU cost)\n",
+        (k >= 0.6 && r + 0 >= 0.7 ? "PASS" : "FAIL"), c, what, k, r + 0, kw
 }
 # the memory store: >= 0.80x req/s and >= 0.75x by CPU cost; flagged when the two ratios tell different stories
-function target(c, what,   r, k) {
-    r = rps[c] / n[c] / base
-    k = (basecpu > 0 && req[c] > 0 && cpu[c] > 0) ? basecpu / (cpu[c] / req[c]) : 0
-    printf "memory store target >= 0.80x req/s, >= 0.75x by CPU cost: %s (%s, %s: %.2fx; by CPU cost %.2fx)%s\n",
-        (r >= 0.8 && k >= 0.75 ? "PASS" : "FAIL"), c, what, r, k,
+function target(c, what,   r, k, rw, kw) {
+    r = paired(c); sub(/x$/, "", r); r += 0
+    k = pairedcpu(c)
+    rw = rps[c] / n[c] / base
+    kw = (basecpu > 0 && req[c] > 0 && cpu[c] > 0) ? basecpu / (cpu[c] / req[c]) : 0
+    printf "memory store target >= 0.80x req/s, >= 0.75x by CPU cost: %s (%s, %s: %.2fx req/s, %.2fx by CPU cost, paired; whole run %.2fx, %.2fx)%s\n",
+        (r >= 0.8 && k >= 0.75 ? "PASS" : "FAIL"), c, what, r, k, rw, kw,
         ((k > 0 && (r - k > 0.15 || k - r > 0.15)) ? "  <- req/s disturbed by other load: rerun on a quiet machine" : "")
 }' "$RESULTS" || { say "rpc.sh: could not summarise $RESULTS"; FAILED=1; }
 
