@@ -291,7 +291,12 @@ static __attribute__((noreturn)) void pooled_main(const sb_serve_conf_t *conf, p
             sb_shim_deno_discard(&g);
             _exit(1);
         }
-        if ((p[1].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
+        /*
+         * A run that arrived is taken before the guest's death is looked at: the launcher has told the
+         * service this process has it, so it must be answered (serve_run.c starts it cold when the
+         * guest is gone).
+         */
+        if (p[0].revents == 0 && (p[1].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
             /* the guest died (or wrote before its init frame, which it never does): it is replaced */
             sb_shim_deno_discard(&g);
             _exit(POOLED_GUEST_DIED);

@@ -12,6 +12,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -142,6 +143,16 @@ static void lower_cpu_limit(const sb_shim_guest_t *g, int64_t timeout_ms)
     (void)prlimit(g->child.pid, RLIMIT_CPU, &rl, NULL);
 }
 
+/*
+ * 1 while a pooled guest still waits for its init frame: its pidfd (or its stdout, without one) is not
+ * readable. It writes nothing before the frame, so anything there means it died.
+ */
+static int guest_waiting(const sb_shim_guest_t *g)
+{
+    struct pollfd p = {g->child.pidfd >= 0 ? g->child.pidfd : g->child.out_fd, POLLIN, 0};
+    return poll(&p, 1, 0) == 0;
+}
+
 static json_t *failure(const char *error)
 {
     return json_pack("{s:b, s:s, s:[]}", "ok", 0, "error", error, "logs");
@@ -163,6 +174,7 @@ __attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, sb_s
     long long calls = 0;
     int spawned = 0, cancel = fcntl(CANCEL_FD, F_GETFD) >= 0;
     int64_t handover_ms = -1;
+    int pooled = pre != NULL, pooled_died = 0;
     struct sigaction sa;
     int stop[2];
 
@@ -232,6 +244,13 @@ __attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, sb_s
         cfg.addr_len = conf->broker_addr_len;
         cfg.tls = conf->tls;
     }
+    if (pre != NULL && !guest_waiting(pre)) {
+        /* the pooled guest died as its run was handed over: not the run's failure, it starts cold */
+        sb_shim_deno_discard(pre);
+        pre = NULL;
+        pooled_died = 1;
+    }
+    pooled = pre != NULL;
     {
         sb_shim_deno_t d = conf->deno;
         sb_status_t st;
@@ -305,7 +324,9 @@ Answer:
         outcome_kind = classify(answer, denied);
     meta = json_pack("{s:s, s:I, s:b, s:I, s:b}", "outcome", sb_serve_outcome_name(outcome_kind), "calls", (json_int_t)calls,
                      "timedOut", json_is_true(json_object_get(answer, "timedOut")), "jailFailures",
-                     (json_int_t)sb_shim_hook_jail_failures(), "pooled", pre != NULL);
+                     (json_int_t)sb_shim_hook_jail_failures(), "pooled", pooled);
+    if (meta != NULL && pooled_died)
+        json_object_set_new(meta, "pooledGuestDied", json_true());
     /* from the request to the guest's first instruction: the init frame is written next */
     if (meta != NULL && handover_ms >= 0)
         json_object_set_new(meta, "handoverMs", json_integer(handover_ms));

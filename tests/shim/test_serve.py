@@ -1231,6 +1231,53 @@ def t_pool_guest_dies():
         s2.stop()
 
 
+def t_pool_guest_dies_at_handover():
+    """A pooled guest that dies as its run is handed over: the run starts cold and is answered, and its
+    line says so. (The waiting process is stopped, its guest killed, a run posted to it, then it goes on:
+    it finds the run and the death at once.)"""
+    s2 = Serve(args=["--pool-size", "1"])
+    waiting = None
+    try:
+        wait_pool_ready(s2, 1)
+        tree = descendants(s2.proc.pid)
+        launcher = next(pid for pid, (pp, _) in tree.items() if pp == s2.proc.pid)
+        waiting = next(pid for pid, (pp, _) in tree.items() if pp == launcher)
+        guest = next(iter(guests_of(s2)))
+        check(guest in descendants(waiting), "the guest is the waiting process's", guest, waiting)
+        os.kill(waiting, signal.SIGSTOP)
+        os.kill(guest, signal.SIGKILL)
+
+        def gone(pid):
+            try:
+                with open("/proc/%d/stat" % pid) as f:
+                    return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # exited, its stopped parent not told yet
+            except OSError:
+                return True
+
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not gone(guest):
+            time.sleep(0.02)
+        check(gone(guest), "the guest has died before its run is posted", guest)
+        res = {}
+        th = threading.Thread(target=lambda: res.update(r=s2.run({"source": "export default (i) => i.n + 1", "input": {"n": 1}})))
+        th.start()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and s2.metrics()['sb_serve_pool_runs_total{start="pooled"}'] < 1:
+            time.sleep(0.05)
+        check(s2.metrics()['sb_serve_pool_runs_total{start="pooled"}'] == 1, "the launcher gave the run to the waiting process")
+        os.kill(waiting, signal.SIGCONT)
+        waiting = None
+        th.join(60)
+        st, o = res.get("r", (None, None))
+        check(st == 200 and o["ok"] is True and o["output"] == 2, "the run is answered", st, o)
+        ev = s2.events()[-1]
+        check(ev["pooled"] is False and ev.get("pooledGuestDied") is True, "its line says it started cold, and why", ev)
+    finally:
+        if waiting is not None:
+            os.kill(waiting, signal.SIGCONT)
+        s2.stop()
+
+
 def t_launcher_gone():
     """The launcher gone (killed): /health answers 503 and says why, runs fail to spawn, the log says it once."""
     s2 = Serve(args=["--pool-size", "1"])
@@ -1445,6 +1492,7 @@ tap.case("pool: more runs than guests start cold (misses)", t_pool_miss)
 tap.case("pool: no state crosses runs", t_pool_no_state_crosses_runs)
 tap.case("pool: the timeout starts at the hand-over", t_pool_timeout_from_handover)
 tap.case("pool: a pooled guest that dies is replaced and counted", t_pool_guest_dies)
+tap.case("pool: a pooled guest that dies at the hand-over: its run starts cold", t_pool_guest_dies_at_handover)
 tap.case("pool: a drain kills the pooled guests", t_pool_drain_kills_pooled)
 tap.case("launcher gone: /health 503, runs refused, logged once", t_launcher_gone)
 tap.case("a run's client connection is found by both its ends", t_client_connection_by_both_ends)
