@@ -21,6 +21,8 @@ import tempfile
 import time
 import unittest
 
+from ports import free_port
+
 QTYPE_A = 1
 QTYPE_AAAA = 28
 QTYPES = {"A": QTYPE_A, "AAAA": QTYPE_AAAA}
@@ -32,24 +34,8 @@ PROBE_SOURCE = "127.0.0.9"
 
 
 def free_dns_port():
-    """A port dnsmasq can take on 127.0.0.1 for both UDP and TCP.
-
-    Chosen below the kernel's ephemeral range (32768 and up by default), so that a client
-    socket of another test, even one in TIME_WAIT, cannot hold it; a TCP bind without
-    SO_REUSEADDR sees those the way dnsmasq's listener would.
-    """
-    rng = random.SystemRandom()
-    for _ in range(200):
-        port = rng.randrange(20000, 32000)
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u, \
-                    socket.socket(socket.AF_INET, socket.SOCK_STREAM) as t:
-                u.bind(("127.0.0.1", port))
-                t.bind(("127.0.0.1", port))
-                return port
-        except OSError:
-            continue
-    raise RuntimeError("no port free for UDP and TCP on 127.0.0.1 in 20000-31999")
+    """A port dnsmasq can take on 127.0.0.1 for both UDP and TCP (ports.py says why below the ephemeral range)."""
+    return free_port(udp_too=True)
 
 
 def _encode_name(name):

@@ -25,21 +25,20 @@ Environment:
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 import unittest
 import uuid
+
+import ports
 from urllib.parse import urlsplit, urlunsplit
 
 SEP = "\x1f"
 
 
 def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return ports.free_port()
 
 
 def _pg_bin():

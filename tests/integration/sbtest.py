@@ -27,6 +27,8 @@ import threading
 import time
 import unittest
 
+import ports
+
 try:
     import msgpack
 except ImportError:  # pragma: no cover - reported clearly instead of a traceback in every file
@@ -67,10 +69,8 @@ def closed_port(family=socket.AF_INET, host="127.0.0.1"):
 
 
 def free_port():
-    """A loopback TCP port that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback TCP port that was free a moment ago, below the ephemeral range (ports.py)."""
+    return ports.free_port()
 
 
 def base_env(extra=None, secret=ADMIN_SECRET):

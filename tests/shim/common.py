@@ -22,6 +22,8 @@ import msgpack
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE_DIR = os.environ.get("SB_SOURCE_DIR", os.path.abspath(os.path.join(HERE, "..", "..")))
 BIN_DIR = os.environ.get("SB_BIN_DIR", os.path.join(SOURCE_DIR, "build", "bin"))
+sys.path.insert(0, os.path.join(SOURCE_DIR, "tests", "integration"))
+import ports  # noqa: E402  (tests/integration, shared with the broker's fixtures)
 SHIM = os.path.join(BIN_DIR, "sandbox-shim")
 BROKER = os.path.join(BIN_DIR, "sandbox-broker")
 PYTHON = sys.executable or "/usr/bin/python3"
@@ -263,11 +265,8 @@ def closed_port():
 
 
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A loopback TCP port that was free a moment ago, below the ephemeral range (tests/integration/ports.py)."""
+    return ports.free_port()
 
 
 _scenarios = []

@@ -22,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import msgpack
 
-from common import SHIM, SOURCE_DIR, RealBroker, Tap, check, closed_port, find_deno, needs_root
+from common import SHIM, SOURCE_DIR, RealBroker, Tap, check, closed_port, find_deno, free_port, needs_root
 
 DENO = find_deno()
 if DENO is None:
@@ -758,10 +758,7 @@ def t_port_env_and_file_secret():
         path = os.path.join(d, "adm")
         with open(path, "w") as f:
             f.write(SECRET + "\n")
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-        s.close()
+        port = free_port()
         e = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_")}
         e["PORT"] = str(port)
         p = subprocess.Popen([SHIM, "serve", "--deno", DENO, "--admission-secret-file", path], env=e,
