@@ -297,9 +297,14 @@ static __attribute__((noreturn)) void pooled_main(const sb_serve_conf_t *conf, p
          * guest is gone).
          */
         if (p[0].revents == 0 && (p[1].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
-            /* the guest died (or wrote before its init frame, which it never does): it is replaced */
-            sb_shim_deno_discard(&g);
-            _exit(POOLED_GUEST_DIED);
+            /*
+             * The guest died (or wrote before its init frame, which it never does): it is replaced. The
+             * launcher may be sending a run at this moment: reading is shut first, so that a send from
+             * now on fails and the launcher takes another guest or starts cold; a run already queued
+             * is read below (and started cold), else the read ends at once and so does this process.
+             */
+            (void)shutdown(SB_SERVE_CONTROL_FD, SHUT_RD);
+            p[0].revents = POLLIN;
         }
         if (p[0].revents != 0) {
             int fds[3];

@@ -103,8 +103,11 @@ sb_status_t sb_serve_metrics_text(const sb_serve_metrics_t *m, const sb_serve_ga
             "# TYPE sb_serve_pool_died_total counter\nsb_serve_pool_died_total %llu\n"
             "# HELP sb_serve_pool_guests Pooled guests now, by state.\n# TYPE sb_serve_pool_guests gauge\n"
             "sb_serve_pool_guests{state=\"ready\"} %llu\nsb_serve_pool_guests{state=\"starting\"} %llu\n",
-            (unsigned long long)g->pool.hits, (unsigned long long)g->pool.cold, (unsigned long long)g->pool.misses,
-            (unsigned long long)g->pool.refills, (unsigned long long)g->pool.refill_failures, (unsigned long long)g->pool.died,
-            (unsigned long long)g->pool.idle, (unsigned long long)g->pool.starting);
+            /* a guest found dead at the hand-over: its run started cold, and the guest died waiting */
+            (unsigned long long)g->pool.hits - (m->handover_deaths < g->pool.hits ? m->handover_deaths : g->pool.hits),
+            (unsigned long long)g->pool.cold + m->handover_deaths, (unsigned long long)g->pool.misses,
+            (unsigned long long)g->pool.refills, (unsigned long long)g->pool.refill_failures,
+            (unsigned long long)g->pool.died + m->handover_deaths, (unsigned long long)g->pool.idle,
+            (unsigned long long)g->pool.starting);
     return st;
 }

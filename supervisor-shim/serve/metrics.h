@@ -43,6 +43,8 @@ typedef struct st_sb_serve_metrics_t {
     unsigned long long refusals[SB_SERVE_REFUSE_COUNT];
     unsigned long long log_suppressed; /* refusals the log's budget left out */
     unsigned long long jail_failures;
+    /* runs whose pooled guest had died by the time the run reached it: the launcher counted a hit, the run started cold */
+    unsigned long long handover_deaths;
     sb_serve_hist_t runs;     /* wall time of runs that got a process */
     sb_serve_hist_t handover; /* from the request to the guest's init frame */
 } sb_serve_metrics_t;

@@ -396,8 +396,10 @@ static void run_answer(run_t *r, const char *why)
         if (json_object_get(r->meta, "revokeError") != NULL)
             json_object_set(fields, "revokeError", json_object_get(r->meta, "revokeError"));
         json_object_set(fields, "pooled", json_object_get(r->meta, "pooled"));
-        if (json_is_true(json_object_get(r->meta, "pooledGuestDied"))) /* its pooled guest died at the hand-over: cold */
+        if (json_is_true(json_object_get(r->meta, "pooledGuestDied"))) { /* its pooled guest died at the hand-over: cold */
             json_object_set_new(fields, "pooledGuestDied", json_true());
+            ++S.m.handover_deaths;
+        }
         /* a failed binding call: its method, code, the broker's reason and correlation id */
         if (json_is_string(json_object_get(r->meta, "detail")))
             json_object_set(fields, "detail", json_object_get(r->meta, "detail"));

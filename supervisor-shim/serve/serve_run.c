@@ -210,6 +210,7 @@ __attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, sb_s
         if (pre != NULL) {
             sb_shim_deno_discard(pre);
             pre = NULL;
+            pooled = 0;
         }
     }
     switch (job->kind) {
@@ -232,6 +233,7 @@ __attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, sb_s
             outcome_kind = SB_SERVE_OUT_EGRESS_BLOCKED;
             if (pre != NULL)
                 sb_shim_deno_discard(pre);
+            pooled = 0; /* no guest ran */
             goto Answer;
         }
         memcpy(cfg.token, token, sizeof(token));

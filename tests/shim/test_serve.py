@@ -1269,6 +1269,9 @@ def t_pool_guest_dies_at_handover():
         check(st == 200 and o["ok"] is True and o["output"] == 2, "the run is answered", st, o)
         ev = s2.events()[-1]
         check(ev["pooled"] is False and ev.get("pooledGuestDied") is True, "its line says it started cold, and why", ev)
+        m = s2.metrics()
+        check(m['sb_serve_pool_runs_total{start="pooled"}'] == 0 and m['sb_serve_pool_runs_total{start="cold"}'] == 1 and
+              m["sb_serve_pool_died_total"] == 1, "the metrics say the same: a cold run, a guest that died waiting", m)
     finally:
         if waiting is not None:
             os.kill(waiting, signal.SIGCONT)
