@@ -120,8 +120,9 @@ static void call_free(sb_async_t *a)
 }
 
 /*
- * The worker's error body: built here and copied into the request's pool, so an error answer allocates
- * nothing from the heap. Emptied before each use (a reply nested in another's send finds it free).
+ * The worker's error body: built here and copied into the request's pool, so an error answer needs no
+ * allocation of its own (the pool may still take a chunk). Emptied before each use (a reply nested in
+ * another's send finds it free).
  */
 static __thread sb_buf_t error_body;
 static __thread int error_body_ready;

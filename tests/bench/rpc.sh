@@ -309,7 +309,7 @@ function val(s, k,   i, a) { for (i = 3; i <= NF; ++i) { split($i, a, "="); if (
 # other load on the machine moves one round, not the figure
 function pairedcpu(c,   k, m, i, j, t, v) {
     m = 0
-    for (k in rounds) if (((c, k) in cpuround) && (("baseline", k) in cpuround) && cpuround[c, k] > 0) v[++m] = cpuround["baseline", k] / cpuround[c, k]
+    for (k in rounds) if (((c, k) in cpuround) && (("baseline", k) in cpuround) && cpuround[c, k] > 0 && cpuround["baseline", k] > 0) v[++m] = cpuround["baseline", k] / cpuround[c, k]
     if (m == 0) return 0
     for (i = 2; i <= m; ++i) for (j = i; j > 1 && v[j - 1] > v[j]; --j) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
     return (m % 2) ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2
