@@ -144,13 +144,33 @@ static void lower_cpu_limit(const sb_shim_guest_t *g, int64_t timeout_ms)
 }
 
 /*
- * 1 while a pooled guest still waits for its init frame: its pidfd (or its stdout, without one) is not
- * readable. It writes nothing before the frame, so anything there means it died.
+ * 1 while a pooled guest still waits for its init frame. Its pidfd (or its stdout, without one) becomes
+ * readable only once every thread of it has exited (it writes nothing before the frame); a guest that
+ * was killed shows as a zombie leader before that, while its other threads are still going: its state
+ * in /proc says so (where /proc cannot be read, the pidfd alone decides).
  */
 static int guest_waiting(const sb_shim_guest_t *g)
 {
     struct pollfd p = {g->child.pidfd >= 0 ? g->child.pidfd : g->child.out_fd, POLLIN, 0};
-    return poll(&p, 1, 0) == 0;
+    char path[64], buf[512];
+    const char *close_paren;
+    ssize_t n;
+    int fd;
+
+    if (poll(&p, 1, 0) != 0)
+        return 0;
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)g->child.pid);
+    if (g->child.pid <= 0 || (fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+        return 1;
+    n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return 1;
+    buf[n] = '\0';
+    /* "pid (comm) S ...": the state follows the last ')' (comm may hold one) */
+    if ((close_paren = strrchr(buf, ')')) == NULL || close_paren[1] != ' ')
+        return 1;
+    return close_paren[2] != 'Z' && close_paren[2] != 'X';
 }
 
 static json_t *failure(const char *error)
