@@ -2,6 +2,7 @@
  * Guest process spawning (see child.h).
  */
 #include <errno.h>
+#include <poll.h>
 #include <fcntl.h>
 #include <net/if.h>
 #include <netinet/in.h>
@@ -447,6 +448,45 @@ Exit:
     return st;
 }
 
+ssize_t sb_shim_read_small_file(const char *path, char *buf, size_t size)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t n;
+
+    if (fd < 0 || size == 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    do
+        n = read(fd, buf, size - 1);
+    while (n < 0 && errno == EINTR);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    return n;
+}
+
+int sb_shim_child_gone(const sb_shim_child_t *c)
+{
+    struct pollfd p = {c->pidfd >= 0 ? c->pidfd : c->out_fd, POLLIN, 0};
+    char path[64], buf[512];
+    const char *close_paren;
+
+    if (p.fd >= 0 && poll(&p, 1, 0) != 0)
+        return 1;
+    if (c->pid <= 0)
+        return 0;
+    snprintf(path, sizeof(path), "/proc/%ld/stat", (long)c->pid);
+    if (sb_shim_read_small_file(path, buf, sizeof(buf)) < 0)
+        return 0;
+    /* "pid (comm) S ...": the state follows the last ')' (the guest names comm, which may hold one) */
+    if ((close_paren = strrchr(buf, ')')) == NULL || close_paren[1] != ' ')
+        return 0;
+    return close_paren[2] == 'Z' || close_paren[2] == 'X';
+}
+
 /*
  * 1 when the process catches `sig` (the SigCgt mask of /proc/<pid>/status); 0 when not or unknown.
  * The guest controls only the Name: line of that file, which the kernel prints with newlines
@@ -457,17 +497,10 @@ static int catches(pid_t pid, int sig)
     char path[64], buf[4096];
     const char *p;
     unsigned long long mask = 0;
-    ssize_t n;
-    int fd;
 
     snprintf(path, sizeof(path), "/proc/%ld/status", (long)pid);
-    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+    if (sb_shim_read_small_file(path, buf, sizeof(buf)) < 0)
         return 0;
-    n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return 0;
-    buf[n] = '\0';
     if ((p = strstr(buf, "\nSigCgt:")) == NULL)
         return 0;
     for (p += 8; *p == '\t' || *p == ' '; ++p)

@@ -69,6 +69,20 @@ typedef struct st_sb_shim_child_t {
 SB_WARN_UNUSED sb_status_t sb_shim_child_spawn(const sb_shim_spawn_t *sp, sb_shim_child_t *out, char *err, size_t errsz);
 
 /**
+ * Reads a small file (a /proc one) whole: at most `size` - 1 bytes, NUL-terminated.
+ * @return the length read, or -1 (cannot open, cannot read, or empty)
+ */
+ssize_t sb_shim_read_small_file(const char *path, char *buf, size_t size);
+
+/**
+ * 1 once the child can no longer run: its pidfd (or, without one, its stdout) is readable, which
+ * happens only after every thread of it has exited, or its leader is already a zombie in /proc (a
+ * killed multi-threaded child shows so while its other threads are still going). 0 while it runs,
+ * or when neither says otherwise (a /proc the caller cannot read).
+ */
+int sb_shim_child_gone(const sb_shim_child_t *c);
+
+/**
  * sends `sig` to the child's whole process group; a jailed child (pid 1 of its namespace, which
  * the kernel shields from signals it does not catch) that does not catch SIGTERM is SIGKILLed
  */

@@ -203,17 +203,10 @@ int sb_shim_jail_config_option(sb_shim_jail_config_t *cfg, const char *name, con
 static int ids_mapped(const char *file, unsigned long first, unsigned long count)
 {
     char buf[4096];
-    int fd = open(file, O_RDONLY | O_CLOEXEC);
-    ssize_t n;
     const char *p;
 
-    if (fd < 0)
+    if (sb_shim_read_small_file(file, buf, sizeof(buf)) < 0)
         return 0;
-    n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return 0;
-    buf[n] = '\0';
     for (p = buf; *p != '\0';) {
         unsigned long long v[3] = {0, 0, 0};
         for (int k = 0; k < 3; ++k) {

@@ -12,7 +12,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -143,36 +142,6 @@ static void lower_cpu_limit(const sb_shim_guest_t *g, int64_t timeout_ms)
     (void)prlimit(g->child.pid, RLIMIT_CPU, &rl, NULL);
 }
 
-/*
- * 1 while a pooled guest still waits for its init frame. Its pidfd (or its stdout, without one) becomes
- * readable only once every thread of it has exited (it writes nothing before the frame); a guest that
- * was killed shows as a zombie leader before that, while its other threads are still going: its state
- * in /proc says so (where /proc cannot be read, the pidfd alone decides).
- */
-static int guest_waiting(const sb_shim_guest_t *g)
-{
-    struct pollfd p = {g->child.pidfd >= 0 ? g->child.pidfd : g->child.out_fd, POLLIN, 0};
-    char path[64], buf[512];
-    const char *close_paren;
-    ssize_t n;
-    int fd;
-
-    if (poll(&p, 1, 0) != 0)
-        return 0;
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)g->child.pid);
-    if (g->child.pid <= 0 || (fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
-        return 1;
-    n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return 1;
-    buf[n] = '\0';
-    /* "pid (comm) S ...": the state follows the last ')' (comm may hold one) */
-    if ((close_paren = strrchr(buf, ')')) == NULL || close_paren[1] != ' ')
-        return 1;
-    return close_paren[2] != 'Z' && close_paren[2] != 'X';
-}
-
 static json_t *failure(const char *error)
 {
     return json_pack("{s:b, s:s, s:[]}", "ok", 0, "error", error, "logs");
@@ -266,7 +235,7 @@ __attribute__((noreturn)) void sb_serve_run_main(const sb_serve_job_t *job, sb_s
         cfg.addr_len = conf->broker_addr_len;
         cfg.tls = conf->tls;
     }
-    if (pre != NULL && !guest_waiting(pre)) {
+    if (pre != NULL && sb_shim_child_gone(&pre->child)) {
         /* the pooled guest died as its run was handed over: not the run's failure, it starts cold */
         sb_shim_deno_discard(pre);
         pre = NULL;
