@@ -401,8 +401,11 @@ static void release_add(redis_conn_t *rc, int calls, const char *run_id, size_t 
 {
     size_t i;
 
-    if (rlen > SB_MAX_RUN_ID)
-        rlen = SB_MAX_RUN_ID;
+    if (rlen > SB_MAX_RUN_ID || memchr(run_id, '\0', rlen) != NULL) {
+        /* no run the broker registered has such an id (a record changed behind its back): never another run's prefix */
+        sb_store__redis_update_failed("release", "", "the record's run id is not one the broker writes");
+        return;
+    }
     for (i = 0; i < rc->nrel; ++i)
         if (rc->rel[i].calls == calls && strlen(rc->rel[i].run_id) == rlen && memcmp(rc->rel[i].run_id, run_id, rlen) == 0)
             break;

@@ -229,6 +229,26 @@ class Lookup(Base):
         self.calls_settle_at(self.r, "run-badcaps", 0)
         self.assertTrue(poll(lambda: self.inflight(self.r, "run-badcaps") == 0, 2.0))
 
+    def test_a_run_id_longer_than_any_the_broker_writes(self):
+        """A record changed behind the broker's back to a run id longer than the longest it registers: the
+        call is refused, and what the script counted against that id is never given back to another run
+        whose id is its first 256 bytes (a cut id would name that run)."""
+        run = "p" * 256
+        tok = self.b.mint_ok(run, CAPS, quotas={"calls": 50})
+        self.works(self.b, tok)
+        self.works(self.b, tok)
+        self.calls_settle_at(self.r, run, 2)
+        forged = "ab" * 32
+        self.legacy(run + "-tail", forged, CAPS, ["v", "runId", "expiresAt", "quota", "target", "scope", "capabilities"])
+        self.unavailable(self.b, forged)
+        self.assertTrue(poll(lambda: self.events(self.b, "redis.quota_update_failed"), 2.0), self.b.log()[-2000:])
+        self.assertEqual(self.events(self.b, "redis.quota_update_failed")[0]["reason"],
+                         "the record's run id is not one the broker writes")
+        # the other run's counters are as its own calls left them
+        time.sleep(0.3)
+        self.calls_settle_at(self.r, run, 2)
+        self.assertTrue(poll(lambda: self.inflight(self.r, run) == 0, 2.0))
+
     def test_counters_live_as_long_as_the_latest_token(self):
         a = self.b.mint("run-ttl", CAPS, ttlMs=2000)
         b = self.b.mint("run-ttl", CAPS, ttlMs=60000)
