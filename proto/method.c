@@ -191,6 +191,8 @@ sb_status_t sb_method_parse(const char *s, size_t len, sb_method_t *out)
 
 size_t sb_method_request_cap(const sb_method_t *m)
 {
+    if (m == NULL)
+        return SB_MAX_NATIVE_REQUEST; /* a method that does not parse: refused later, never given more room */
     if (m->kind == SB_MK_HTTP)
         return SB_MAX_RPC_WIRE;
     if (m->kind == SB_MK_TOOLS)
@@ -208,9 +210,7 @@ size_t sb_method_request_cap_str(const char *s, size_t len)
 {
     sb_method_t m;
 
-    if (sb_method_parse(s, len, &m) != SB_OK)
-        return SB_MAX_NATIVE_REQUEST;
-    return sb_method_request_cap(&m);
+    return sb_method_request_cap(sb_method_parse(s, len, &m) == SB_OK ? &m : NULL);
 }
 
 const char *sb_method_op_name(sb_method_op_t op)

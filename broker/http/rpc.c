@@ -582,7 +582,7 @@ int sb_rpc_on_req(h2o_handler_t *self, h2o_req_t *req)
     }
     /* 5. the method's own request cap (an unknown method has the native one; it is refused after the token) */
     c->method_parsed = sb_method_parse(c->method, c->method_len, &c->m) == SB_OK;
-    if (req->entity.len > (c->method_parsed ? sb_method_request_cap(&c->m) : SB_MAX_NATIVE_REQUEST)) {
+    if (req->entity.len > sb_method_request_cap(c->method_parsed ? &c->m : NULL)) {
         reply_error(c, SB_E_TOO_LARGE, NULL);
         return 0;
     }

@@ -11,7 +11,7 @@
  * SB_TIMELINE_QUEUE_MAX events); TL_BATCH_MS after the first event queued (or
  * at the end of the loop pass once the queue is half full) the queue goes out
  * as one transaction per run and per TL_PER_CMD events, pipelined with
- * whatever else the pass sends, and nobody waits for the answers. Under load one script then carries the events of many calls,
+ * whatever else the pass sends, and nobody waits for the answers. Under load one transaction then carries the events of many calls,
  * which is what keeps the timeline's cost per call small (tests/bench/audit.sh). The drain before a worker stops outlasts
  * TL_BATCH_MS, so a clean shutdown sends what is queued. A full queue, a store that is not usable, or an answer that is an error
  * drops the events and counts them (sb_timeline_dropped_total); the calls never notice.

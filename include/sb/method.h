@@ -73,7 +73,7 @@ typedef struct st_sb_method_t {
  */
 SB_WARN_UNUSED sb_status_t sb_method_parse(const char *s, size_t len, sb_method_t *out);
 
-/** the largest whole RPC request (wire bytes) this method may send */
+/** the largest whole RPC request (wire bytes) this method may send; NULL: a method that does not parse (the native cap) */
 size_t sb_method_request_cap(const sb_method_t *m);
 /** the largest whole RPC response (wire bytes) this method may receive */
 size_t sb_method_response_cap(const sb_method_t *m);

@@ -197,6 +197,7 @@ static void test_caps(void)
     is_int(sb_method_request_cap_str("http.fetch.x", 12), SB_MAX_NATIVE_REQUEST, "unparseable: native cap");
     is_int(sb_method_request_cap_str("", 0), SB_MAX_NATIVE_REQUEST, "empty: native cap");
     is_int(sb_method_request_cap_str("tools.lis", 9), SB_MAX_NATIVE_REQUEST, "near miss: native cap");
+    is_int(sb_method_request_cap(NULL), SB_MAX_NATIVE_REQUEST, "no parsed method: native cap");
 }
 
 static void test_names(void)
